@@ -1,0 +1,198 @@
+"""Model accounting: parameter counts and training FLOPs per token, from job.model alone.
+
+The counted architecture is the runtime's (hpctrain/runtime/model.py): token embedding
+[vocab, hidden]; per layer an RMSNorm [hidden], q [hidden, heads*head_dim], k and v
+[hidden, kv_heads*head_dim], o [heads*head_dim, hidden], an RMSNorm [hidden] and the FFN
+(gelu: up + down; swiglu: gate + up + down, each hidden x ffn_hidden); a final RMSNorm [hidden];
+the head [hidden, vocab] unless tied. head_dim = hidden // heads. No biases anywhere.
+
+`flops_per_token` is THE FLOP formula of the project: the runtime's MFU and the planner's cost
+model both call it (../shared/ARCHITECTURE.md section 3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+AcMode = Literal["none", "selective", "full"]
+AC_MODES: tuple[AcMode, ...] = ("none", "selective", "full")
+
+# Cross-entropy on top of the logits: max, subtract, exp, sum and the gather, forward and backward.
+# A few elementwise FLOPs per logit; tiny next to the head's 6*hidden per logit and left out of
+# flops_per_token (as in PaLM's and Megatron's formulas); stages.py charges it to the last stage.
+LOSS_TRAINING_FLOPS_PER_LOGIT = 8.0
+
+
+def head_dim(model: Any) -> int:
+    """Per-head width; the runtime uses hidden // heads."""
+    return int(model.hidden) // int(model.heads)
+
+
+def ffn_matrices(model: Any) -> int:
+    """How many hidden x ffn_hidden matrices one FFN holds (gelu: up, down; swiglu: gate, up, down)."""
+    return 3 if model.activation == "swiglu" else 2
+
+
+def attention_params(model: Any) -> int:
+    """q, k, v and o projections of one layer (GQA: k and v have kv_heads heads)."""
+    q_width = int(model.heads) * head_dim(model)
+    kv_width = int(model.kv_heads) * head_dim(model)
+    return int(model.hidden) * (2 * q_width + 2 * kv_width)
+
+
+def ffn_params(model: Any) -> int:
+    """The FFN matrices of one layer."""
+    return ffn_matrices(model) * int(model.hidden) * int(model.ffn_hidden)
+
+
+def layer_norm_params(model: Any) -> int:
+    """The two RMSNorm weights of one layer (these are replicated, not sharded, under TP)."""
+    return 2 * int(model.hidden)
+
+
+def layer_param_count(model: Any) -> int:
+    """All parameters of one transformer layer."""
+    return attention_params(model) + ffn_params(model) + layer_norm_params(model)
+
+
+def embedding_param_count(model: Any) -> int:
+    """The token embedding [vocab, hidden]."""
+    return int(model.vocab) * int(model.hidden)
+
+
+def head_param_count(model: Any) -> int:
+    """The output head [hidden, vocab]; 0 when it is tied to the embedding."""
+    return 0 if model.tie_embeddings else int(model.vocab) * int(model.hidden)
+
+
+def final_norm_param_count(model: Any) -> int:
+    """The RMSNorm before the head."""
+    return int(model.hidden)
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    """Parameters by part. `total` equals sum(p.numel()) of the runtime's full model."""
+
+    embedding: int
+    per_layer: int
+    layers: int
+    final_norm: int
+    head: int
+
+    @property
+    def total(self) -> int:
+        return self.embedding + self.per_layer * self.layers + self.final_norm + self.head
+
+
+def param_counts(model: Any) -> ParamCounts:
+    """Parameter counts of the whole model, by part."""
+    return ParamCounts(
+        embedding=embedding_param_count(model),
+        per_layer=layer_param_count(model),
+        layers=int(model.layers),
+        final_norm=final_norm_param_count(model),
+        head=head_param_count(model),
+    )
+
+
+def param_count(model: Any) -> int:
+    """All parameters of the model (tied embeddings counted once)."""
+    return param_counts(model).total
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def stage_param_count(
+    model: Any, first_layer: int, last_layer: int, *, has_embedding: bool, has_head: bool, tp: int = 1
+) -> int:
+    """Parameters one TP rank of a pipeline stage holds, before any DP (FSDP) sharding.
+
+    Megatron-style TP (Shoeybi et al. 2019, section 3): q/k/v/up/gate column-parallel and o/down
+    row-parallel split their matrices by tp; RMSNorm weights are replicated; the embedding and the
+    head are vocab-parallel (rows of the vocab split by tp, the largest shard counted). A tied
+    model split over several stages keeps a head copy on the last stage (Megatron keeps a copy and
+    all-reduces its gradient with the embedding's), so `has_head` counts [hidden, vocab] then too.
+    """
+    hidden, vocab = int(model.hidden), int(model.vocab)
+    sharded = attention_params(model) + ffn_params(model)
+    per_layer = sharded // tp + layer_norm_params(model)
+    count = (last_layer - first_layer) * per_layer
+    vocab_rows = _ceil_div(vocab, tp)
+    if has_embedding:
+        count += vocab_rows * hidden
+    if has_head:
+        count += final_norm_param_count(model)
+        if not model.tie_embeddings or not has_embedding:
+            count += vocab_rows * hidden
+    return count
+
+
+def largest_layer_param_count(model: Any) -> int:
+    """The largest single module (a layer, the embedding or the head): what ZeRO-3 gathers at once."""
+    return max(layer_param_count(model), embedding_param_count(model), head_param_count(model))
+
+
+# ---------------------------------------------------------------------------------------------
+# FLOPs. A multiply-add is 2 FLOPs. Forward FLOPs per token of a matmul with P weights = 2P;
+# backward = 2x forward (gradients w.r.t. inputs and weights), so training = 3x forward
+# (Kaplan et al. 2020, "Scaling Laws", section 2.1; Narayanan et al. 2021, appendix eq. 3).
+# Attention adds QK^T and AV: 2 * seq * (heads*head_dim) each per token forward, counted over the
+# full (non-causal) score matrix as PaLM (Chowdhery et al. 2022, appendix B) and Megatron do.
+# ---------------------------------------------------------------------------------------------
+
+def attention_core_forward_flops_per_token(model: Any) -> float:
+    """QK^T and AV of one layer, per token, forward: 4 * seq_len * heads * head_dim."""
+    return 4.0 * int(model.seq_len) * int(model.heads) * head_dim(model)
+
+
+def layer_forward_flops_per_token(model: Any) -> float:
+    """One transformer layer's forward FLOPs per token (matmuls + attention core)."""
+    matmul_params = attention_params(model) + ffn_params(model)
+    return 2.0 * matmul_params + attention_core_forward_flops_per_token(model)
+
+
+def head_forward_flops_per_token(model: Any) -> float:
+    """The head matmul (present whether tied or not), per token, forward."""
+    return 2.0 * int(model.hidden) * int(model.vocab)
+
+
+def loss_training_flops_per_token(model: Any) -> float:
+    """Cross-entropy forward + backward per token (elementwise over the vocab; not in MFU)."""
+    return LOSS_TRAINING_FLOPS_PER_LOGIT * int(model.vocab)
+
+
+def recompute_flops_per_token(model: Any, ac_mode: str) -> float:
+    """Extra forward FLOPs per token that activation checkpointing re-runs in the backward pass.
+
+    full: every layer's forward again (Narayanan et al. 2021: 4x instead of 3x forward);
+    selective: only the attention core (Korthikanti et al. 2022, section 5);
+    none: nothing. The head and the loss are never recomputed.
+    """
+    layers = int(model.layers)
+    if ac_mode == "full":
+        return layers * layer_forward_flops_per_token(model)
+    if ac_mode == "selective":
+        return layers * attention_core_forward_flops_per_token(model)
+    if ac_mode == "none":
+        return 0.0
+    raise ValueError(f"unknown activation checkpointing mode {ac_mode!r}; expected one of {AC_MODES}")
+
+
+def flops_per_token(model: Any, ac_mode: str = "none") -> float:
+    """Training FLOPs per token: 3x forward of all layers and the head, plus recompute.
+
+    With ac_mode="none" this is the model FLOPs used for MFU (recompute is not useful work,
+    PaLM appendix B); with the job's ac mode it is the hardware FLOPs the GPUs execute
+    (what Megatron's TFLOP/s figures count).
+    """
+    forward = int(model.layers) * layer_forward_flops_per_token(model) + head_forward_flops_per_token(model)
+    return 3.0 * forward + recompute_flops_per_token(model, ac_mode)
+
+
+def model_flops_per_token(model: Any) -> float:
+    """Useful training FLOPs per token (no recompute): the numerator of MFU."""
+    return flops_per_token(model, "none")
