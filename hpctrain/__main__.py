@@ -1,0 +1,7 @@
+"""`python -m hpctrain` is the `hpctrain` command."""
+
+import sys
+
+from hpctrain.cli import main
+
+sys.exit(main())

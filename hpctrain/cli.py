@@ -1,0 +1,62 @@
+"""The `hpctrain` command: parse arguments, call one stage function, print, map errors to exit codes.
+
+Each stage contributes its subcommands through a `register(subparsers)` function in a small module
+that imports only argparse at top level; the stage itself is imported when its command runs, so
+`hpctrain validate` never pays for (or imports) torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Optional, Sequence
+
+from hpctrain import __version__
+from hpctrain.errors import HpctrainError
+
+# Modules with a `register(subparsers)` function, in --help order. Only commands that work are listed.
+COMMAND_MODULES = (
+    "hpctrain.config.commands",
+)
+
+
+def add_set_option(parser: argparse.ArgumentParser) -> None:
+    """The `--set KEY=VALUE` option shared by every command that reads a job."""
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a job.yaml value, e.g. --set parallel.tp=4 (repeatable; YAML scalars)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hpctrain",
+        description="Plan, render, launch and diagnose hybrid-parallel transformer training on Slurm.",
+    )
+    parser.add_argument("--version", action="version", version=f"hpctrain {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(subparsers)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "handler", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.handler(args) or 0)
+    except HpctrainError as exc:
+        for line in str(exc).splitlines() or [type(exc).__name__]:
+            print(line, file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("hpctrain: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

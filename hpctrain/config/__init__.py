@@ -1,0 +1,33 @@
+"""Config: the job.yaml schema, loading with line-numbered errors, `--set` overrides, JSON schema export."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hpctrain.config.job import Job, Problem, cross_field_problems
+from hpctrain.config.loader import job_from_dict, load_job
+from hpctrain.config.model import PRESETS, ModelConfig
+
+__all__ = ["Job", "ModelConfig", "PRESETS", "Problem", "cross_field_problems", "dump_job", "job_from_dict",
+           "job_to_dict", "json_schema", "load_job"]
+
+
+def job_to_dict(job: Job) -> dict[str, Any]:
+    """Plain data of a job, with YAML key names ("async"), ready to dump or to re-validate."""
+    return job.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def dump_job(job: Job) -> str:
+    """The job as YAML text (the format of job.resolved.yaml)."""
+    import yaml
+
+    return yaml.safe_dump(job_to_dict(job), sort_keys=False, allow_unicode=True, width=120)
+
+
+def json_schema() -> dict[str, Any]:
+    """JSON Schema (draft 2020-12) of job.yaml, for editors (yaml-language-server) and checks."""
+    schema = Job.model_json_schema(by_alias=True, mode="validation")
+    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema, "title": "hpctrain job"}
+    json.dumps(schema)  # fail here, not in a user's editor, if something is not serialisable
+    return schema

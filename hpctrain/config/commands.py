@@ -1,0 +1,66 @@
+"""CLI commands of the config stage: `validate` and `schema`."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    from hpctrain.cli import add_set_option
+
+    validate = subparsers.add_parser("validate", help="check job.yaml files against the schema",
+                                     description="Exit 0 when every file is valid; else print one line per "
+                                                 "problem (FILE:LINE: field: what; fix) and exit 2.")
+    validate.add_argument("files", nargs="+", metavar="JOB.yaml")
+    add_set_option(validate)
+    validate.set_defaults(handler=run_validate)
+
+    schema = subparsers.add_parser("schema", help="print the JSON Schema of job.yaml",
+                                   description="Save it and point your editor at it: put "
+                                               "`# yaml-language-server: $schema=job.schema.json` on the first "
+                                               "line of job.yaml (VS Code YAML extension, Neovim yamlls, ...).")
+    schema.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
+    schema.set_defaults(handler=run_schema)
+
+
+def run_validate(args: argparse.Namespace) -> int:
+    from hpctrain.config import load_job
+    from hpctrain.errors import ConfigError
+
+    problems: list[str] = []
+    for path in args.files:
+        try:
+            job = load_job(path, args.overrides)
+            problems += _catalog_problems(job)
+        except ConfigError as exc:
+            problems += exc.problems
+            continue
+        if not problems:
+            print(f"{path}: valid (job {job.name!r}, {job.cluster.nodes} node(s) x {job.cluster.gpus_per_node} GPUs)")
+    if problems:
+        raise ConfigError(problems)
+    return 0
+
+
+def _catalog_problems(job: object) -> list[str]:
+    """Names that must exist in the planner's hardware catalog (when the planner provides the check)."""
+    try:
+        from hpctrain.plan import check_catalog_names  # type: ignore[attr-defined]
+    except ImportError:
+        return []
+    return list(check_catalog_names(job))
+
+
+def run_schema(args: argparse.Namespace) -> int:
+    import json
+
+    from hpctrain.config import json_schema
+
+    text = json.dumps(json_schema(), indent=2) + "\n"
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        print(args.output)
+    else:
+        print(text, end="")
+    return 0

@@ -1,0 +1,115 @@
+"""The sections about where and how the job runs: cluster, slurm, container, checkpoint, nccl, monitor, sweep."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Optional, Union
+
+from pydantic import Field
+
+from hpctrain.config.base import Section
+from hpctrain.config.types import EnvName, SbatchOption, SlurmTime, Text
+
+
+class Topology(Section):
+    """Optional topology files; the planner parses them for NVLink islands and leaf switches."""
+
+    nvidia_smi: Optional[Text] = Field(None, description="Path to saved `nvidia-smi topo -m` output of one node.")
+    slurm_topology: Optional[Text] = Field(None, description="Path to the cluster's Slurm topology.conf.")
+
+
+class GpuSpec(Section):
+    """A GPU not in the catalog (or a correction to one)."""
+
+    memory_gib: float = Field(..., gt=0, description="Device memory in GiB.")
+    peak_tflops: float = Field(..., gt=0, description="Dense bf16/fp16 tensor-core peak, TFLOP/s.")
+    nvlink_gbps: float = Field(0.0, ge=0, description="NVLink bandwidth per GPU, GB/s (one direction); 0 = none.")
+
+
+class ClusterConfig(Section):
+    """The machines: how many nodes and GPUs, which GPU, node profile and fabric."""
+
+    executor: Literal["auto", "slurm", "local"] = Field("auto", description="slurm if sbatch is on PATH, else local.")
+    nodes: int = Field(1, ge=1, le=100000, description="Number of nodes.")
+    gpus_per_node: int = Field(8, ge=1, le=64, description="GPUs (= tasks) per node.")
+    gpu: str = Field("a100-80gb", min_length=1, description="GPU catalog name (see `hpctrain plan --help`).")
+    gpu_spec: Optional[GpuSpec] = Field(None, description="Override or define the GPU's figures.")
+    node: Optional[str] = Field(None, min_length=1, description="Node catalog profile (e.g. dgx-a100).")
+    fabric: str = Field("ib-hdr200", min_length=1, description="Inter-node fabric catalog name.")
+    topology: Topology = Field(default_factory=Topology, description="Topology files for islands and leaf switches.")
+    runtime_overhead_gib: Optional[float] = Field(None, ge=0, description="Per-GPU memory the planner reserves.")
+
+
+class SlurmConfig(Section):
+    """sbatch options and the requeue policy."""
+
+    partition: Optional[Text] = Field(None, description="--partition.")
+    account: Optional[Text] = Field(None, description="--account.")
+    qos: Optional[Text] = Field(None, description="--qos.")
+    time: Optional[SlurmTime] = Field(None, description="--time, e.g. 04:00:00 or 2-00:00:00.")
+    constraint: Optional[Text] = Field(None, description="--constraint (node features).")
+    exclusive: bool = Field(True, description="--exclusive (whole nodes).")
+    mem: Optional[Text] = Field(None, description="--mem, e.g. 0 (all) or 500G; unset with exclusive means all.")
+    cpus_per_task: Optional[int] = Field(None, ge=1, le=1024, description="--cpus-per-task.")
+    requeue: bool = Field(True, description="Requeue on preemption, signal or crash, within max_requeues.")
+    signal: Literal["USR2", "USR1", "TERM", "INT", "HUP"] = Field(
+        "USR2", description="Signal sent to every task before the time limit (USR1 is taken by NCCL)."
+    )
+    signal_seconds: int = Field(120, ge=10, le=65535, description="How long before the limit the signal comes.")
+    max_requeues: int = Field(3, ge=0, le=1000, description="Requeues allowed before giving up.")
+    setup: list[str] = Field(default_factory=list, description="Shell lines run before training (module load ...). "
+                             "These are shell by design: they run as written.")
+    extra: dict[SbatchOption, Union[str, int, bool]] = Field(default_factory=dict, description="Further sbatch options.")
+
+
+class RecipeConfig(Section):
+    """What goes into the Singularity/Apptainer image."""
+
+    base_image: Text = Field("docker://nvcr.io/nvidia/pytorch:24.12-py3", description="Bootstrap image (CUDA + PyTorch).")
+    pip: list[Text] = Field(default_factory=list, description="Extra pip packages.")
+    apt: list[Text] = Field(default_factory=list, description="Extra Debian/Ubuntu packages.")
+
+
+class ContainerConfig(Section):
+    """Run the ranks inside a Singularity/Apptainer image (with --nv)."""
+
+    image: Optional[Text] = Field(None, description="Path to the .sif image; unset runs on the host.")
+    binds: list[Text] = Field(default_factory=list, description="--bind specs, src[:dst[:opts]].")
+    runtime: Literal["singularity", "apptainer"] = Field("singularity", description="Container command.")
+    recipe: RecipeConfig = Field(default_factory=RecipeConfig, description="Image recipe options.")
+
+
+class CheckpointConfig(Section):
+    """Distributed checkpoints (torch.distributed.checkpoint) in step-N/ folders."""
+
+    dir: Optional[Text] = Field(None, description="Checkpoint folder; default <run dir>/checkpoints.")
+    every_steps: int = Field(100, ge=1, description="Save every N steps (and on signal / at the end).")
+    keep_last: int = Field(2, ge=1, description="Complete checkpoints to keep.")
+    async_: bool = Field(False, alias="async", description="Save in a background thread (DCP async_save).")
+
+
+class NcclConfig(Section):
+    """NCCL environment for the fabric."""
+
+    profile: Literal["auto", "ib", "roce", "ethernet", "none"] = Field("auto", description="Tuning profile.")
+    socket_ifname: Optional[Text] = Field(None, description="NCCL_SOCKET_IFNAME (bootstrap/socket interface).")
+    ib_hca: Optional[Text] = Field(None, description="NCCL_IB_HCA (which HCAs to use).")
+    env: dict[EnvName, Text] = Field(default_factory=dict, description="Extra or overriding environment variables.")
+
+
+class MonitorConfig(Section):
+    """Optional monitors around the training processes."""
+
+    nvidia_smi: bool = Field(False, description="Per-node nvidia-smi CSV every interval.")
+    nvidia_smi_interval_s: int = Field(5, ge=1, le=3600, description="nvidia-smi sampling interval.")
+    nsys: bool = Field(False, description="Wrap the ranks in `nsys profile` for nsys_steps.")
+    nsys_steps: list[int] = Field([10, 12], min_length=2, max_length=2, description="[first, last] profiled step.")
+    torch_profiler: bool = Field(False, description="PyTorch profiler traces for a few steps.")
+    py_spy: bool = Field(False, description="py-spy dump of every rank when the job nears its limit.")
+    py_spy_seconds_before_limit: int = Field(300, ge=10, description="When to dump.")
+
+
+class SweepConfig(Section):
+    """A grid over dotted job keys, submitted as one job array."""
+
+    grid: dict[Text, list[Any]] = Field(..., min_length=1, description="Dotted key -> list of values.")
+    max_parallel: int = Field(4, ge=1, le=100000, description="Array tasks running at once (%K).")

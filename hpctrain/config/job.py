@@ -1,0 +1,158 @@
+"""The whole job: one model per section, plus the cross-field checks that span sections."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from pydantic import Field
+
+from hpctrain.config.base import Section
+from hpctrain.config.infra import (
+    CheckpointConfig,
+    ClusterConfig,
+    ContainerConfig,
+    MonitorConfig,
+    NcclConfig,
+    SlurmConfig,
+    SweepConfig,
+)
+from hpctrain.config.model import ModelConfig
+from hpctrain.config.training import ParallelConfig, Placement, TrainConfig
+from hpctrain.config.types import Text
+
+
+class Job(Section):
+    """A training job: model, training, layout, cluster, scheduler, container, checkpoints."""
+
+    name: Text = Field(..., description="Job name (free text; quoted wherever it reaches a shell).")
+    runs_dir: Text = Field("runs", description="Where run directories are created.")
+    model: ModelConfig = Field(..., description="The transformer.")
+    train: TrainConfig = Field(default_factory=TrainConfig, description="Training settings.")
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig, description="Parallel layout.")
+    placement: Optional[Placement] = Field(None, description="Filled by the planner; leave unset.")
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="The machines.")
+    slurm: SlurmConfig = Field(default_factory=SlurmConfig, description="sbatch options and requeue policy.")
+    container: ContainerConfig = Field(default_factory=ContainerConfig, description="Singularity/Apptainer image.")
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoints.")
+    nccl: NcclConfig = Field(default_factory=NcclConfig, description="NCCL environment.")
+    monitor: MonitorConfig = Field(default_factory=MonitorConfig, description="Optional monitors.")
+    sweep: Optional[SweepConfig] = Field(None, description="Grid for `hpctrain sweep`.")
+
+    @property
+    def world_size(self) -> int:
+        return self.cluster.nodes * self.cluster.gpus_per_node
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a job: where, what, the value received and how to fix it."""
+
+    path: str
+    message: str
+    got: Any
+    fix: str
+
+
+def _fixed(value: Any) -> Optional[int]:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _model_problems(job: Job) -> list[Problem]:
+    m = job.model
+    out = [Problem(f"model.{name}", "is required when no preset is given", None,
+                   f"set model.{name} or choose model.preset") for name in m.missing_fields()]
+    if out:
+        return out
+    assert m.hidden and m.heads and m.kv_heads and m.seq_len  # filled: missing_fields() is empty
+    if m.hidden % m.heads:
+        out.append(Problem("model.hidden", f"must be divisible by model.heads={m.heads}", m.hidden,
+                           f"use a multiple of {m.heads}"))
+    if m.heads % m.kv_heads:
+        out.append(Problem("model.kv_heads", f"must divide model.heads={m.heads}", m.kv_heads,
+                           "use a divisor of heads (GQA groups must be equal)"))
+    if m.activation and (m.hidden // m.heads) % 2:
+        out.append(Problem("model.hidden", "hidden/heads (the head size) must be even for RoPE", m.hidden,
+                           "choose hidden and heads so the head size is even"))
+    return out
+
+
+def _parallel_problems(job: Job) -> list[Problem]:
+    p, c, m, t = job.parallel, job.cluster, job.model, job.train
+    out: list[Problem] = []
+    tp, pp, dp = _fixed(p.tp), _fixed(p.pp), _fixed(p.dp)
+    world = job.world_size
+    if tp is not None:
+        if tp > c.gpus_per_node:
+            out.append(Problem("parallel.tp", f"exceeds cluster.gpus_per_node={c.gpus_per_node}; TP must stay "
+                               "inside a node's NVLink island", tp, f"use tp <= {c.gpus_per_node}"))
+        if m.heads and m.heads % tp:
+            out.append(Problem("parallel.tp", f"must divide model.heads={m.heads}", tp, "use a divisor of heads"))
+        elif m.kv_heads and m.kv_heads % tp:
+            out.append(Problem("parallel.tp", f"must divide model.kv_heads={m.kv_heads}", tp,
+                               "use a divisor of kv_heads"))
+    if pp is not None and m.layers and pp > m.layers:
+        out.append(Problem("parallel.pp", f"exceeds model.layers={m.layers}", pp, f"use pp <= {m.layers}"))
+    degrees = [d for d in (tp, pp, dp) if d is not None]
+    product = 1
+    for d in degrees:
+        product *= d
+    if len(degrees) == 3 and product != world:
+        out.append(Problem("parallel", f"tp*pp*dp = {product} but the cluster has {world} GPUs "
+                           f"({c.nodes} nodes x {c.gpus_per_node})", f"tp={tp} pp={pp} dp={dp}",
+                           "make tp*pp*dp equal nodes*gpus_per_node, or set one of them to auto"))
+    elif degrees and world % product:
+        out.append(Problem("parallel", f"the fixed degrees multiply to {product}, which does not divide the "
+                           f"{world} GPUs", f"tp={p.tp} pp={p.pp} dp={p.dp}", "choose divisors of the GPU count"))
+    mb = _fixed(t.micro_batch)
+    if mb is not None and dp is not None and t.global_batch % (mb * dp):
+        out.append(Problem("train.global_batch", f"must be divisible by micro_batch*dp = {mb}*{dp}",
+                           t.global_batch, f"use a multiple of {mb * dp}"))
+    elif dp is not None and t.global_batch % dp:
+        out.append(Problem("train.global_batch", f"must be divisible by parallel.dp={dp}", t.global_batch,
+                           f"use a multiple of {dp}"))
+    v = _fixed(p.virtual_stages)
+    if v is not None and v > 1 and p.schedule not in ("auto", "interleaved-1f1b"):
+        out.append(Problem("parallel.virtual_stages", f"> 1 needs schedule interleaved-1f1b (got {p.schedule})",
+                           v, "set parallel.schedule=interleaved-1f1b or virtual_stages=1"))
+    if v is not None and pp is not None and m.layers and pp * v > m.layers:
+        out.append(Problem("parallel.virtual_stages", f"pp*virtual_stages = {pp * v} exceeds model.layers="
+                           f"{m.layers}", v, "use fewer virtual stages"))
+    if p.schedule == "interleaved-1f1b" and v == 1:
+        out.append(Problem("parallel.schedule", "interleaved-1f1b needs virtual_stages >= 2", p.schedule,
+                           "set parallel.virtual_stages=2 (or auto), or use 1f1b"))
+    if p.sequence_parallel and tp == 1:
+        out.append(Problem("parallel.sequence_parallel", "needs tp > 1", True, "set parallel.tp >= 2 or disable it"))
+    return out
+
+
+def _other_problems(job: Job) -> list[Problem]:
+    t, s, out = job.train, job.slurm, []
+    if t.lr_schedule.warmup_steps >= t.steps and t.steps > 1:
+        out.append(Problem("train.lr_schedule.warmup_steps", f"must be below train.steps={t.steps}",
+                           t.lr_schedule.warmup_steps, f"use fewer than {t.steps} warm-up steps"))
+    for i, beta in enumerate(t.optimizer.betas):
+        if not 0 <= beta < 1:
+            out.append(Problem(f"train.optimizer.betas.{i}", "must be in [0, 1)", beta, "use e.g. [0.9, 0.95]"))
+    if job.container.image is not None and not job.container.image.endswith(".sif"):
+        out.append(Problem("container.image", "must be a .sif file", job.container.image,
+                           "build one with `singularity build IMAGE.sif <recipe>` and give its path"))
+    if s.time is not None and job.monitor.py_spy:
+        from hpctrain.config.types import slurm_time_seconds
+
+        if slurm_time_seconds(s.time) <= job.monitor.py_spy_seconds_before_limit:
+            out.append(Problem("monitor.py_spy_seconds_before_limit", f"is not below slurm.time={s.time}",
+                               job.monitor.py_spy_seconds_before_limit, "use a smaller value"))
+    first, last = job.monitor.nsys_steps
+    if first > last or first < 0:
+        out.append(Problem("monitor.nsys_steps", "must be [first, last] with 0 <= first <= last",
+                           job.monitor.nsys_steps, "use e.g. [10, 12]"))
+    return out
+
+
+def cross_field_problems(job: Job) -> list[Problem]:
+    """Checks that span fields or sections; pydantic has already checked each field alone."""
+    model = _model_problems(job)
+    if model:
+        return model
+    return _parallel_problems(job) + _other_problems(job)

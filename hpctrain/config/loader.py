@@ -1,0 +1,142 @@
+"""Load a job: YAML (or a dict) + overrides -> validated Job, or one ConfigError line per problem."""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any, Optional, Sequence
+
+from pydantic import BaseModel, ValidationError
+
+from hpctrain.config.job import Job, Problem, cross_field_problems
+from hpctrain.config.overrides import apply_overrides
+from hpctrain.config.yaml_source import Path, Source, read_yaml_file
+from hpctrain.errors import ConfigError
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _model_at(path: Path) -> Optional[type[BaseModel]]:
+    """The schema section at a dotted path (to list its valid keys), or None."""
+    model: Any = Job
+    for part in path:
+        field = model.model_fields.get(part) if isinstance(model, type) and issubclass(model, BaseModel) else None
+        if field is None:
+            by_alias = [f for f in model.model_fields.values() if f.alias == part] if model else []
+            field = by_alias[0] if by_alias else None
+        if field is None:
+            return None
+        model = _section_type(field.annotation)
+    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+
+
+def _section_type(annotation: Any) -> Any:
+    for arg in getattr(annotation, "__args__", ()) or ():
+        if isinstance(arg, type) and issubclass(arg, BaseModel):
+            return arg
+    return annotation
+
+
+def _keys_of(model: type[BaseModel]) -> list[str]:
+    return [f.alias or name for name, f in model.model_fields.items()]
+
+
+_FIXES = {
+    "missing": "add it",
+    "int_type": "write a whole number",
+    "float_type": "write a number",
+    "bool_type": "write true or false",
+    "string_type": "write a string (quote it)",
+    "list_type": "write a YAML list",
+    "dict_type": "write a mapping",
+    "model_type": "write a mapping of keys",
+    "model_attributes_type": "write a mapping of keys",
+    "too_short": "add items",
+    "too_long": "remove items",
+    "int_parsing": "write a whole number",
+    "float_parsing": "write a number",
+    "auto_int": "write a whole number or auto",
+    "zero_stage": "write 0, 1, 2, 3 or auto",
+    "slurm_time": "write e.g. '04:00:00'",
+    "env_name": "rename the variable",
+    "sbatch_option": "write the option name only, e.g. mail-type",
+    "free_text": "write a non-empty string",
+}
+
+
+def _describe(err: dict[str, Any], path: Path) -> tuple[str, str]:
+    """(what is wrong, how to fix) for one pydantic error."""
+    kind, ctx = err["type"], err.get("ctx") or {}
+    if kind == "extra_forbidden":
+        model = _model_at(path[:-1])
+        valid = _keys_of(model) if model else []
+        close = difflib.get_close_matches(path[-1], valid, n=1, cutoff=0.6)
+        hint = f"did you mean '{close[0]}'?" if close else f"valid keys: {', '.join(valid)}"
+        return "unknown key", hint
+    if kind == "literal_error":
+        expected = ctx.get("expected", "")
+        close = difflib.get_close_matches(str(err.get("input")), [s.strip(" '") for s in
+                                          expected.replace(" or ", ",").split(",")], n=1, cutoff=0.6)
+        hint = f"did you mean '{close[0]}'? " if close else ""
+        return "not one of the allowed values", f"{hint}use one of: {expected}"
+    if kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
+        return err["msg"].replace("Input should be", "must be"), "change the value to fit the range"
+    if kind == "missing":
+        return "is required", f"add `{path[-1]}:`"
+    return err["msg"].rstrip(".").replace("Input should be", "must be"), _FIXES.get(kind, "see `hpctrain schema` for the expected type")
+
+
+def _format(source: Source, path: Path, message: str, got: Any, fix: str, with_got: bool = True) -> str:
+    dotted = ".".join(path) if path else "(document)"
+    got_text = f" (got {_short(got)})" if with_got else ""
+    return f"{source.locate(path)}: {dotted}: {message}{got_text}; {fix}"
+
+
+def _pydantic_lines(exc: ValidationError, source: Source) -> list[str]:
+    located = []
+    for err in exc.errors(include_url=False):
+        path = tuple(str(p) for p in err["loc"])
+        message, fix = _describe(err, path)
+        located.append((_line_of(source, path), _format(source, path, message, err.get("input"), fix,
+                                                         err["type"] != "missing")))
+    return [line for _, line in sorted(located, key=lambda item: item[0])]
+
+
+def _line_of(source: Source, path: Path) -> int:
+    where = source.locate(path)
+    return int(where.rsplit(":", 1)[1]) if not where.startswith("--set") and where.rsplit(":", 1)[1].isdigit() else 1 << 30
+
+
+def _problem_line(problem: Problem, source: Source) -> str:
+    path = tuple(problem.path.split("."))
+    return _format(source, path, problem.message, problem.got, problem.fix)
+
+
+def validate_data(data: dict[str, Any], source: Source) -> Job:
+    """Validate plain data against the schema and the cross-field rules."""
+    try:
+        job = Job.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_pydantic_lines(exc, source)) from None
+    problems = cross_field_problems(job)
+    if problems:
+        raise ConfigError([_problem_line(p, source) for p in problems])
+    return job
+
+
+def load_job(path: str, overrides: Sequence[str] = ()) -> Job:
+    """Read job.yaml, apply `--set` overrides, validate. Raises ConfigError (exit 2) listing every problem."""
+    data, source = read_yaml_file(path)
+    apply_overrides(data, list(overrides), source)
+    return validate_data(data, source)
+
+
+def job_from_dict(data: dict[str, Any], overrides: Sequence[str] = (), origin: str = "<dict>") -> Job:
+    """Validate a job given as a dict (tests, sweeps). Same rules and messages as load_job."""
+    import copy
+
+    source = Source(origin)
+    data = apply_overrides(copy.deepcopy(data), list(overrides), source)
+    return validate_data(data, source)

@@ -1,0 +1,77 @@
+"""The `model:` section: the transformer's shape, from a preset with per-field overrides or in full."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Optional
+
+from pydantic import Field, model_validator
+
+from hpctrain.config.base import Section
+
+# Shapes from the model cards / papers: GPT-3 (Brown et al. 2020, Table 2.1), Llama 2 (Touvron et al.
+# 2023, Table 1 and params.json), Llama 3 / 3.2 (Meta's model cards and params.json).
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": dict(layers=4, hidden=64, heads=4, kv_heads=2, ffn_hidden=172, vocab=256, seq_len=128,
+                 activation="swiglu", tie_embeddings=False),
+    "llama3-1b": dict(layers=16, hidden=2048, heads=32, kv_heads=8, ffn_hidden=8192, vocab=128256,
+                      seq_len=8192, activation="swiglu", tie_embeddings=True, rope_theta=500000.0),
+    "llama3-8b": dict(layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336, vocab=128256,
+                      seq_len=8192, activation="swiglu", tie_embeddings=False, rope_theta=500000.0),
+    "llama3-70b": dict(layers=80, hidden=8192, heads=64, kv_heads=8, ffn_hidden=28672, vocab=128256,
+                       seq_len=8192, activation="swiglu", tie_embeddings=False, rope_theta=500000.0),
+    "llama2-7b": dict(layers=32, hidden=4096, heads=32, kv_heads=32, ffn_hidden=11008, vocab=32000,
+                      seq_len=4096, activation="swiglu", tie_embeddings=False),
+    "gpt3-13b": dict(layers=40, hidden=5120, heads=40, kv_heads=40, ffn_hidden=20480, vocab=50257,
+                     seq_len=2048, activation="gelu", tie_embeddings=True),
+    "gpt3-175b": dict(layers=96, hidden=12288, heads=96, kv_heads=96, ffn_hidden=49152, vocab=50257,
+                      seq_len=2048, activation="gelu", tie_embeddings=True),
+}
+
+PresetName = Literal["tiny", "llama3-1b", "llama3-8b", "llama3-70b", "llama2-7b", "gpt3-13b", "gpt3-175b"]
+_SHAPE_FIELDS = ("layers", "hidden", "heads", "vocab", "seq_len")
+
+
+def default_ffn_hidden(hidden: int, activation: str) -> int:
+    """4h for GELU; for SwiGLU 2/3 of 4h rounded up to a multiple of 256 (Llama's rule, keeps FLOPs ~equal)."""
+    if activation == "gelu":
+        return 4 * hidden
+    return -(-int(8 * hidden / 3) // 256) * 256
+
+
+class ModelConfig(Section):
+    """The decoder-only transformer to train."""
+
+    preset: Optional[PresetName] = Field(None, description="Start from a known shape; other fields override it.")
+    layers: Optional[int] = Field(None, ge=1, description="Number of transformer blocks.")
+    hidden: Optional[int] = Field(None, ge=1, description="Model width (embedding size).")
+    heads: Optional[int] = Field(None, ge=1, description="Attention (query) heads.")
+    kv_heads: Optional[int] = Field(None, ge=1, description="Key/value heads (GQA); defaults to heads.")
+    ffn_hidden: Optional[int] = Field(None, ge=1, description="FFN inner width; default 4h (gelu) or ~8h/3 (swiglu).")
+    vocab: Optional[int] = Field(None, ge=2, description="Vocabulary size.")
+    seq_len: Optional[int] = Field(None, ge=1, description="Training sequence length in tokens.")
+    activation: Literal["gelu", "swiglu"] = Field("swiglu", description="FFN activation.")
+    tie_embeddings: bool = Field(False, description="Share the input embedding with the output head.")
+    norm_eps: float = Field(1e-5, gt=0, description="RMSNorm epsilon.")
+    rope_theta: float = Field(10000.0, gt=0, description="RoPE base frequency.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _merge_preset(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("preset"), str) and data["preset"] in PRESETS:
+            return {**PRESETS[data["preset"]], **data}
+        return data
+
+    @model_validator(mode="after")
+    def _fill_defaults(self) -> "ModelConfig":
+        if self.kv_heads is None and self.heads is not None:
+            self.kv_heads = self.heads
+        if self.ffn_hidden is None and self.hidden is not None:
+            self.ffn_hidden = default_ffn_hidden(self.hidden, self.activation)
+        return self
+
+    @property
+    def head_dim(self) -> int:
+        return int(self.hidden or 0) // int(self.heads or 1)
+
+    def missing_fields(self) -> list[str]:
+        return [name for name in _SHAPE_FIELDS if getattr(self, name) is None]

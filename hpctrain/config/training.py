@@ -1,0 +1,71 @@
+"""The `train:`, `parallel:` and `placement:` sections."""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import Field
+
+from hpctrain.config.base import Section
+from hpctrain.config.types import AutoPositiveInt, ZeroStage
+
+
+class OptimizerConfig(Section):
+    """The optimizer. AdamW keeps two fp32 moments per parameter; SGD (momentum optional) is for tests."""
+
+    name: Literal["adamw", "sgd"] = Field("adamw", description="Optimizer.")
+    lr: float = Field(3e-4, gt=0, le=10, description="Peak learning rate.")
+    betas: list[float] = Field([0.9, 0.95], min_length=2, max_length=2, description="AdamW betas, each in [0, 1).")
+    eps: float = Field(1e-8, gt=0, description="AdamW epsilon.")
+    weight_decay: float = Field(0.1, ge=0, description="Decoupled weight decay.")
+    grad_clip: Optional[float] = Field(1.0, gt=0, description="Clip the global gradient norm to this; null disables.")
+    momentum: float = Field(0.0, ge=0, lt=1, description="SGD momentum.")
+
+
+class LRSchedule(Section):
+    """Linear warm-up, then cosine / linear decay to min_lr_ratio × lr, or constant."""
+
+    kind: Literal["cosine", "linear", "constant"] = Field("cosine", description="Decay after warm-up.")
+    warmup_steps: int = Field(0, ge=0, description="Steps of linear warm-up from 0 to lr.")
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="Final lr as a fraction of lr.")
+
+
+class TrainConfig(Section):
+    """What to train and how: batch, steps, precision, optimizer, data."""
+
+    global_batch: int = Field(8, ge=1, description="Sequences per optimizer step, over all data-parallel ranks.")
+    micro_batch: AutoPositiveInt = Field("auto", description="Sequences per forward pass per rank, or auto.")
+    steps: int = Field(100, ge=1, description="Optimizer steps to run.")
+    precision: Literal["bf16", "fp16", "fp32"] = Field("bf16", description="Compute precision (master weights fp32).")
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig, description="Optimizer settings.")
+    lr_schedule: LRSchedule = Field(default_factory=LRSchedule, description="Learning-rate schedule.")
+    activation_checkpointing: Literal["auto", "none", "selective", "full"] = Field(
+        "auto", description="Recompute activations in backward: none, selective (attention core), full (whole block)."
+    )
+    data: str = Field("synthetic", min_length=1, description="'synthetic', or a flat token file from `hpctrain data prepare`.")
+    data_dtype: Literal["auto", "uint16", "uint32"] = Field("auto", description="Token file element type.")
+    seed: int = Field(1234, ge=0, description="Seed for weights, data and dropout.")
+    log_every: int = Field(1, ge=1, description="Write a metrics line every N steps.")
+
+
+class ParallelConfig(Section):
+    """The layout: tensor (tp), pipeline (pp) and data (dp) parallel degrees and how each runs."""
+
+    tp: AutoPositiveInt = Field("auto", description="Tensor-parallel degree (kept inside an NVLink island).")
+    pp: AutoPositiveInt = Field("auto", description="Pipeline-parallel degree (stages).")
+    dp: AutoPositiveInt = Field("auto", description="Data-parallel degree (FSDP2 replicas/shards).")
+    schedule: Literal["auto", "gpipe", "1f1b", "interleaved-1f1b"] = Field("auto", description="Pipeline schedule.")
+    virtual_stages: AutoPositiveInt = Field("auto", description="Model chunks per pipeline rank (interleaved-1f1b).")
+    zero: ZeroStage = Field("auto", description="ZeRO stage over dp: 0/1/2 keep params unsharded in compute, 3 reshards.")
+    sequence_parallel: bool = Field(False, description="Shard norm/dropout activations over tp (needs tp > 1).")
+    offload_optimizer: bool = Field(False, description="Keep optimizer states and the step on the CPU.")
+
+
+class Placement(Section):
+    """Filled by the planner in the resolved job: where each layer and rank goes."""
+
+    stage_layers: list[list[int]] = Field(
+        default_factory=list, description="[first, end) layer range per virtual stage, in pipeline order."
+    )
+    rank_order: Optional[list[int]] = Field(None, description="Global rank -> slot order (tp innermost).")
+    switches: Optional[int] = Field(None, ge=1, description="sbatch --switches request, when one leaf fits the job.")

@@ -1,0 +1,157 @@
+"""Safe YAML reading that remembers the line of every key.
+
+PyYAML composes the document into nodes (which keep their marks); we build the Python values
+ourselves so that we can reject duplicate keys, non-string keys, custom tags, alias bombs
+("billion laughs") and huge files, and map each dotted path to its line for error messages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import re
+
+import yaml
+
+from hpctrain.errors import ConfigError
+
+MAX_FILE_BYTES = 1 << 20  # a job file is a page of YAML; 1 MiB leaves plenty of room
+MAX_VALUES = 50_000  # values built, counting every expansion of an alias
+
+Path = tuple[str, ...]
+
+try:  # the C composer is ~10x faster on big files; the pure one gives the same nodes
+    _Loader: Any = yaml.CSafeLoader
+except AttributeError:  # pragma: no cover - libyaml missing
+    _Loader = yaml.SafeLoader
+
+_SCALAR = yaml.SafeLoader("")
+# YAML 1.1 (PyYAML) reads 3e-4 as a string; YAML 1.2 and every user read it as a number.
+_EXPONENT_FLOAT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
+
+
+def plain_number(value: Any) -> Any:
+    """3e-4 -> 0.0003 for plain (unquoted) scalars; anything else unchanged."""
+    if isinstance(value, str) and _EXPONENT_FLOAT.match(value):
+        return float(value)
+    return value
+
+
+@dataclass
+class Source:
+    """Where a job's values came from: a file's lines, and --set overrides."""
+
+    filename: str
+    lines: dict[Path, int] = field(default_factory=dict)
+    overrides: dict[Path, str] = field(default_factory=dict)
+
+    def locate(self, path: Path) -> str:
+        """`FILE:LINE` (or `--set k=v`) for the deepest known prefix of path."""
+        for end in range(len(path), -1, -1):
+            prefix = path[:end]
+            if prefix in self.overrides:
+                return f"--set {self.overrides[prefix]}"
+            if prefix in self.lines:
+                return f"{self.filename}:{self.lines[prefix]}"
+        return f"{self.filename}:1"
+
+
+def _fail(filename: str, line: int, message: str) -> ConfigError:
+    return ConfigError(f"{filename}:{line}: {message}")
+
+
+class _Builder:
+    def __init__(self, source: Source) -> None:
+        self.source = source
+        self.count = 0
+
+    def build(self, node: yaml.Node, path: Path) -> Any:
+        self.count += 1
+        if self.count > MAX_VALUES:
+            raise _fail(self.source.filename, node.start_mark.line + 1,
+                        f"{_dotted(path)}: the document expands to more than {MAX_VALUES} values "
+                        "(an alias bomb?); write the values out instead of nesting aliases")
+        self.source.lines.setdefault(path, node.start_mark.line + 1)
+        if isinstance(node, yaml.MappingNode):
+            return self._mapping(node, path)
+        if isinstance(node, yaml.SequenceNode):
+            return [self.build(item, path + (str(i),)) for i, item in enumerate(node.value)]
+        return self._scalar(node, path)
+
+    def _mapping(self, node: yaml.MappingNode, path: Path) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key_node, value_node in node.value:
+            line = key_node.start_mark.line + 1
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                raise _fail(self.source.filename, line, f"{_dotted(path)}: merge keys (<<) are not supported; "
+                            "write the keys out")
+            key = self._scalar(key_node, path) if isinstance(key_node, yaml.ScalarNode) else None
+            if not isinstance(key, str):
+                raise _fail(self.source.filename, line, f"{_dotted(path)}: keys must be strings (got "
+                            f"{key_node.value!r}); quote the key or fix the indentation")
+            if key in out:
+                first = self.source.lines.get(path + (key,), "?")
+                raise _fail(self.source.filename, line, f"{_dotted(path + (key,))}: duplicate key (first at line "
+                            f"{first}); keep only one")
+            self.source.lines[path + (key,)] = line
+            out[key] = self.build(value_node, path + (key,))
+        return out
+
+    def _scalar(self, node: yaml.Node, path: Path) -> Any:
+        constructor = yaml.SafeLoader.yaml_constructors.get(node.tag)
+        if constructor is None or node.tag in ("tag:yaml.org,2002:binary", "tag:yaml.org,2002:timestamp"):
+            raise _fail(self.source.filename, node.start_mark.line + 1,
+                        f"{_dotted(path)}: unsupported YAML tag {node.tag} (got {node.value!r}); "
+                        "quote the value to make it a string")
+        value = constructor(_SCALAR, node)
+        return plain_number(value) if not getattr(node, "style", None) else value  # "" (C) or None: plain
+
+
+def _dotted(path: Path) -> str:
+    return ".".join(path) if path else "(document)"
+
+
+def parse_yaml(text: str, filename: str) -> tuple[Any, Source]:
+    """Parse one YAML document into plain values and a Source with the line of every key."""
+    source = Source(filename)
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_FILE_BYTES:
+        raise _fail(filename, 1, f"(document): file is larger than {MAX_FILE_BYTES} bytes; a job file is a short "
+                    "YAML mapping")
+    try:
+        nodes = list(yaml.compose_all(text, Loader=_Loader))
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark else 1
+        what = " ".join(str(x) for x in (exc.context, exc.problem) if x)
+        raise _fail(filename, line, f"(document): YAML syntax error: {what}; fix the YAML at this line") from None
+    except yaml.YAMLError as exc:
+        raise _fail(filename, 1, f"(document): YAML error: {str(exc).splitlines()[0]}; fix the file") from None
+    if len(nodes) > 1:
+        raise _fail(filename, nodes[1].start_mark.line + 1, "(document): more than one YAML document (---); "
+                    "keep one job per file")
+    if not nodes or (isinstance(nodes[0], yaml.ScalarNode) and nodes[0].tag == "tag:yaml.org,2002:null"):
+        raise _fail(filename, 1, "(document): the file is empty; write a job mapping (see examples/quickstart.yaml)")
+    data = _Builder(source).build(nodes[0], ())
+    if not isinstance(data, dict):
+        raise _fail(filename, nodes[0].start_mark.line + 1, f"(document): a job must be a mapping of sections "
+                    f"(got {type(data).__name__}); start with `name:` and `model:`")
+    return data, source
+
+
+def read_yaml_file(path: str) -> tuple[Any, Source]:
+    """Read and parse a job file, with one-line errors for unreadable files."""
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"{path}:0: (file): cannot read ({exc.strerror}); check the path") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise _fail(path, 1, f"(document): file is larger than {MAX_FILE_BYTES} bytes; a job file is a short "
+                    "YAML mapping")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise _fail(path, line, "(document): not UTF-8 text; save the file as UTF-8") from None
+    return parse_yaml(text, path)

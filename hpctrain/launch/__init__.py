@@ -1,0 +1,1 @@
+"""Launch: submitit executors (Slurm, local), submit / sweep / status / cancel / resume, run directories."""

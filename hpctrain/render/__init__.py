@@ -1,0 +1,1 @@
+"""Render: the sbatch script and the Singularity/Apptainer recipe from Jinja2 templates."""

@@ -1,0 +1,1 @@
+"""Runtime: runs on compute nodes, one process per GPU. The only stage that imports torch."""

@@ -1,0 +1,119 @@
+"""The schema: JSON Schema export, examples, presets, overrides, round trips."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from hpctrain.cli import main
+from hpctrain.config import PRESETS, dump_job, job_from_dict, json_schema, load_job
+from hpctrain.config.model import default_ffn_hidden
+from hpctrain.resources import data_dir
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = sorted(data_dir("examples").glob("*.yaml"))
+
+
+def test_examples_exist() -> None:
+    names = {p.name for p in EXAMPLES}
+    assert {"quickstart.yaml", "gpt3-175b.yaml", "llama3-8b-sweep.yaml"} <= names
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_example_validates(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", str(path)]) == 0
+    assert "valid" in capsys.readouterr().out
+
+
+def test_schema_is_valid_json_schema_and_examples_conform() -> None:
+    schema = json_schema()
+    jsonschema.Draft202012Validator.check_schema(schema)
+    for path in EXAMPLES:
+        jsonschema.Draft202012Validator(schema).validate(yaml.safe_load(path.read_text()))
+
+
+def test_schema_rejects_what_the_loader_rejects() -> None:
+    validator = jsonschema.Draft202012Validator(json_schema())
+    base = yaml.safe_load((data_dir("examples") / "quickstart.yaml").read_text())
+    for section, key, value in [("parallel", "tp", 0), ("parallel", "zero", 5), ("train", "precision", "bf8"),
+                                ("cluster", "nodes", "two"), ("parallel", "tpp", 1)]:
+        bad = json.loads(json.dumps(base))
+        bad[section][key] = value
+        assert list(validator.iter_errors(bad)), (section, key, value)
+
+
+def test_committed_schema_file_is_current() -> None:
+    committed = json.loads((REPO / "job.schema.json").read_text())
+    assert committed == json_schema(), "regenerate with: hpctrain schema -o job.schema.json"
+
+
+def test_schema_command_prints_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["schema"]) == 0
+    schema = json.loads(capsys.readouterr().out)
+    assert schema["title"] == "hpctrain job"
+    props = schema["properties"]
+    for section in ("name", "model", "train", "parallel", "cluster", "slurm", "container", "checkpoint", "nccl",
+                    "monitor", "sweep"):
+        assert section in props
+
+
+def test_every_field_has_a_description() -> None:
+    schema = json_schema()
+    missing = []
+    for name, definition in schema["$defs"].items():
+        for field, spec in definition.get("properties", {}).items():
+            if "description" not in spec:
+                missing.append(f"{name}.{field}")
+    assert missing == []
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_presets_load_with_overrides(preset: str) -> None:
+    job = job_from_dict({"name": "p", "model": {"preset": preset, "seq_len": 512}})
+    assert job.model.seq_len == 512
+    assert job.model.layers == PRESETS[preset]["layers"]
+    assert job.model.hidden % job.model.heads == 0
+
+
+def test_defaults_filled() -> None:
+    job = job_from_dict({"name": "p", "model": {"layers": 2, "hidden": 96, "heads": 6, "vocab": 100,
+                                                  "seq_len": 8, "activation": "gelu"}})
+    assert job.model.kv_heads == 6 and job.model.ffn_hidden == 384
+    assert default_ffn_hidden(4096, "swiglu") == 11008  # Llama 2 7B's figure
+    assert job.checkpoint.async_ is False and job.slurm.signal == "USR2"
+
+
+def test_overrides_are_yaml_scalars(tmp_path: Path) -> None:
+    path = data_dir("examples") / "quickstart.yaml"
+    job = load_job(str(path), ["train.micro_batch=4", "parallel.zero=auto", "slurm.exclusive=false",
+                               "train.optimizer.lr=1e-3", "name=hello world"])
+    assert job.train.micro_batch == 4 and job.parallel.zero == "auto" and job.slurm.exclusive is False
+    assert job.train.optimizer.lr == pytest.approx(1e-3) and job.name == "hello world"
+
+
+def test_dump_round_trips(tmp_path: Path) -> None:
+    for path in EXAMPLES:
+        job = load_job(str(path))
+        out = tmp_path / "r.yaml"
+        out.write_text(dump_job(job))
+        assert load_job(str(out)) == job
+
+
+def test_validate_does_not_import_torch(tmp_path: Path) -> None:
+    code = ("import sys; from hpctrain.cli import main; rc = main(['validate', %r]); "
+            "assert 'torch' not in sys.modules, 'torch imported'; sys.exit(rc)" % str(EXAMPLES[0]))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_version_and_help() -> None:
+    out = subprocess.run([sys.executable, "-m", "hpctrain", "--version"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.startswith("hpctrain ")
+    out = subprocess.run([sys.executable, "-m", "hpctrain", "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "validate" in out.stdout and "schema" in out.stdout
