@@ -1,0 +1,276 @@
+"""A decoder-only transformer (Llama-style): RMSNorm, RoPE, grouped-query attention through
+`F.scaled_dot_product_attention`, a gelu or swiglu MLP, tied or untied embeddings.
+
+Layers live in an `nn.ModuleDict` keyed by the *global* layer index, so a pipeline stage that
+holds layers 4..7 still names its parameters `layers.4.attention.wq.weight`: state-dict keys are
+the same on every layout, and checkpoints move between layouts.
+
+The model is built on the meta device, parallelised, then materialised with `to_empty` and
+`init_weights`. Initialisation is layout independent: every parameter is drawn, full size, on the
+CPU from a generator seeded by (seed, parameter name); each rank then copies its own shard. The
+same seed therefore gives bit-identical full-model weights on one process and on any TP/PP/DP
+layout, which is what the parity tests rely on.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from hpctrain.errors import ConfigError
+
+INIT_STD = 0.02
+AC_MODES = ("none", "selective", "full")
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    """The model shape; the same fields as `job.model` (all concrete)."""
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    ffn_hidden: int
+    vocab: int
+    seq_len: int
+    activation: str = "swiglu"
+    tie_embeddings: bool = False
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.hidden % self.heads:
+            problems.append(f"model.hidden: got {self.hidden}; must be divisible by heads={self.heads}")
+        if self.heads % self.kv_heads:
+            problems.append(
+                f"model.kv_heads: got {self.kv_heads}; must divide heads={self.heads} (grouped-query attention)"
+            )
+        if (self.hidden // max(self.heads, 1)) % 2:
+            problems.append(f"model.hidden/heads: got {self.hidden // self.heads}; RoPE needs an even head size")
+        if self.activation not in ("gelu", "swiglu"):
+            problems.append(f"model.activation: got {self.activation!r}; valid: 'gelu', 'swiglu'")
+        if problems:
+            raise ConfigError(problems)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @classmethod
+    def from_config(cls, model_cfg: Any) -> ModelArgs:
+        """From `job.model` (a pydantic model) or anything with the same attributes."""
+        names = cls.__dataclass_fields__.keys()
+        return cls(**{name: getattr(model_cfg, name) for name in names})
+
+
+def param_count(args: ModelArgs) -> int:
+    """Closed-form parameter count of the full model (tied embeddings counted once)."""
+    h, d = args.hidden, args.head_dim
+    attention = h * args.heads * d + 2 * h * args.kv_heads * d + args.heads * d * h
+    mlp = (3 if args.activation == "swiglu" else 2) * h * args.ffn_hidden
+    block = attention + mlp + 2 * h
+    head = 0 if args.tie_embeddings else args.vocab * h
+    return args.vocab * h + args.layers * block + h + head
+
+
+def rope_tables(args: ModelArgs, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of RoPE angles, each [seq_len, head_dim] (rotate-half layout), in fp32."""
+    d = args.head_dim
+    inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64, device=device) / d))
+    angles = torch.outer(torch.arange(args.seq_len, dtype=torch.float64, device=device), inv_freq)
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [batch, seq, heads, head_dim]; cos/sin: [seq, head_dim]."""
+    cos = cos[None, :, None, :].to(x.dtype)
+    sin = sin[None, :, None, :].to(x.dtype)
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.head_dim = args.head_dim
+        self.wq = nn.Linear(args.hidden, args.heads * args.head_dim, bias=False)
+        self.wk = nn.Linear(args.hidden, args.kv_heads * args.head_dim, bias=False)
+        self.wv = nn.Linear(args.hidden, args.kv_heads * args.head_dim, bias=False)
+        self.wo = nn.Linear(args.heads * args.head_dim, args.hidden, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        # -1 heads: under tensor parallelism each rank holds heads/tp query and kv heads.
+        q = self.wq(x).view(batch, seq, -1, self.head_dim)
+        k = self.wk(x).view(batch, seq, -1, self.head_dim)
+        v = self.wv(x).view(batch, seq, -1, self.head_dim)
+        q, k = apply_rope(q, cos[:seq], sin[:seq]), apply_rope(k, cos[:seq], sin[:seq])
+        rep = q.shape[2] // k.shape[2]
+        if rep > 1:  # explicit repeat keeps every SDPA backend (flash included) available
+            k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+        )
+        return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.swiglu = args.activation == "swiglu"
+        self.w1 = nn.Linear(args.hidden, args.ffn_hidden, bias=False)
+        self.w2 = nn.Linear(args.ffn_hidden, args.hidden, bias=False)
+        self.w3 = nn.Linear(args.hidden, args.ffn_hidden, bias=False) if self.swiglu else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.w3 is not None:
+            return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return self.w2(F.gelu(self.w1(x), approximate="tanh"))
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm block. `ac_mode` is set by `apply_ac`; it changes no parameter names."""
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.attention_norm = nn.RMSNorm(args.hidden, eps=args.norm_eps)
+        self.attention = Attention(args)
+        self.ffn_norm = nn.RMSNorm(args.hidden, eps=args.norm_eps)
+        self.feed_forward = FeedForward(args)
+        self.ac_mode = "none"
+        self.ac_context_fn: Any = None
+
+    def _forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), cos, sin)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if self.ac_mode == "none" or not torch.is_grad_enabled():
+            return self._forward(x, cos, sin)
+        kwargs = {"context_fn": self.ac_context_fn} if self.ac_context_fn is not None else {}
+        return checkpoint(self._forward, x, cos, sin, use_reentrant=False, **kwargs)
+
+
+class Transformer(nn.Module):
+    """The full model, or one pipeline stage of it (absent parts are None / missing layers).
+
+    forward(tokens [b, s] int64) -> logits [b, s, vocab] on a full model; a stage without the
+    embedding takes hidden states [b, s, hidden], a stage without the head returns them.
+    """
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.args = args
+        self.tok_embeddings: nn.Embedding | None = nn.Embedding(args.vocab, args.hidden)
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(args) for i in range(args.layers)})
+        self.norm: nn.RMSNorm | None = nn.RMSNorm(args.hidden, eps=args.norm_eps)
+        self.output: nn.Linear | None = nn.Linear(args.hidden, args.vocab, bias=False)
+        if args.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+        cos, sin = rope_tables(args, device=torch.device("meta"))
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.tok_embeddings(x) if self.tok_embeddings is not None else x
+        for layer in self.layers.values():
+            h = layer(h, self.rope_cos, self.rope_sin)
+        if self.norm is not None:
+            h = self.norm(h)
+        if self.output is not None:
+            h = self.output(h)
+        return h
+
+    @property
+    def has_tied_copy(self) -> bool:
+        """True on a last pipeline stage that holds its own copy of the tied embedding."""
+        return (
+            self.args.tie_embeddings and self.output is not None and self.tok_embeddings is None
+        )
+
+    def tie_weights(self) -> None:
+        """Share the embedding with the head (a full model or a single-stage pipeline only).
+
+        `to_empty` turns a shared meta parameter into two separate ones; call this after it."""
+        if self.args.tie_embeddings and self.tok_embeddings is not None and self.output is not None:
+            if self.output.weight is not self.tok_embeddings.weight:
+                self.output.weight = self.tok_embeddings.weight
+
+    def init_weights(self, seed: int) -> None:
+        """Fill every parameter (full model or shard) and buffer; see the module docstring."""
+        cos, sin = rope_tables(self.args, device=self.rope_cos.device)
+        self.rope_cos.copy_(cos)
+        self.rope_sin.copy_(sin)
+        with torch.no_grad():
+            for name, param in self.named_parameters():
+                source = "tok_embeddings.weight" if name == "output.weight" and self.args.tie_embeddings else name
+                copy_full_into(param, full_init(source, tuple(param.shape), seed, self.args.layers))
+
+
+def param_seed(seed: int, name: str) -> int:
+    """A generator seed from the run seed and a parameter's full-model name (stable across runs)."""
+    return (seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63)
+
+
+def full_init(name: str, shape: tuple[int, ...], seed: int, layers: int) -> torch.Tensor:
+    """The full-size fp32 initial value of parameter `name`, on the CPU."""
+    if name.endswith("norm.weight"):
+        return torch.ones(shape)
+    std = INIT_STD
+    if name.endswith(("attention.wo.weight", "feed_forward.w2.weight")):
+        std = INIT_STD / math.sqrt(2 * layers)  # GPT-2 residual scaling
+    generator = torch.Generator().manual_seed(param_seed(seed, name))
+    return torch.randn(shape, generator=generator) * std
+
+
+def copy_full_into(param: torch.Tensor, full: torch.Tensor) -> None:
+    """Copy this rank's part of a full tensor into `param` (a plain tensor or a DTensor shard)."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if isinstance(param, DTensor):
+        # src_data_rank=None: every rank holds the same full tensor, so no communication is needed.
+        shard = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
+        param.to_local().copy_(shard.to_local())
+    else:
+        param.copy_(full)
+
+
+def build_model(args: ModelArgs) -> Transformer:
+    """The full model on the meta device (no memory); materialise with to_empty + init_weights."""
+    with torch.device("meta"):
+        return Transformer(args)
+
+
+def make_stage(whole: Transformer, first_layer: int, last_layer: int, first: bool, last: bool) -> Transformer:
+    """A pipeline stage on meta: layers [first_layer, last_layer), embedding/head only at the ends.
+
+    A tied embedding on a multi-stage pipeline becomes two parameters (embedding on the first
+    stage, head on the last) that start equal and get the same summed gradient every step.
+    """
+    import copy
+
+    stage = copy.deepcopy(whole)
+    for key in list(stage.layers.keys()):
+        if not first_layer <= int(key) < last_layer:
+            del stage.layers[key]
+    if not first:
+        stage.tok_embeddings = None
+    if not last:
+        stage.norm = None
+        stage.output = None
+    return stage
+
+
+def cross_entropy_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean token cross-entropy in fp32 (works on loss-parallel DTensor logits too)."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1))

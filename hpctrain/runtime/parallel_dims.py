@@ -1,0 +1,102 @@
+"""The parallel degrees of a run and the device mesh they span.
+
+`ParallelDims` is a plain dataclass: it validates the degrees against the world size without a
+process group (so tests and the planner-facing code can check a layout cheaply) and builds the
+`DeviceMesh` only when asked. The rank grid is `arange(world).view(pp, dp, tp)`: tp is innermost so
+tensor-parallel peers are neighbouring ranks (same node, fastest links), pp is outermost.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from hpctrain.errors import ConfigError
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+MESH_DIM_NAMES = ("pp", "dp", "tp")
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    """Degrees of pipeline, data and tensor parallelism; `pp * dp * tp == world_size`."""
+
+    pp: int
+    dp: int
+    tp: int
+    world_size: int
+
+    def __post_init__(self) -> None:
+        problems = []
+        for name in ("pp", "dp", "tp", "world_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                problems.append(
+                    f"parallel.{name}: got {value!r}; must be an integer >= 1 "
+                    "(resolve 'auto' with `hpctrain plan` before starting the runtime)"
+                )
+        if problems:
+            raise ConfigError(problems)
+        if self.pp * self.dp * self.tp != self.world_size:
+            raise ConfigError(
+                f"parallel: pp={self.pp} x dp={self.dp} x tp={self.tp} = "
+                f"{self.pp * self.dp * self.tp}, but the world size is {self.world_size}; "
+                "the product of the degrees must equal the number of processes "
+                "(change the degrees or cluster.nodes x cluster.gpus_per_node)"
+            )
+
+    @classmethod
+    def from_job(cls, job: Any, world_size: int) -> ParallelDims:
+        """Degrees from a resolved job (`job.parallel.{pp,dp,tp}` must be integers)."""
+        par = job.parallel
+        return cls(pp=par.pp, dp=par.dp, tp=par.tp, world_size=world_size)
+
+    def validate_model(self, model_cfg: Any, virtual_stages: int = 1) -> None:
+        """Check the degrees against a model shape; raises ConfigError naming each problem."""
+        problems = []
+        if self.tp > 1:
+            for field in ("heads", "kv_heads", "ffn_hidden"):
+                value = getattr(model_cfg, field)
+                if value % self.tp:
+                    problems.append(
+                        f"model.{field}: got {value}; must be divisible by parallel.tp={self.tp} "
+                        "(tensor parallelism splits it evenly across ranks)"
+                    )
+        stages = self.pp * virtual_stages
+        if self.pp > 1 and model_cfg.layers < stages:
+            problems.append(
+                f"model.layers: got {model_cfg.layers}; a pipeline of pp={self.pp} x "
+                f"virtual_stages={virtual_stages} = {stages} stages needs at least that many layers"
+            )
+        if problems:
+            raise ConfigError(problems)
+
+    @property
+    def pp_enabled(self) -> bool:
+        return self.pp > 1
+
+    @property
+    def dp_enabled(self) -> bool:
+        return self.dp > 1
+
+    @property
+    def tp_enabled(self) -> bool:
+        return self.tp > 1
+
+    def coords(self, rank: int) -> dict[str, int]:
+        """This rank's (pp, dp, tp) coordinates in the grid `arange(world).view(pp, dp, tp)`."""
+        return {
+            "pp": rank // (self.dp * self.tp),
+            "dp": (rank // self.tp) % self.dp,
+            "tp": rank % self.tp,
+        }
+
+    def build_mesh(self, device_type: str) -> DeviceMesh:
+        """A 3-D mesh named ("pp", "dp", "tp"); needs an initialised default process group."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        return init_device_mesh(
+            device_type, (self.pp, self.dp, self.tp), mesh_dim_names=MESH_DIM_NAMES
+        )

@@ -1,0 +1,307 @@
+"""The seam between the model/parallelism and the training loop: `build_training(job, device)`.
+
+Order (torchtitan's): build the full model on meta -> cut this rank's pipeline stages -> tensor
+parallel -> activation checkpointing -> FSDP2 -> materialise (`to_empty`) and initialise from the
+seed -> pipeline schedule. The training loop then only sees `Training`:
+
+    training = build_training(job, device)
+    optimizer = torch.optim.AdamW(training.parameters(), ...)
+    for step ...:
+        optimizer.zero_grad()
+        loss = training.train_step(inputs, labels)     # this dp rank's slice of the global batch
+        grad_norm = training.clip_grad_norm_(max_norm)
+        training.optimizer_step(optimizer)             # skips the step on fp16 overflow
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hpctrain.errors import ConfigError
+from hpctrain.runtime.activation_checkpoint import apply_ac
+from hpctrain.runtime.data_parallel import apply_fsdp, sync_every_microbatch
+from hpctrain.runtime.model import ModelArgs, Transformer, build_model, cross_entropy_loss
+from hpctrain.runtime.parallel_dims import ParallelDims
+from hpctrain.runtime.pipeline_parallel import apply_pp, split_model, stage_layer_ranges
+from hpctrain.runtime.precision import LossScaler, autocast_context, local_tensor
+from hpctrain.runtime.tensor_parallel import apply_tp
+
+
+@dataclass
+class Training:
+    """One rank's share of the model and how to run a step on it.
+
+    train_step(inputs, labels) takes this dp rank's slice of the global batch
+    ([global_batch / dp, seq] int64, the same slice on every tp and pp rank of that dp group),
+    runs forward and backward over its micro-batches, and returns the global-batch mean loss
+    (identical on every rank). Afterwards every gradient is the global-batch mean gradient.
+    """
+
+    job: Any
+    args: ModelArgs
+    dims: ParallelDims
+    mesh: Any  # DeviceMesh, or None for a single process without a process group
+    device: torch.device
+    model_parts: list[Transformer]
+    schedule: Any  # the pipeline schedule, or None without pipelining
+    n_microbatches: int
+    has_first_stage: bool = True
+    has_last_stage: bool = True
+    loss_scaler: LossScaler | None = None
+    fsdp: bool = False
+    tied_group: Any = None  # process group pairing first and last stage (tied embeddings, pp > 1)
+    _norm_weights: list[tuple[nn.Parameter, float]] = field(default_factory=list)
+
+    @property
+    def dp_rank(self) -> int:
+        return self.mesh["dp"].get_local_rank() if self.mesh is not None else 0
+
+    @property
+    def pp_rank(self) -> int:
+        return self.mesh["pp"].get_local_rank() if self.mesh is not None else 0
+
+    def parameters(self) -> list[nn.Parameter]:
+        """The parameters this rank updates (each once), for the optimizer."""
+        seen: dict[int, nn.Parameter] = {}
+        for part in self.model_parts:
+            for p in part.parameters():
+                seen.setdefault(id(p), p)
+        return list(seen.values())
+
+    def param_count_local(self) -> int:
+        """Elements this rank stores (its TP/FSDP shards of its pipeline stages)."""
+        return sum(local_tensor(p).numel() for p in self.parameters())
+
+    def param_count_unsharded(self) -> int:
+        """Full-size elements of the parameters of this rank's pipeline stages (before TP/FSDP)."""
+        return sum(p.numel() for p in self.parameters())
+
+    def _contexts(self) -> contextlib.ExitStack:
+        stack = contextlib.ExitStack()
+        if self.dims.tp_enabled:
+            from torch.distributed.tensor.parallel import loss_parallel
+
+            stack.enter_context(loss_parallel())
+        stack.enter_context(autocast_context(self.device, self.job.train.precision, self.fsdp))
+        return stack
+
+    def _loss_fn(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        loss = cross_entropy_loss(logits, labels)
+        return loss * self.loss_scaler.scale if self.loss_scaler is not None else loss
+
+    def train_step(self, inputs: torch.Tensor, labels: torch.Tensor) -> float:
+        inputs, labels = inputs.to(self.device), labels.to(self.device)
+        if inputs.shape[0] % self.n_microbatches:
+            raise ConfigError(
+                f"train_step: a local batch of {inputs.shape[0]} sequences does not split into "
+                f"{self.n_microbatches} micro-batches"
+            )
+        with self._contexts():
+            if self.schedule is not None:
+                local_loss = self._pipelined_step(inputs, labels)
+            else:
+                local_loss = self._plain_step(inputs, labels)
+        self._sync_tied_grads()
+        if self.loss_scaler is not None:
+            self.loss_scaler.unscale_(self.parameters())
+        return self._global_mean(local_loss)
+
+    def _plain_step(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        model = self.model_parts[0]
+        total = torch.zeros((), device=self.device)
+        chunks = zip(inputs.chunk(self.n_microbatches), labels.chunk(self.n_microbatches))
+        for i, (x, y) in enumerate(chunks):
+            if self.fsdp and not sync_every_microbatch(self.job.parallel.zero):
+                model.set_requires_gradient_sync(i == self.n_microbatches - 1)
+            loss = self._loss_fn(model(x), y)
+            (loss / self.n_microbatches).backward()
+            total += local_tensor(loss.detach()).float()
+        scale = self.loss_scaler.scale if self.loss_scaler is not None else 1.0
+        return total / (self.n_microbatches * scale)
+
+    def _pipelined_step(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        losses: list[torch.Tensor] = []
+        args = (inputs,) if self.has_first_stage else ()
+        self.schedule.step(*args, target=labels, losses=losses)
+        if not self.has_last_stage:
+            return torch.zeros((), device=self.device)
+        scale = self.loss_scaler.scale if self.loss_scaler is not None else 1.0
+        mean = torch.stack([local_tensor(loss.detach()).float() for loss in losses]).mean()
+        return mean / scale
+
+    def _global_mean(self, local_loss: torch.Tensor) -> float:
+        """Mean over dp of the per-dp-rank losses, known on the last stage, sent to every rank."""
+        if self.mesh is None or self.dims.world_size == 1:
+            return float(local_loss)
+        total = local_loss.detach().reshape(1).float().to(self.device)
+        dist.all_reduce(total)  # every (dp, tp) rank of the last stage contributes its dp's loss
+        return float(total) / (self.dims.dp * self.dims.tp)
+
+    def _sync_tied_grads(self) -> None:
+        """Tied embeddings across pipeline stages: both copies get the sum of their gradients."""
+        if self.tied_group is None:
+            return
+        part = self.model_parts[0] if self.has_first_stage else self.model_parts[-1]
+        weight = part.tok_embeddings.weight if self.has_first_stage else part.output.weight
+        grad = local_tensor(weight.grad)
+        buf = grad.to(self.device)
+        dist.all_reduce(buf, group=self.tied_group)
+        grad.copy_(buf)
+
+    def clip_grad_norm_(self, max_norm: float | None) -> float:
+        """Global L2 norm of the full-model gradient (each element once, across TP/FSDP shards,
+        pipeline stages and tied copies); scales gradients so it is at most max_norm (None or
+        inf: measure only). Returns the norm before clipping."""
+        sq = torch.zeros((), dtype=torch.float64, device=self.device)
+        for p, weight in self._norm_weights:
+            if p.grad is not None:
+                g = local_tensor(p.grad)
+                sq += g.detach().double().pow(2).sum().to(self.device) * weight
+        if self.mesh is not None and self.dims.world_size > 1:
+            dist.all_reduce(sq)
+        norm = math.sqrt(float(sq))
+        if max_norm is not None and math.isfinite(max_norm) and norm > max_norm:
+            coef = max_norm / (norm + 1e-6)
+            for p in self.parameters():
+                if p.grad is not None:
+                    local_tensor(p.grad).mul_(coef)
+        return norm
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
+        """optimizer.step(), unless fp16 loss scaling found inf/nan; returns whether it stepped."""
+        if self.loss_scaler is None:
+            optimizer.step()
+            return True
+        stepped = not self.loss_scaler.found_inf
+        if stepped:
+            optimizer.step()
+        self.loss_scaler.update()
+        return stepped
+
+
+def _norm_weights(training: Training) -> list[tuple[nn.Parameter, float]]:
+    """Per parameter, 1 / (number of ranks in its pp stage holding the same elements)."""
+    from torch.distributed.tensor import DTensor
+
+    replicas = training.dims.dp * training.dims.tp
+    weights = []
+    for part in training.model_parts:
+        tied_copy = part.has_tied_copy and training.tied_group is not None
+        for name, p in part.named_parameters():
+            if tied_copy and name == "output.weight":
+                continue  # counted once, on the first stage
+            sharded = 1
+            if isinstance(p, DTensor):
+                for i, placement in enumerate(p.placements):
+                    if placement.is_shard():
+                        sharded *= p.device_mesh.size(i)
+            weights.append((p, sharded / replicas))
+    return weights
+
+
+def _tied_group(dims: ParallelDims, rank: int) -> Any:
+    """A group {first-stage rank, last-stage rank} per (dp, tp) coordinate; every rank creates all."""
+    mine = None
+    block = dims.dp * dims.tp
+    for offset in range(block):
+        group = dist.new_group([offset, (dims.pp - 1) * block + offset])
+        if rank % block == offset and rank // block in (0, dims.pp - 1):
+            mine = group
+    return mine
+
+
+def _micro_batches(job: Any, dims: ParallelDims) -> int:
+    train = job.train
+    if train.global_batch % dims.dp:
+        raise ConfigError(
+            f"train.global_batch: got {train.global_batch}; must be divisible by parallel.dp={dims.dp}"
+        )
+    local = train.global_batch // dims.dp
+    micro = train.micro_batch
+    if not isinstance(micro, int) or isinstance(micro, bool) or micro < 1 or local % micro:
+        raise ConfigError(
+            f"train.micro_batch: got {micro!r}; must be a positive integer dividing the per-dp-rank "
+            f"batch global_batch/dp = {local} (resolve 'auto' with `hpctrain plan`)"
+        )
+    return local // micro
+
+
+def build_training(job: Any, device: torch.device) -> Training:
+    """Build, parallelise and initialise this rank's part of the model from a resolved job.
+
+    Needs an initialised default process group when the world size is above 1; a single process
+    may run without one (then there is no mesh and no FSDP)."""
+    args = ModelArgs.from_config(job.model)
+    initialised = dist.is_available() and dist.is_initialized()
+    world_size = dist.get_world_size() if initialised else 1
+    rank = dist.get_rank() if initialised else 0
+    par = job.parallel
+    dims = ParallelDims.from_job(job, world_size)
+    virtual = par.virtual_stages if dims.pp_enabled else 1
+    if not isinstance(virtual, int) or virtual < 1:
+        raise ConfigError(f"parallel.virtual_stages: got {virtual!r}; must be an integer >= 1")
+    dims.validate_model(args, virtual)
+    n_micro = _micro_batches(job, dims)
+    fsdp = dims.dp_enabled or bool(par.offload_optimizer)
+    if fsdp and not initialised:
+        raise ConfigError("parallel.offload_optimizer: needs a process group (run through the runtime entry point)")
+    mesh = dims.build_mesh(device.type) if initialised else None
+    coords = dims.coords(rank)
+
+    whole = build_model(args)
+    if dims.pp_enabled:
+        ranges = stage_layer_ranges(job, dims.pp, virtual)
+        parts = split_model(whole, ranges, coords["pp"], dims.pp)
+    else:
+        parts = [(0, whole)]
+    modules = [module for _, module in parts]
+    for module in modules:
+        if dims.tp_enabled:
+            apply_tp(module, mesh["tp"], sequence_parallel=bool(par.sequence_parallel), loss_parallel=True)
+        apply_ac(module, job.train.activation_checkpointing)
+    if fsdp:
+        apply_fsdp(
+            modules,
+            mesh["dp"],
+            zero=par.zero,
+            precision=job.train.precision,
+            offload_optimizer=bool(par.offload_optimizer),
+        )
+    init_device = torch.device("cpu") if par.offload_optimizer else device
+    for module in modules:
+        module.to_empty(device=init_device)
+        module.tie_weights()
+        module.rope_cos.data = module.rope_cos.data.to(device)
+        module.rope_sin.data = module.rope_sin.data.to(device)
+        with torch.no_grad():
+            module.init_weights(job.train.seed)
+
+    training = Training(
+        job=job,
+        args=args,
+        dims=dims,
+        mesh=mesh,
+        device=device,
+        model_parts=modules,
+        schedule=None,
+        n_microbatches=n_micro,
+        has_first_stage=any(m.tok_embeddings is not None for m in modules),
+        has_last_stage=any(m.output is not None for m in modules),
+        loss_scaler=LossScaler(device) if job.train.precision == "fp16" else None,
+        fsdp=fsdp,
+    )
+    if dims.pp_enabled:
+        if args.tie_embeddings:
+            training.tied_group = _tied_group(dims, rank)
+        training.schedule = apply_pp(
+            parts, mesh["pp"], device, schedule=par.schedule, n_microbatches=n_micro, loss_fn=training._loss_fn
+        )
+    training._norm_weights = _norm_weights(training)
+    return training

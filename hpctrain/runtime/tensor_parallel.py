@@ -1,0 +1,80 @@
+"""Tensor parallelism (Megatron-style) with DTensor's `parallelize_module`.
+
+Per block: wq/wk/wv and w1/w3 are column-parallel (each rank holds heads/tp heads and
+ffn_hidden/tp columns), wo and w2 are row-parallel; one all-reduce after attention and one after
+the MLP. The embedding is row-parallel over the vocabulary, the head column-parallel over it.
+
+Sequence parallel (`parallel.sequence_parallel`) keeps the residual stream, the norms and the
+dropout-free element-wise work sharded along the sequence between blocks: the all-reduces become
+reduce-scatter + all-gather pairs and activation memory outside attention/MLP drops by tp.
+
+Loss parallel is always on when tp > 1: the head's logits stay sharded over the vocabulary and the
+cross-entropy is computed without gathering them (`torch.distributed.tensor.parallel.loss_parallel`),
+saving a [batch, seq, vocab] all-gather. Forward and backward of the loss must run inside
+`loss_parallel()`; `parallelize.Training` does that.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+
+from hpctrain.runtime.model import Transformer
+
+
+def apply_tp(model: Transformer, tp_mesh: DeviceMesh, *, sequence_parallel: bool, loss_parallel: bool) -> None:
+    """Shard `model` (a full model or a pipeline stage, still on meta) over `tp_mesh`, in place."""
+    between_blocks = Shard(1) if sequence_parallel else Replicate()
+    top: dict[str, Any] = {}
+    if model.tok_embeddings is not None:
+        top["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=between_blocks)
+    if model.norm is not None and sequence_parallel:
+        top["norm"] = SequenceParallel()
+    if model.output is not None:
+        top["output"] = ColwiseParallel(
+            input_layouts=between_blocks,
+            output_layouts=Shard(-1) if loss_parallel else Replicate(),
+            use_local_output=not loss_parallel,
+        )
+    if top:
+        parallelize_module(model, tp_mesh, top)
+    if model.args.tie_embeddings and model.tok_embeddings is not None and model.output is not None:
+        # parallelize_module replaced each module's parameter by its own DTensor: re-tie them.
+        # Both are Shard(0) over the vocabulary, so the shared shard is right for both uses.
+        model.output.weight = model.tok_embeddings.weight
+
+    for block in model.layers.values():
+        plan: dict[str, Any] = {
+            "attention.wq": ColwiseParallel(),
+            "attention.wk": ColwiseParallel(),
+            "attention.wv": ColwiseParallel(),
+            "attention.wo": RowwiseParallel(output_layouts=between_blocks),
+            "feed_forward.w1": ColwiseParallel(),
+            "feed_forward.w2": RowwiseParallel(output_layouts=between_blocks),
+        }
+        if block.feed_forward.w3 is not None:
+            plan["feed_forward.w3"] = ColwiseParallel()
+        if sequence_parallel:
+            plan.update(
+                {
+                    "attention_norm": SequenceParallel(),
+                    "attention": PrepareModuleInput(
+                        input_layouts=(Shard(1), None, None),
+                        desired_input_layouts=(Replicate(), None, None),
+                    ),
+                    "ffn_norm": SequenceParallel(),
+                    "feed_forward": PrepareModuleInput(
+                        input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+                    ),
+                }
+            )
+        parallelize_module(block, tp_mesh, plan)
