@@ -60,7 +60,9 @@ def apply_fsdp(
         raise ConfigError(f"train.precision: got {precision!r}; valid: {', '.join(PARAM_DTYPES)}")
     reshard = reshard_after_forward(zero)
     mp_policy = MixedPrecisionPolicy(param_dtype=PARAM_DTYPES[precision], reduce_dtype=torch.float32)
-    offload: OffloadPolicy = CPUOffloadPolicy() if offload_optimizer else OffloadPolicy()
+    # Pinned host memory makes the device<->host copies asynchronous; it needs an accelerator.
+    pinned = torch.cuda.is_available()
+    offload: OffloadPolicy = CPUOffloadPolicy(pin_memory=pinned) if offload_optimizer else OffloadPolicy()
     for part in model_parts:
         blocks = list(part.layers.values())
         for i, block in enumerate(blocks):

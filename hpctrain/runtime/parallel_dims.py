@@ -86,7 +86,7 @@ class ParallelDims:
         return self.tp > 1
 
     def coords(self, rank: int) -> dict[str, int]:
-        """This rank's (pp, dp, tp) coordinates in the grid `arange(world).view(pp, dp, tp)`."""
+        """A rank's (pp, dp, tp) coordinates in the grid `arange(world).view(pp, dp, tp)`."""
         return {
             "pp": rank // (self.dp * self.tp),
             "dp": (rank // self.tp) % self.dp,
@@ -94,7 +94,14 @@ class ParallelDims:
         }
 
     def build_mesh(self, device_type: str) -> DeviceMesh:
-        """A 3-D mesh named ("pp", "dp", "tp"); needs an initialised default process group."""
+        """A 3-D mesh named ("pp", "dp", "tp") over `arange(world).view(pp, dp, tp)`; needs an
+        initialised default process group (every rank must call it).
+
+        The grid is never permuted: c10d sorts the ranks of every subgroup, so a permuted grid
+        would give group ranks that disagree with mesh coordinates and DTensor would assemble
+        shards in the wrong order. A physical placement (the planner's `placement.rank_order`)
+        is applied where global ranks are assigned, i.e. by the entry point, not here.
+        """
         from torch.distributed.device_mesh import init_device_mesh
 
         return init_device_mesh(

@@ -83,6 +83,25 @@ class Training:
         """Full-size elements of the parameters of this rank's pipeline stages (before TP/FSDP)."""
         return sum(p.numel() for p in self.parameters())
 
+    def param_count_before_dp(self) -> int:
+        """Elements this rank holds after TP sharding but before FSDP sharding: the planner's
+        per-rank count (`hpctrain.plan.model_stats.stage_param_count`)."""
+        from torch.distributed.tensor import DTensor
+
+        total = 0
+        for p in self.parameters():
+            shape = list(p.shape)
+            if isinstance(p, DTensor):
+                names = p.device_mesh.mesh_dim_names or ()
+                for i, placement in enumerate(p.placements):
+                    if i < len(names) and names[i] == "tp" and _is_sharded(placement):
+                        dim, size = placement.dim % len(shape), p.device_mesh.size(i)
+                        chunk = -(-shape[dim] // size)  # torch.chunk: the last shards may be short
+                        rank = p.device_mesh.get_local_rank(i)
+                        shape[dim] = max(0, min(chunk, shape[dim] - rank * chunk))
+            total += math.prod(shape)
+        return total
+
     def _contexts(self) -> contextlib.ExitStack:
         stack = contextlib.ExitStack()
         if self.dims.tp_enabled:
@@ -108,6 +127,7 @@ class Training:
                 local_loss = self._pipelined_step(inputs, labels)
             else:
                 local_loss = self._plain_step(inputs, labels)
+        self._match_grad_placements()
         self._sync_tied_grads()
         if self.loss_scaler is not None:
             self.loss_scaler.unscale_(self.parameters())
@@ -143,6 +163,20 @@ class Training:
         total = local_loss.detach().reshape(1).float().to(self.device)
         dist.all_reduce(total)  # every (dp, tp) rank of the last stage contributes its dp's loss
         return float(total) / (self.dims.dp * self.dims.tp)
+
+    def _match_grad_placements(self) -> None:
+        """Give every DTensor gradient its parameter's placements.
+
+        Autograd does not guarantee it: under sequence parallel the vocab-sharded embedding's
+        gradient comes out Replicate and norm-weight gradients can come out Partial (a pending
+        sum over tp). Clipping, loss scaling and the tied-embedding sync work on local shards,
+        so they need gradients laid out exactly like their parameters."""
+        from torch.distributed.tensor import DTensor
+
+        for p in self.parameters():
+            g = p.grad
+            if isinstance(g, DTensor) and tuple(g.placements) != tuple(p.placements):
+                p.grad = g.redistribute(g.device_mesh, p.placements)
 
     def _sync_tied_grads(self) -> None:
         """Tied embeddings across pipeline stages: both copies get the sum of their gradients."""
@@ -186,6 +220,11 @@ class Training:
         return stepped
 
 
+def _is_sharded(placement: Any) -> bool:
+    """Shard or FSDP's _StridedShard (whose is_shard() is False): anything but Replicate/Partial."""
+    return not (placement.is_replicate() or placement.is_partial())
+
+
 def _norm_weights(training: Training) -> list[tuple[nn.Parameter, float]]:
     """Per parameter, 1 / (number of ranks in its pp stage holding the same elements)."""
     from torch.distributed.tensor import DTensor
@@ -200,20 +239,22 @@ def _norm_weights(training: Training) -> list[tuple[nn.Parameter, float]]:
             sharded = 1
             if isinstance(p, DTensor):
                 for i, placement in enumerate(p.placements):
-                    if placement.is_shard():
+                    if _is_sharded(placement):
                         sharded *= p.device_mesh.size(i)
             weights.append((p, sharded / replicas))
     return weights
 
 
-def _tied_group(dims: ParallelDims, rank: int) -> Any:
-    """A group {first-stage rank, last-stage rank} per (dp, tp) coordinate; every rank creates all."""
+def _tied_group(mesh: Any, rank: int) -> Any:
+    """A group {first-stage rank, last-stage rank} per (dp, tp) slot; every rank creates all."""
+    grid = mesh.mesh
     mine = None
-    block = dims.dp * dims.tp
-    for offset in range(block):
-        group = dist.new_group([offset, (dims.pp - 1) * block + offset])
-        if rank % block == offset and rank // block in (0, dims.pp - 1):
-            mine = group
+    for d in range(grid.shape[1]):
+        for t in range(grid.shape[2]):
+            pair = [int(grid[0, d, t]), int(grid[-1, d, t])]
+            group = dist.new_group(pair)
+            if rank in pair:
+                mine = group
     return mine
 
 
@@ -253,12 +294,12 @@ def build_training(job: Any, device: torch.device) -> Training:
     if fsdp and not initialised:
         raise ConfigError("parallel.offload_optimizer: needs a process group (run through the runtime entry point)")
     mesh = dims.build_mesh(device.type) if initialised else None
-    coords = dims.coords(rank)
+    pp_rank = mesh.get_local_rank("pp") if mesh is not None else 0
 
     whole = build_model(args)
     if dims.pp_enabled:
         ranges = stage_layer_ranges(job, dims.pp, virtual)
-        parts = split_model(whole, ranges, coords["pp"], dims.pp)
+        parts = split_model(whole, ranges, pp_rank, dims.pp)
     else:
         parts = [(0, whole)]
     modules = [module for _, module in parts]
@@ -299,7 +340,7 @@ def build_training(job: Any, device: torch.device) -> Training:
     )
     if dims.pp_enabled:
         if args.tie_embeddings:
-            training.tied_group = _tied_group(dims, rank)
+            training.tied_group = _tied_group(mesh, rank)
         training.schedule = apply_pp(
             parts, mesh["pp"], device, schedule=par.schedule, n_microbatches=n_micro, loss_fn=training._loss_fn
         )
