@@ -1,0 +1,189 @@
+"""Activation memory of the runtime's model: bytes saved for backward per token and per layer.
+
+Method: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
+section 4 — add up every tensor a layer's forward saves for its backward. The tensors counted
+here are those of hpctrain/runtime/model.py (pre-norm RMSNorm, RoPE, GQA with an explicit
+repeat, scaled_dot_product_attention with its flash backends, gelu or swiglu FFN), traced with
+torch.autograd.graph.saved_tensors_hooks and checked against MemTracker (tests/plan/
+test_memory_truth.py). Unlike Korthikanti's GPT, there is no dropout and attention keeps no
+seq x seq matrix (flash attention saves its output and the log-sum-exp instead).
+
+Precision modes (how the runtime casts, see hpctrain/runtime/precision.py, data_parallel.py):
+- "fp32": everything fp32.
+- "autocast": fp32 parameters and residual stream; autocast casts every matmul input and weight
+  to 16 bits, and each linear saves its own cast input and cast weight.
+- "fsdp-mp": FSDP2's MixedPrecisionPolicy holds 16-bit unsharded parameters, so the whole
+  forward is 16-bit; RMSNorm upcasts its input to fp32 internally.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from hpctrain.plan.model_stats import attention_params, ffn_params, head_dim
+
+FP32_BYTES = 4
+HALF_BYTES = 2
+INDEX_BYTES = 8  # int64 token ids saved by the embedding for its backward
+
+
+@dataclass(frozen=True)
+class Dtypes:
+    """Bytes per element of the tensors a layer saves, for one precision mode."""
+
+    residual: int  # the residual stream (block inputs/outputs)
+    normed: int  # RMSNorm's internal normalised x (its composite upcasts 16-bit input)
+    matmul: int  # matmul outputs, attention tensors, FFN intermediates
+    casts_inputs: bool  # autocast: each linear saves its own 16-bit copy of its input
+    casts_weights: bool  # autocast: each linear saves a 16-bit copy of its weight
+
+
+def precision_mode(precision: str, fsdp: bool) -> str:
+    """The runtime's casting mode for a precision and whether FSDP2 wraps the model."""
+    if precision == "fp32":
+        return "fp32"
+    return "fsdp-mp" if fsdp else "autocast"
+
+
+def dtypes(mode: str) -> Dtypes:
+    if mode == "fp32":
+        return Dtypes(FP32_BYTES, FP32_BYTES, FP32_BYTES, False, False)
+    if mode == "autocast":
+        return Dtypes(FP32_BYTES, FP32_BYTES, HALF_BYTES, True, True)
+    if mode == "fsdp-mp":
+        return Dtypes(HALF_BYTES, FP32_BYTES, HALF_BYTES, False, False)
+    raise ValueError(f"unknown precision mode {mode!r}")
+
+
+@dataclass(frozen=True)
+class LayerActivations:
+    """Bytes one layer keeps for its backward, for one micro-batch, on one TP rank."""
+
+    saved_bytes: float  # held from the layer's forward until its backward
+    recompute_peak_bytes: float  # extra, briefly, while the layer's backward recomputes (AC)
+
+
+def _widths(model: Any, tp: int) -> tuple[float, float, float, float, float]:
+    """Per-TP-rank widths: hidden, query width, k/v width after GQA repeat, kv width, ffn width."""
+    hidden = float(model.hidden)
+    q_width = model.heads * head_dim(model) / tp
+    kv_width = model.kv_heads * head_dim(model) / tp
+    repeated = q_width if model.heads != model.kv_heads else kv_width
+    return hidden, q_width, repeated, kv_width, model.ffn_hidden / tp
+
+
+def layer_saved_bytes_per_token_no_ac(model: Any, tp: int, sp: bool, mode: str) -> float:
+    """Per token: every tensor one layer saves without checkpointing (see module docstring).
+
+    Per RMSNorm: input x and normalised x_hat (+ fp32 rstd); per linear group: its input (one
+    shared fp32 tensor, or one 16-bit cast per linear under autocast); SDPA: q, repeated k and v,
+    output (which wo reuses as its input) and the fp32 log-sum-exp per head; swiglu: w1 out,
+    silu out, w3 out and their product (w2's input); gelu: w1 out and gelu out.
+    With sequence parallelism the norm-region tensors are split over tp (Korthikanti, section 4.2.2).
+    """
+    d = dtypes(mode)
+    hidden, q_width, repeated, _, ffn = _widths(model, tp)
+    seq_split = tp if sp else 1
+    norm = ((d.residual + d.normed) * hidden + FP32_BYTES) / seq_split
+    linear_groups = (3, 3 if model.activation == "swiglu" else 2) if d.casts_inputs else (1, 1)
+    inputs = (linear_groups[0] + linear_groups[1]) * d.matmul * hidden if d.casts_inputs \
+        else 2 * d.residual * hidden
+    attention = d.matmul * (2 * q_width + 2 * repeated) + FP32_BYTES * model.heads / tp
+    ffn_saved = (4 if model.activation == "swiglu" else 2) * d.matmul * ffn
+    return 2 * norm + inputs + attention + ffn_saved
+
+
+def layer_saved_bytes_per_token_selective(model: Any, tp: int, sp: bool, mode: str) -> float:
+    """Per token under the runtime's selective (op-level) policy: the block input plus the
+    outputs of every matmul and of SDPA (output + log-sum-exp); everything else is recomputed."""
+    d = dtypes(mode)
+    hidden, q_width, _, kv_width, ffn = _widths(model, tp)
+    block_input = d.residual * hidden / (tp if sp else 1)
+    qkv = d.matmul * (q_width + 2 * kv_width)
+    sdpa = d.matmul * q_width + FP32_BYTES * model.heads / tp
+    projections = 2 * d.matmul * hidden  # wo and w2 outputs (partial sums before the TP reduce)
+    ffn_out = (2 if model.activation == "swiglu" else 1) * d.matmul * ffn
+    return block_input + qkv + sdpa + projections + ffn_out
+
+
+def layer_activations(model: Any, tokens: int, tp: int, sp: bool, ac: str, mode: str) -> LayerActivations:
+    """Saved and recompute-transient bytes of one layer for a micro-batch of `tokens` tokens."""
+    full = layer_saved_bytes_per_token_no_ac(model, tp, sp, mode) * tokens + rope_table_copy_bytes(model, mode)
+    if ac == "none":
+        return LayerActivations(full, 0.0)
+    if ac == "selective":
+        kept = layer_saved_bytes_per_token_selective(model, tp, sp, mode) * tokens
+        return LayerActivations(kept, max(full - kept, 0.0))
+    if ac == "full":
+        kept = dtypes(mode).residual * model.hidden / (tp if sp else 1) * tokens
+        return LayerActivations(kept, full)
+    raise ValueError(f"unknown activation checkpointing mode {ac!r}")
+
+
+def rope_table_copy_bytes(model: Any, mode: str) -> float:
+    """apply_rope casts the fp32 cos/sin tables to 16 bits for q and for k: four [seq, head_dim]
+    copies per layer, saved by the multiplications (none in fp32, where the cast is a no-op)."""
+    return 0.0 if mode == "fp32" else 4.0 * HALF_BYTES * model.seq_len * head_dim(model)
+
+
+def weight_copy_bytes_per_layer(model: Any, tp: int, mode: str) -> float:
+    """autocast's 16-bit weight copies one layer saves for backward (0 in the other modes)."""
+    if not dtypes(mode).casts_weights:
+        return 0.0
+    return HALF_BYTES * (attention_params(model) + ffn_params(model)) / tp
+
+
+@dataclass(frozen=True)
+class HeadActivations:
+    """The last stage's final norm, head and loss, for one micro-batch on one TP rank."""
+
+    saved_bytes: float  # final norm tensors, head input, log-softmax output (until backward)
+    loss_transient_bytes: float  # logits and loss-gradient buffers alive around the loss
+    weight_copy_bytes: float  # autocast's 16-bit head weight copy
+
+
+def head_activations(model: Any, tokens: int, tp: int, sp: bool, mode: str) -> HeadActivations:
+    """Final RMSNorm (x, x_hat), the head's input, then the loss on fp32 logits.
+
+    cross_entropy_loss upcasts the logits to fp32 and log_softmax saves its fp32 output; the
+    16-bit logits live until the loss has read them; backward briefly holds two fp32
+    logit-sized gradients (Korthikanti et al. 2022 count the same 4 bytes/logit for the loss).
+    """
+    d = dtypes(mode)
+    vocab = model.vocab / tp
+    hidden = float(model.hidden)
+    norm = ((d.residual + d.normed) * hidden + FP32_BYTES) / (tp if sp else 1)
+    head_input = (d.matmul if d.casts_inputs else d.residual) * hidden
+    log_softmax = FP32_BYTES * vocab
+    logits = d.matmul * vocab if d.matmul != FP32_BYTES else 0.0
+    saved = (norm + head_input + log_softmax) * tokens
+    transient = (logits + 2 * FP32_BYTES * vocab) * tokens
+    copy = HALF_BYTES * model.vocab * model.hidden / tp if d.casts_weights else 0.0
+    return HeadActivations(saved, transient, copy)
+
+
+def embedding_saved_bytes(tokens: int) -> float:
+    """The embedding saves its int64 token ids for the gradient scatter."""
+    return INDEX_BYTES * tokens
+
+
+def in_flight_micro_batches(schedule: str, pp: int, pp_rank: int, micro_batches: int, virtual_stages: int) -> float:
+    """Micro-batches of one virtual stage's activations alive at once on pipeline rank `pp_rank`,
+    in units of a full rank's layers (so interleaving's chunks are counted as fractions).
+
+    GPipe: all m forwards before any backward (Huang et al. 2019).
+    1F1B: at most pp - rank (Narayanan et al. 2021, section 2.2.1; torch's Schedule1F1B warm-up).
+    Interleaved 1F1B: (v - 1) * pp + 2 * (pp - rank - 1) + 1 chunk-forwards before the first
+    backward (Megatron-LM's and torch's warm-up), each chunk 1/v of the rank's layers.
+    """
+    if pp == 1 or schedule == "none":
+        return 1.0
+    if schedule == "gpipe":
+        return float(micro_batches)
+    if schedule == "1f1b":
+        return float(min(pp - pp_rank, micro_batches))
+    if schedule == "interleaved-1f1b":
+        chunks = (virtual_stages - 1) * pp + 2 * (pp - pp_rank - 1) + 1
+        return min(chunks, micro_batches * virtual_stages) / virtual_stages
+    raise ValueError(f"unknown schedule {schedule!r}")

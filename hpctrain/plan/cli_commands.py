@@ -1,0 +1,99 @@
+"""CLI commands of the planner: `hpctrain plan` and `hpctrain topo`. Imports only argparse at top level."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_plan_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    from hpctrain.cli import add_set_option
+
+    plan = subparsers.add_parser(
+        "plan", help="predict memory and step time, and pick the best TP/PP/DP layout",
+        description="Search every layout the job allows (the `auto` values of parallel.*, train.micro_batch and "
+                    "train.activation_checkpointing), print the best ones with their memory breakdown, and say why "
+                    "the others were rejected. GPUs: v100-32gb, a100-40gb, a100-80gb, h100-80gb, h200-141gb, l40s; "
+                    "nodes: dgx-a100, dgx-h100, hgx-h200, pcie-l40s, dgx1-v100; fabrics: ib-hdr200, ib-ndr400, "
+                    "roce, ethernet.")
+    plan.add_argument("job", metavar="JOB.yaml")
+    plan.add_argument("--top", type=int, default=5, metavar="N", help="layouts to show (default 5)")
+    plan.add_argument("--json", action="store_true", help="print the plan as JSON (plan.json's format)")
+    add_set_option(plan)
+    plan.set_defaults(handler=run_plan)
+
+
+def add_topo_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    topo = subparsers.add_parser(
+        "topo", help="show the NVLink islands / leaf switches found in topology files",
+        description="Each FILE is the saved output of `nvidia-smi topo -m` or a Slurm topology.conf "
+                    "(recognised by its content).")
+    topo.add_argument("files", nargs="+", metavar="FILE")
+    topo.add_argument("--json", action="store_true", help="print JSON")
+    topo.set_defaults(handler=run_topo)
+
+
+def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    """Both commands, for hpctrain.cli.COMMAND_MODULES."""
+    add_plan_parser(subparsers)
+    add_topo_parser(subparsers)
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    import json
+
+    from hpctrain.config import load_job
+    from hpctrain.errors import ConfigError
+    from hpctrain.plan.planner import plan_job
+    from hpctrain.plan.report import render_text
+
+    if args.top < 1:
+        raise ConfigError(f"--top: must be >= 1 (got {args.top})")
+    result = plan_job(load_job(args.job, args.overrides))
+    if args.json:
+        print(json.dumps(result.to_json(args.top), indent=2))
+    else:
+        print(render_text(result, args.top))
+    return 0
+
+
+def run_topo(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from hpctrain.errors import ConfigError
+    from hpctrain.plan.topology import TopologyParseError, parse_nvidia_smi_topo, parse_slurm_topology
+
+    problems, found = [], []
+    for path in args.files:
+        try:
+            text = Path(path).read_text(encoding="utf-8", errors="replace")
+            if "GPU0" in text:
+                gpus = parse_nvidia_smi_topo(text)
+                found.append({"file": path, "kind": "nvidia-smi", **gpus.to_json()})
+            else:
+                tree = parse_slurm_topology(text)
+                found.append({"file": path, "kind": "slurm-topology", **tree.to_json()})
+        except OSError as exc:
+            problems.append(f"{path}: cannot read ({exc.strerror})")
+        except TopologyParseError as exc:
+            problems.append(f"{path}: {exc}")
+    if problems:
+        raise ConfigError(problems)
+    if args.json:
+        print(json.dumps(found, indent=2))
+        return 0
+    for item in found:
+        print(_describe(item))
+    return 0
+
+
+def _describe(item: dict) -> str:
+    if item["kind"] == "nvidia-smi":
+        islands = ", ".join("[" + " ".join(str(g) for g in island) + "]" for island in item["islands"])
+        return (f"{item['file']}: {len(item['gpus'])} GPUs, NVLink islands {islands} (TP up to "
+                f"{item['island_size']} per group); NICs: {', '.join(item['nics']) or 'none listed'}")
+    leaves = item["leaves"]
+    lines = [f"{item['file']}: {len(leaves)} leaf switches, up to {item['max_leaf_nodes']} nodes under one leaf"]
+    for name, nodes in leaves.items():
+        lines.append(f"  {name}: {len(nodes)} nodes ({nodes[0]} .. {nodes[-1]})" if nodes else f"  {name}: no nodes")
+    return "\n".join(lines)

@@ -1,0 +1,202 @@
+"""Step time of a layout: compute, TP / PP / DP communication, pipeline bubble, optimizer.
+
+Physics, not a fit: compute time is FLOPs over an achievable fraction of the GPU's dense peak
+(GEMMs and attention separately, hardware.py) plus element-wise memory traffic over HBM
+bandwidth; communication is bytes over link bandwidth with the ring-collective factors of
+Patarasuk & Yuan 2009 (all-reduce moves 2(n-1)/n of the message per rank, all-gather and
+reduce-scatter (n-1)/n); the pipeline bubble is (p-1)/v micro-batch slots (Narayanan et al.
+2021, section 2.2). Every term is a named field of `StepCost`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from hpctrain.plan.activations import HALF_BYTES, layer_saved_bytes_per_token_no_ac
+from hpctrain.plan.hardware import Hardware
+from hpctrain.plan.model_stats import (
+    attention_core_forward_flops_per_token,
+    attention_params,
+    ffn_params,
+    flops_per_token,
+    head_forward_flops_per_token,
+    model_flops_per_token,
+)
+
+NVLINK_EFFICIENCY = 0.80  # NCCL bus bandwidth / NVLink line rate on DGX A100/H100 (nccl-tests)
+# Element-wise traffic: each saved tensor is written in forward, read in backward, and its
+# gradient written and read once more (a lower bound for unfused eager kernels).
+ELEMENTWISE_PASSES = 4.0
+GEMM_SIZE_KNEE = 128.0  # GEMM efficiency falls as d / (d + 128) for small widths (tile quantisation)
+# AdamW step + grad-norm: read p, g, m, v and write p, m, v in fp32, plus one read of g for the norm.
+OPTIMIZER_BYTES_PER_PARAM = 32.0
+CPU_OPTIMIZER_BYTES_PER_S = 20e9  # one GPU's share of a node's CPU memory bandwidth (CPU AdamW)
+
+
+@dataclass(frozen=True)
+class CostSetup:
+    """Everything about one layout that time depends on."""
+
+    tp: int
+    pp: int
+    dp: int
+    micro_batch: int
+    micro_batches: int
+    virtual_stages: int
+    ac: str
+    zero: int
+    offload_optimizer: bool
+    precision: str
+    max_rank_layers: int  # layers of the busiest pipeline rank
+    max_rank_has_head: bool
+    rank_params: float  # parameters of the busiest pipeline rank on one TP rank
+
+
+@dataclass(frozen=True)
+class StepCost:
+    step_time_s: float
+    compute_s: float
+    tp_comm_s: float
+    pp_comm_s: float
+    dp_comm_exposed_s: float
+    bubble_s: float
+    optimizer_s: float
+    tokens_per_s: float
+    tflops_per_gpu: float
+    mfu: float
+
+    @property
+    def comm_share(self) -> float:
+        return (self.tp_comm_s + self.pp_comm_s + self.dp_comm_exposed_s) / self.step_time_s
+
+    @property
+    def bubble_share(self) -> float:
+        return self.bubble_s / self.step_time_s
+
+
+def _gemm_size_factor(width: float) -> float:
+    return width / (width + GEMM_SIZE_KNEE)
+
+
+def layer_time_per_token_s(model: Any, hw: Hardware, tp: int, ac: str, precision: str) -> float:
+    """Forward + backward (+ recompute) time of one layer per token on one TP rank."""
+    peak = hw.gpu.peak_flops_per_s(precision)
+    width = min(model.hidden, model.ffn_hidden / tp, model.heads * (model.hidden // model.heads) / tp)
+    gemm_rate = peak * hw.gpu.gemm_efficiency * _gemm_size_factor(width)
+    attention_rate = peak * hw.gpu.attention_efficiency
+    matmul_fwd = 2.0 * (attention_params(model) + ffn_params(model)) / tp / gemm_rate
+    attention_fwd = attention_core_forward_flops_per_token(model) / tp / attention_rate
+    mode = "fp32" if precision == "fp32" else "fsdp-mp"
+    elementwise_fwd = layer_saved_bytes_per_token_no_ac(model, tp, False, mode) / hw.gpu.hbm_bytes_per_s
+    total = 3.0 * (matmul_fwd + attention_fwd) + ELEMENTWISE_PASSES * elementwise_fwd
+    if ac == "full":
+        total += matmul_fwd + attention_fwd + elementwise_fwd
+    elif ac == "selective":  # the runtime's op policy saves matmul/SDPA outputs, recomputes the rest
+        total += elementwise_fwd
+    return total
+
+
+def head_time_per_token_s(model: Any, hw: Hardware, tp: int, precision: str) -> float:
+    """Head matmul forward + backward and the fp32 loss over the vocabulary, per token."""
+    peak = hw.gpu.peak_flops_per_s(precision)
+    gemm = 3.0 * head_forward_flops_per_token(model) / tp / (peak * hw.gpu.gemm_efficiency)
+    loss_bytes = 4 * 4.0 * model.vocab / tp  # fp32 logits written, log-softmax, gradient in and out
+    return gemm + loss_bytes / hw.gpu.hbm_bytes_per_s
+
+
+def ring_time_s(message_bytes: float, ranks: int, bandwidth_bytes_per_s: float, latency_s: float,
+                all_reduce: bool) -> float:
+    """Ring all-reduce (2(n-1)/n) or all-gather / reduce-scatter ((n-1)/n) of a message per rank."""
+    if ranks <= 1 or message_bytes <= 0:
+        return 0.0
+    factor = (2.0 if all_reduce else 1.0) * (ranks - 1) / ranks
+    steps = (2 if all_reduce else 1) * (ranks - 1)
+    return factor * message_bytes / bandwidth_bytes_per_s + steps * latency_s
+
+
+def _group_bandwidth(hw: Hardware, span_slots: int, ranks: int) -> tuple[float, float]:
+    """(bandwidth per rank, latency) of a group whose members sit `span_slots` apart in the
+    placement (tp innermost, then pp, then dp): inside a node over NVLink, else the node's NICs
+    shared by the groups that cross them at once."""
+    nvlink = hw.intra_node_bytes_per_s * NVLINK_EFFICIENCY
+    if span_slots * ranks <= hw.gpus_per_node:
+        return nvlink, 2e-6
+    members_per_node = max(1, hw.gpus_per_node // span_slots)
+    network = hw.node_fabric_bytes_per_s * members_per_node / hw.gpus_per_node
+    return min(nvlink, network), hw.fabric.latency_s
+
+
+def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int) -> StepCost:
+    """Step time and throughput of one layout (see the module docstring for each term)."""
+    tokens_mb = c.micro_batch * model.seq_len
+    act_bytes = HALF_BYTES if c.precision != "fp32" else 4
+    layer_s = layer_time_per_token_s(model, hw, c.tp, c.ac, c.precision)
+    compute_mb = tokens_mb * (c.max_rank_layers * layer_s
+                              + (head_time_per_token_s(model, hw, c.tp, c.precision) if c.max_rank_has_head else 0.0))
+
+    # TP: two all-reduces forward and two backward per layer (Shoeybi et al. 2019, figure 4), two
+    # more when full recompute re-runs the forward; sequence parallelism swaps each for an
+    # all-gather + reduce-scatter pair of the same volume (Korthikanti et al. 2022, section 4.2.2).
+    tp_bw, tp_lat = _group_bandwidth(hw, 1, c.tp)
+    per_layer_collectives = 6 if c.ac == "full" else 4
+    tp_mb = c.max_rank_layers * per_layer_collectives * ring_time_s(
+        tokens_mb * model.hidden * act_bytes, c.tp, tp_bw, tp_lat, all_reduce=True)
+
+    # PP: one activation forward and one gradient backward per micro-batch and virtual stage.
+    pp_mb = 0.0
+    if c.pp > 1:
+        pp_bw, pp_lat = _group_bandwidth(hw, c.tp, c.pp)
+        message = tokens_mb * model.hidden * act_bytes / c.tp  # scatter-gather optimisation
+        pp_mb = 2.0 * c.virtual_stages * (message / pp_bw + pp_lat)
+
+    slot_s = compute_mb + tp_mb + pp_mb
+    bubble_slots = (c.pp - 1) / c.virtual_stages
+    pipeline_s = (c.micro_batches + bubble_slots) * slot_s
+
+    dp_exposed = _dp_exposed_s(hw, c, compute_mb)
+    local_params = c.rank_params / (c.dp if (c.dp > 1 or c.offload_optimizer) else 1)
+    if c.offload_optimizer:
+        optimizer_s = (OPTIMIZER_BYTES_PER_PARAM * local_params / CPU_OPTIMIZER_BYTES_PER_S
+                       + 8.0 * local_params / hw.gpu.pcie_bytes_per_s)
+    else:
+        optimizer_s = OPTIMIZER_BYTES_PER_PARAM * local_params / hw.gpu.hbm_bytes_per_s
+
+    step = pipeline_s + dp_exposed + optimizer_s
+    tokens_per_s = global_batch * model.seq_len / step
+    world = c.tp * c.pp * c.dp
+    return StepCost(
+        step_time_s=step,
+        compute_s=c.micro_batches * compute_mb,
+        tp_comm_s=c.micro_batches * tp_mb,
+        pp_comm_s=c.micro_batches * pp_mb,
+        dp_comm_exposed_s=dp_exposed,
+        bubble_s=bubble_slots * slot_s,
+        optimizer_s=optimizer_s,
+        tokens_per_s=tokens_per_s,
+        tflops_per_gpu=flops_per_token(model, c.ac) * tokens_per_s / world / 1e12,
+        mfu=model_flops_per_token(model) * tokens_per_s / world / hw.gpu.peak_flops_per_s(c.precision),
+    )
+
+
+def _dp_exposed_s(hw: Hardware, c: CostSetup, compute_mb_s: float) -> float:
+    """FSDP2's gradient reduce-scatter (fp32) and parameter all-gather (16-bit) over dp, minus
+    what overlaps with compute. Deferred reduce-scatters (zero 0/1, or pipelining) overlap only
+    with the last micro-batch's backward; per-micro-batch ones (zero 2/3) with each backward;
+    all-gathers are prefetched under the forward (zero 3 gathers again for the backward)."""
+    if c.dp <= 1:
+        return 0.0
+    bw, lat = _group_bandwidth(hw, c.tp * c.pp, c.dp)
+    compute_bytes = 4 if c.precision == "fp32" else HALF_BYTES
+    reduce_scatter = ring_time_s(4.0 * c.rank_params, c.dp, bw, lat, all_reduce=False)
+    all_gather = ring_time_s(compute_bytes * c.rank_params, c.dp, bw, lat, all_reduce=False)
+    backward_s, forward_s = compute_mb_s * 2.0 / 3.0, compute_mb_s / 3.0
+    deferred = c.zero <= 1 or c.pp > 1
+    if deferred:
+        rs_exposed = max(0.0, reduce_scatter - backward_s)
+    else:
+        rs_exposed = c.micro_batches * max(0.0, reduce_scatter - backward_s)
+    gathers_per_mb = 2 if (c.zero >= 3 and c.pp == 1) else 1
+    gathered_mbs = 1 if c.pp > 1 else c.micro_batches
+    ag_exposed = gathered_mbs * gathers_per_mb * max(0.0, all_gather - forward_s)
+    return rs_exposed + ag_exposed

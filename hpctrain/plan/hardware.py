@@ -1,0 +1,216 @@
+"""Hardware catalog: GPUs, node profiles and fabrics, as data. Extendable from job.yaml.
+
+Units are in the names. Bandwidths are per direction (what one send sees), in bytes/s. Peaks are
+dense (no sparsity) tensor-core FLOP/s. Memory is what the driver reports as total (nvidia-smi
+"MiB" column), which is what a process can at most allocate before the CUDA context.
+Every figure cites its vendor datasheet.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, replace
+from typing import Any, Optional
+
+GB = 1e9
+TERA = 1e12
+MIB = 2**20
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One accelerator. `fp32_flops_per_s` is the plain (non-TF32) FP32 peak, used for precision fp32."""
+
+    name: str
+    memory_bytes: int
+    bf16_flops_per_s: float  # 0 when the chip has no bf16 tensor cores
+    fp16_flops_per_s: float
+    fp32_flops_per_s: float
+    hbm_bytes_per_s: float
+    nvlink_bytes_per_s: float  # per GPU, one direction; 0 = no NVLink (PCIe only)
+    pcie_bytes_per_s: float  # host link, one direction
+    # Achievable fractions of the dense peak (cost.py): large 16-bit GEMMs through cuBLAS, and
+    # flash attention forward + backward. Defaults are A100 figures: cuBLAS reaches ~80 % of peak
+    # on large GEMMs (NVIDIA "Matrix Multiplication Background" guide, figure 5); FlashAttention-2
+    # reaches 50-73 % forward and 40-63 % backward (Dao 2023, section 4.1).
+    gemm_efficiency: float = 0.80
+    attention_efficiency: float = 0.50
+
+    def peak_flops_per_s(self, precision: str) -> float:
+        """Dense peak for the job's compute precision."""
+        return {"bf16": self.bf16_flops_per_s, "fp16": self.fp16_flops_per_s,
+                "fp32": self.fp32_flops_per_s}[precision]
+
+
+# Hopper sustains ~70 % of its dense bf16 peak in cuBLAS GEMMs at 700 W (the peak assumes boost
+# clocks it throttles from), and FlashAttention-2 reaches ~35-40 % of it (Shah et al. 2024,
+# "FlashAttention-3", section 4.1: FA2 at 35 % utilisation on H100); PyTorch's SDPA uses cuDNN/FA2.
+H100_GEMM_EFFICIENCY = 0.70
+H100_ATTENTION_EFFICIENCY = 0.40
+
+# PCIe host links: Gen3 x16 ~16 GB/s, Gen4 x16 ~32 GB/s, Gen5 x16 ~64 GB/s per direction (PCI-SIG).
+GPUS: dict[str, Gpu] = {
+    # NVIDIA Tesla V100 datasheet (SXM2 32GB): 125 TFLOPS tensor (fp16), 15.7 TFLOPS FP32, 900 GB/s
+    # HBM2, NVLink 300 GB/s (bidirectional total); no bf16. nvidia-smi: 32768 MiB.
+    "v100-32gb": Gpu("v100-32gb", 32768 * MIB, 0.0, 125 * TERA, 15.7 * TERA, 900 * GB, 150 * GB, 16 * GB,
+                      attention_efficiency=0.35),  # no FlashAttention on Volta: memory-efficient kernels
+    # NVIDIA A100 datasheet (SXM): 312 TFLOPS bf16/fp16 dense, 19.5 TFLOPS FP32; 40GB: 1,555 GB/s,
+    # 80GB: 2,039 GB/s HBM2e; NVLink 600 GB/s (bidirectional total). nvidia-smi: 40960 / 81920 MiB.
+    "a100-40gb": Gpu("a100-40gb", 40960 * MIB, 312 * TERA, 312 * TERA, 19.5 * TERA, 1555 * GB, 300 * GB, 32 * GB),
+    "a100-80gb": Gpu("a100-80gb", 81920 * MIB, 312 * TERA, 312 * TERA, 19.5 * TERA, 2039 * GB, 300 * GB, 32 * GB),
+    # NVIDIA H100 datasheet (SXM5): 989 TFLOPS bf16/fp16 dense (1,979 with sparsity), 67 TFLOPS FP32,
+    # 3.35 TB/s HBM3, NVLink 900 GB/s (bidirectional total). nvidia-smi: 81559 MiB.
+    "h100-80gb": Gpu("h100-80gb", 81559 * MIB, 989 * TERA, 989 * TERA, 67 * TERA, 3350 * GB, 450 * GB, 64 * GB,
+                      gemm_efficiency=H100_GEMM_EFFICIENCY, attention_efficiency=H100_ATTENTION_EFFICIENCY),
+    # NVIDIA H200 datasheet (SXM): 989 TFLOPS bf16/fp16 dense, 67 TFLOPS FP32, 141 GB HBM3e at 4.8 TB/s,
+    # NVLink 900 GB/s. nvidia-smi: 143771 MiB.
+    "h200-141gb": Gpu("h200-141gb", 143771 * MIB, 989 * TERA, 989 * TERA, 67 * TERA, 4800 * GB, 450 * GB, 64 * GB,
+                       gemm_efficiency=H100_GEMM_EFFICIENCY, attention_efficiency=H100_ATTENTION_EFFICIENCY),
+    # NVIDIA L40S datasheet: 362.05 TFLOPS bf16/fp16 dense (733 with sparsity), 91.6 TFLOPS FP32,
+    # 48 GB GDDR6 at 864 GB/s, no NVLink, PCIe Gen4 x16 64 GB/s (bidirectional). nvidia-smi: 46068 MiB.
+    "l40s": Gpu("l40s", 46068 * MIB, 362.05 * TERA, 362.05 * TERA, 91.6 * TERA, 864 * GB, 0.0, 32 * GB,
+                 gemm_efficiency=H100_GEMM_EFFICIENCY, attention_efficiency=H100_ATTENTION_EFFICIENCY),
+    # Not a GPU: one process of a local CPU run (executor local, gloo). Rough figures of a few
+    # AVX2/AVX-512 cores per process and DDR4/5; "NVLink" stands for gloo's shared-memory transport
+    # so that local TP is allowed. Only meant for planning test and tutorial runs.
+    "cpu": Gpu("cpu", 16 * GIB, 0.5 * TERA, 0.5 * TERA, 1.0 * TERA, 20 * GB, 10 * GB, 10 * GB,
+               gemm_efficiency=0.5, attention_efficiency=0.3),
+}
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """An inter-node network. `efficiency` is the bus-bandwidth fraction nccl-tests reach on it."""
+
+    name: str
+    nic_bytes_per_s: float  # one NIC, one direction
+    latency_s: float  # one small message, end to end
+    efficiency: float
+    nccl_profile: str
+
+
+FABRICS: dict[str, Fabric] = {
+    # NVIDIA ConnectX-6 / Quantum HDR: 200 Gb/s per port; NCCL all-reduce bus bandwidth reaches
+    # about 23 GB/s of the 25 GB/s on DGX A100 (NVIDIA DGX A100 user guide, nccl-tests figures).
+    "ib-hdr200": Fabric("ib-hdr200", 200e9 / 8, 5e-6, 0.90, "ib"),
+    # NVIDIA ConnectX-7 / Quantum-2 NDR: 400 Gb/s per port.
+    "ib-ndr400": Fabric("ib-ndr400", 400e9 / 8, 5e-6, 0.90, "ib"),
+    # RoCE v2 over 200 GbE (ConnectX-6 Dx / Spectrum): same links, less efficient congestion control.
+    "roce": Fabric("roce", 200e9 / 8, 8e-6, 0.80, "roce"),
+    # Plain TCP over 100 GbE: NCCL's socket transport rarely exceeds ~60 % of line rate.
+    "ethernet": Fabric("ethernet", 100e9 / 8, 30e-6, 0.60, "ethernet"),
+}
+
+
+@dataclass(frozen=True)
+class NodeProfile:
+    """A server model: which GPUs, how many, which share an NVLink island, how many fabric NICs."""
+
+    name: str
+    gpu: str
+    gpus_per_node: int
+    nvlink_island_gpus: int  # GPUs that reach each other over NVLink/NVSwitch at full bandwidth
+    nics_per_node: int
+    fabric: str
+
+
+NODES: dict[str, NodeProfile] = {
+    # NVIDIA DGX A100 user guide: 8x A100 on 6 NVSwitches (one island), 8x HDR200 compute NICs.
+    "dgx-a100": NodeProfile("dgx-a100", "a100-80gb", 8, 8, 8, "ib-hdr200"),
+    # NVIDIA DGX H100 user guide: 8x H100 SXM on 4 NVSwitches, 8x NDR400 (ConnectX-7) compute NICs.
+    "dgx-h100": NodeProfile("dgx-h100", "h100-80gb", 8, 8, 8, "ib-ndr400"),
+    # NVIDIA HGX H200 reference board: 8x H200 SXM with NVSwitch; typically 8x NDR400 NICs.
+    "hgx-h200": NodeProfile("hgx-h200", "h200-141gb", 8, 8, 8, "ib-ndr400"),
+    # A PCIe server with 8x L40S (no NVLink: every GPU is its own island) and 2x 200 GbE RoCE NICs.
+    "pcie-l40s": NodeProfile("pcie-l40s", "l40s", 8, 1, 2, "roce"),
+    # NVIDIA DGX-1 with V100: hybrid cube mesh, fully connected quads (islands of 4), 4x EDR IB
+    # (counted as HDR-class 100 Gb/s links would under-state nothing important here).
+    "dgx1-v100": NodeProfile("dgx1-v100", "v100-32gb", 8, 4, 4, "ib-hdr200"),
+}
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What the planner needs to know about the cluster of one job, resolved from the catalog."""
+
+    gpu: Gpu
+    fabric: Fabric
+    nodes: int
+    gpus_per_node: int
+    nvlink_island_gpus: int
+    nics_per_node: int
+    node_profile: Optional[str]
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def node_fabric_bytes_per_s(self) -> float:
+        """Achievable inter-node injection bandwidth of one node, one direction."""
+        return self.nics_per_node * self.fabric.nic_bytes_per_s * self.fabric.efficiency
+
+    @property
+    def intra_node_bytes_per_s(self) -> float:
+        """GPU-to-GPU bandwidth inside an island: NVLink, or PCIe when there is none."""
+        return self.gpu.nvlink_bytes_per_s or self.gpu.pcie_bytes_per_s
+
+
+def _lookup(table: dict[str, Any], name: str) -> Any:
+    return table.get(name.lower())
+
+
+def did_you_mean(name: str, known: list[str]) -> str:
+    """' (did you mean 'x'?)' or '', for error messages."""
+    close = difflib.get_close_matches(name.lower(), known, n=1, cutoff=0.5)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def check_catalog_names(job: Any) -> list[str]:
+    """Problems with the catalog names in job.cluster, one line each, with did-you-mean."""
+    cluster, problems = job.cluster, []
+    spec = getattr(cluster, "gpu_spec", None)
+    checks = [("cluster.gpu", cluster.gpu, GPUS, spec is not None), ("cluster.fabric", cluster.fabric, FABRICS, False)]
+    if cluster.node is not None:
+        checks.append(("cluster.node", cluster.node, NODES, False))
+    for path, name, table, custom in checks:
+        if not custom and _lookup(table, name) is None:
+            known = sorted(table)
+            problems.append(f"{path}: unknown name (got {name!r}){did_you_mean(name, known)}; "
+                            f"known: {', '.join(known)}")
+    if cluster.node is not None and _lookup(NODES, cluster.node) is not None and spec is None:
+        profile = _lookup(NODES, cluster.node)
+        if _lookup(GPUS, cluster.gpu) is not None and profile.gpu != cluster.gpu.lower():
+            problems.append(f"cluster.gpu: node profile {profile.name!r} has {profile.gpu} GPUs (got {cluster.gpu!r}); "
+                            f"set cluster.gpu={profile.gpu} or choose another cluster.node")
+    return problems
+
+
+def resolve_hardware(job: Any, nvlink_island_gpus: Optional[int] = None) -> Hardware:
+    """The job's hardware from the catalog, job.cluster.gpu_spec and an optional topology figure.
+
+    Raises ValueError with the catalog problems (the caller turns it into a PlanError).
+    """
+    problems = check_catalog_names(job)
+    if problems:
+        raise ValueError("\n".join(problems))
+    cluster = job.cluster
+    gpu = _lookup(GPUS, cluster.gpu) or Gpu(cluster.gpu, 0, 0.0, 0.0, 0.0, 2000 * GB, 0.0, 32 * GB)
+    spec = getattr(cluster, "gpu_spec", None)
+    if spec is not None:
+        peak = spec.peak_tflops * TERA
+        gpu = replace(gpu, memory_bytes=int(spec.memory_gib * GIB), bf16_flops_per_s=peak, fp16_flops_per_s=peak,
+                      fp32_flops_per_s=gpu.fp32_flops_per_s or peak / 16, nvlink_bytes_per_s=spec.nvlink_gbps * GB)
+    profile = _lookup(NODES, cluster.node) if cluster.node else None
+    fabric = _lookup(FABRICS, cluster.fabric)
+    if nvlink_island_gpus is None:
+        if profile is not None and profile.gpus_per_node == cluster.gpus_per_node:
+            nvlink_island_gpus = profile.nvlink_island_gpus
+        else:
+            # Without a profile or a topology file: NVSwitch-class GPUs share one island per node.
+            nvlink_island_gpus = cluster.gpus_per_node if gpu.nvlink_bytes_per_s > 0 else 1
+    nics = profile.nics_per_node if profile is not None else max(1, cluster.gpus_per_node)
+    return Hardware(gpu=gpu, fabric=fabric, nodes=cluster.nodes, gpus_per_node=cluster.gpus_per_node,
+                    nvlink_island_gpus=min(nvlink_island_gpus, cluster.gpus_per_node), nics_per_node=nics,
+                    node_profile=profile.name if profile else None)

@@ -1,0 +1,159 @@
+"""The planner's entry points: plan a job, resolve its "auto" values, check its catalog names."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from hpctrain.errors import PlanError
+from hpctrain.plan.hardware import Hardware, check_catalog_names, resolve_hardware
+from hpctrain.plan.memory import DEFAULT_RUNTIME_OVERHEAD_BYTES, GIB
+from hpctrain.plan.model_stats import flops_per_token, model_flops_per_token, param_count
+from hpctrain.plan.placement import PlacementPlan, local_gpu_order, rank_order, switches_request
+from hpctrain.plan.search import Layout, SearchSettings, optimizer_kind, search
+from hpctrain.plan.space import REASONS, Choices, Rejections
+from hpctrain.plan.topology import (
+    GpuTopology,
+    SwitchTree,
+    TopologyParseError,
+    parse_nvidia_smi_topo,
+    parse_slurm_topology,
+)
+
+
+@dataclass
+class PlanResult:
+    """Ranked feasible layouts (best first), the rejections and what the plan was based on."""
+
+    job_name: str
+    model: Any
+    hardware: Hardware
+    layouts: list[Layout]
+    rejected: Rejections
+    evaluated: int
+    elapsed_s: float
+    budget_bytes: float
+    gpu_topology: Optional[GpuTopology] = None
+    switch_tree: Optional[SwitchTree] = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def best(self) -> Layout:
+        return self.layouts[0]
+
+    def placement(self, layout: Optional[Layout] = None) -> PlacementPlan:
+        """Placement of a layout (default: the best): stage layers, rank order, --switches."""
+        lay = layout or self.best
+        hw = self.hardware
+        order = rank_order(lay.tp, lay.pp, lay.dp, hw.gpus_per_node, local_gpu_order(hw.gpus_per_node, self.gpu_topology))
+        return PlacementPlan([list(r) for r in lay.stage_layers], order, switches_request(hw.nodes, self.switch_tree))
+
+    def to_json(self, top: Optional[int] = None) -> dict[str, Any]:
+        """The `hpctrain plan --json` object (and plan.json in a run directory)."""
+        from hpctrain.plan.report import layout_json
+
+        shown = self.layouts if top is None else self.layouts[:top]
+        hw = self.hardware
+        return {
+            "job": self.job_name,
+            "model": {"params": param_count(self.model), "model_flops_per_token": model_flops_per_token(self.model)},
+            "cluster": {"gpu": hw.gpu.name, "nodes": hw.nodes, "gpus_per_node": hw.gpus_per_node,
+                        "world_size": hw.world_size, "nvlink_island_gpus": hw.nvlink_island_gpus,
+                        "fabric": hw.fabric.name, "memory_budget_gib": round(self.budget_bytes / GIB, 3)},
+            "candidates_evaluated": self.evaluated,
+            "feasible": len(self.layouts),
+            "search_time_s": round(self.elapsed_s, 4),
+            "layouts": [layout_json(lay, self.model) for lay in shown],
+            "placement": self.placement().to_dict() if self.layouts else None,
+            "rejected": self.rejected.to_json(),
+            "notes": list(self.notes),
+        }
+
+
+def _read(path: str, field_path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise PlanError(f"{field_path}: cannot read {path!r} ({exc.strerror}); give the path of a saved file") from None
+
+
+def load_topology(job: Any) -> tuple[Optional[GpuTopology], Optional[SwitchTree]]:
+    """Parse the topology files job.cluster.topology names (PlanError naming the field on failure)."""
+    topo = job.cluster.topology
+    gpu_topology = switch_tree = None
+    try:
+        if topo.nvidia_smi:
+            gpu_topology = parse_nvidia_smi_topo(_read(topo.nvidia_smi, "cluster.topology.nvidia_smi"))
+        if topo.slurm_topology:
+            switch_tree = parse_slurm_topology(_read(topo.slurm_topology, "cluster.topology.slurm_topology"))
+    except TopologyParseError as exc:
+        which = "nvidia_smi" if gpu_topology is None and topo.nvidia_smi else "slurm_topology"
+        raise PlanError(f"cluster.topology.{which}: {exc}") from None
+    if gpu_topology is not None and len(gpu_topology.gpus) != job.cluster.gpus_per_node:
+        raise PlanError(f"cluster.topology.nvidia_smi: shows {len(gpu_topology.gpus)} GPUs, but cluster.gpus_per_node="
+                        f"{job.cluster.gpus_per_node}; save the file on a node of this cluster or fix gpus_per_node")
+    return gpu_topology, switch_tree
+
+
+def plan_job(job: Any) -> PlanResult:
+    """Search every layout the job allows; PlanError with the reasons when none fits."""
+    start = time.perf_counter()
+    problems = check_catalog_names(job)
+    if problems:
+        raise PlanError(problems)
+    gpu_topology, switch_tree = load_topology(job)
+    hw = resolve_hardware(job, gpu_topology.island_size if gpu_topology else None)
+    precision = job.train.precision
+    if hw.gpu.peak_flops_per_s(precision) <= 0:
+        raise PlanError(f"train.precision: {hw.gpu.name} has no {precision} tensor cores (got {precision!r}); "
+                        "use fp16 (or fp32) on this GPU")
+    overhead_gib = job.cluster.runtime_overhead_gib
+    overhead = DEFAULT_RUNTIME_OVERHEAD_BYTES if overhead_gib is None else overhead_gib * GIB
+    settings = SearchSettings(global_batch=job.train.global_batch, precision=precision, optimizer=optimizer_kind(job),
+                              budget_bytes=float(hw.gpu.memory_bytes), overhead_bytes=overhead)
+    layouts, rejected, evaluated = search(job.model, hw, Choices.from_job(job), settings)
+    result = PlanResult(job.name, job.model, hw, layouts, rejected, evaluated, time.perf_counter() - start,
+                        settings.budget_bytes, gpu_topology, switch_tree)
+    if not layouts:
+        raise PlanError(_nothing_fits(job, result))
+    return result
+
+
+def _nothing_fits(job: Any, result: PlanResult) -> list[str]:
+    lines = [f"no layout of {job.model.layers}-layer model on {result.hardware.world_size} x {result.hardware.gpu.name} "
+             f"fits ({result.evaluated} candidates evaluated); reasons:"]
+    for reason, count in sorted(result.rejected.counts.items(), key=lambda kv: -kv[1]):
+        example = result.rejected.examples[reason][0]
+        lines.append(f"  {REASONS[reason]}: {count} (e.g. {example})")
+    if not result.rejected.counts:
+        lines.append("  the fixed values in `parallel:` leave no candidate (tp*pp*dp must equal the GPU count)")
+    lines.append("  fix: set more of parallel.* / train.micro_batch / train.activation_checkpointing to auto, "
+                 "add nodes, or lower train.global_batch or model.seq_len")
+    return lines
+
+
+def resolve_job(job: Any) -> tuple[Any, PlanResult]:
+    """The job with every "auto" filled from the best layout and `placement` set."""
+    from hpctrain.config.training import Placement
+
+    result = plan_job(job)
+    best = result.best
+    parallel = {"tp": best.tp, "pp": best.pp, "dp": best.dp, "zero": best.zero,
+                "schedule": "1f1b" if best.schedule == "none" else best.schedule,
+                "virtual_stages": best.virtual_stages, "offload_optimizer": best.offload_optimizer}
+    if job.parallel.sequence_parallel and best.tp == 1:
+        parallel["sequence_parallel"] = False
+        result.notes.append("parallel.sequence_parallel set to false: the chosen layout has tp=1")
+    train = {"micro_batch": best.micro_batch, "activation_checkpointing": best.ac}
+    placement = Placement(**result.placement().to_dict())
+    resolved = job.model_copy(update={
+        "parallel": job.parallel.model_copy(update=parallel),
+        "train": job.train.model_copy(update=train),
+        "placement": placement,
+    })
+    return resolved, result
+
+
+__all__ = ["PlanResult", "check_catalog_names", "load_topology", "plan_job", "resolve_job", "flops_per_token"]

@@ -1,0 +1,172 @@
+"""Layout search: every (tp, pp, dp, micro_batch, schedule, virtual_stages, ac, zero, offload)
+the job and the hardware allow, filtered with a reason each, ranked by estimated tokens/s.
+
+Checks run from the cheapest to the most expensive, so a (tp, pp) family that fails a structural
+check is rejected once, not once per micro-batch and AC mode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from hpctrain.plan.cost import CostSetup, StepCost, step_cost
+from hpctrain.plan.hardware import Hardware
+from hpctrain.plan.memory import MemoryBreakdown, RankSetup, peak_rank_memory
+from hpctrain.plan.model_stats import stage_param_count
+from hpctrain.plan.space import MAX_STAGE_IMBALANCE, Choices, Rejections
+from hpctrain.plan.stages import balanced_stage_split, stage_imbalance
+
+StageLayers = list[tuple[int, int]]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One feasible layout with its predicted memory (most loaded rank) and step cost."""
+
+    tp: int
+    pp: int
+    dp: int
+    micro_batch: int
+    schedule: str  # "none" when pp == 1
+    virtual_stages: int
+    ac: str
+    zero: int
+    offload_optimizer: bool
+    sequence_parallel: bool
+    stage_layers: tuple[tuple[int, int], ...]
+    stage_imbalance: float
+    memory: MemoryBreakdown
+    peak_rank: int
+    cost: StepCost
+
+    def label(self) -> str:
+        sched = "" if self.pp == 1 else f" {self.schedule}" + (f" v={self.virtual_stages}" if self.virtual_stages > 1 else "")
+        return (f"tp={self.tp} pp={self.pp} dp={self.dp} mb={self.micro_batch}{sched} ac={self.ac} "
+                f"zero={self.zero}" + (" offload" if self.offload_optimizer else ""))
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    """What the search needs beyond the layout dimensions."""
+
+    global_batch: int
+    precision: str
+    optimizer: str
+    budget_bytes: float
+    overhead_bytes: float
+
+
+def optimizer_kind(job: Any) -> str:
+    opt = job.train.optimizer
+    if opt.name == "adamw":
+        return "adamw"
+    return "sgd-momentum" if opt.momentum > 0 else "sgd"
+
+
+def _model_divisible(model: Any, tp: int) -> bool:
+    return model.heads % tp == 0 and model.kv_heads % tp == 0 and model.ffn_hidden % tp == 0
+
+
+class _StageCache:
+    """Stage splits and per-rank figures per (pp, v, ac): computed once, reused by every candidate."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self._splits: dict[tuple[int, int], tuple[StageLayers, float]] = {}
+
+    def split(self, pp: int, v: int) -> tuple[StageLayers, float]:
+        key = (pp, v)
+        if key not in self._splits:
+            layers = balanced_stage_split(self.model, pp, v)
+            self._splits[key] = (layers, stage_imbalance(self.model, layers, pp))
+        return self._splits[key]
+
+
+def _busiest_rank(model: Any, stage_layers: StageLayers, pp: int, tp: int) -> tuple[int, bool, float]:
+    """(layers, holds the head, parameters on one TP rank) of the pipeline rank with the most layers."""
+    sizes = [0] * pp
+    for index, (a, b) in enumerate(stage_layers):
+        sizes[index % pp] += b - a
+    rank = sizes.index(max(sizes))
+    last = len(stage_layers) - 1
+    params = sum(stage_param_count(model, a, b, has_embedding=i == 0, has_head=i == last, tp=tp)
+                 for i, (a, b) in enumerate(stage_layers) if i % pp == rank)
+    return sizes[rank], rank == (last % pp), float(params)
+
+
+def search(model: Any, hw: Hardware, choices: Choices, settings: SearchSettings) -> tuple[list[Layout], Rejections, int]:
+    """All feasible layouts, best first, the rejections, and the number of candidates evaluated."""
+    rejected = Rejections()
+    layouts: list[Layout] = []
+    evaluated = 0
+    world = hw.world_size
+    stages = _StageCache(model)
+    for tp in choices.tp:
+        for pp in choices.pp:
+            if world % (tp * pp):
+                continue
+            family = (tp, pp)
+            dp = world // (tp * pp)
+            if choices.dp is not None and dp != choices.dp:
+                continue
+            tag = f"tp={tp} pp={pp} dp={dp}"
+            if tp > hw.nvlink_island_gpus or hw.nvlink_island_gpus % tp:
+                rejected.add("tp_exceeds_nvlink_island", f"{tag}: NVLink islands of {hw.nvlink_island_gpus} GPU(s)", family)
+                continue
+            if not _model_divisible(model, tp):
+                rejected.add("tp_does_not_divide_model", f"{tag}: heads={model.heads} kv_heads={model.kv_heads} "
+                             f"ffn_hidden={model.ffn_hidden}", family)
+                continue
+            if pp > model.layers:
+                rejected.add("pp_exceeds_layers", f"{tag}: {model.layers} layers", family)
+                continue
+            if settings.global_batch % dp:
+                rejected.add("global_batch_not_divisible", f"{tag}: global_batch={settings.global_batch}", family)
+                continue
+            evaluated += _search_family(model, hw, choices, settings, tp, pp, dp, stages, layouts, rejected)
+    layouts.sort(key=lambda lay: (-lay.cost.tokens_per_s, lay.memory.total))
+    return layouts, rejected, evaluated
+
+
+def _search_family(model: Any, hw: Hardware, choices: Choices, settings: SearchSettings, tp: int, pp: int, dp: int,
+                   stages: _StageCache, layouts: list[Layout], rejected: Rejections) -> int:
+    family, tag = (tp, pp), f"tp={tp} pp={pp} dp={dp}"
+    sp = choices.sequence_parallel and tp > 1
+    local_batch = settings.global_batch // dp
+    evaluated = 0
+    for schedule, v in choices.schedules(pp, model.layers):
+        stage_layers, imbalance = stages.split(pp, v)
+        if imbalance > MAX_STAGE_IMBALANCE:
+            rejected.add("stages_imbalanced", f"{tag} v={v}: imbalance {imbalance:.0%}", family)
+            continue
+        busiest_layers, busiest_head, busiest_params = _busiest_rank(model, stage_layers, pp, tp)
+        for mb in choices.micro_batches(local_batch):
+            if local_batch % mb:
+                rejected.add("global_batch_not_divisible", f"{tag} mb={mb}: local batch {local_batch}", family)
+                continue
+            m = local_batch // mb
+            if pp > 1 and (m < pp or (schedule == "interleaved-1f1b" and m % pp)):
+                rejected.add("too_few_micro_batches", f"{tag} mb={mb} {schedule}: {m} micro-batches", family)
+                continue
+            for ac in choices.ac:
+                for zero in choices.zeros(dp, pp):
+                    for offload in choices.offload:
+                        evaluated += 1
+                        setup = RankSetup(tp=tp, pp=pp, dp=dp, micro_batch=mb, micro_batches=m, schedule=schedule,
+                                          virtual_stages=v, ac=ac, zero=zero, offload_optimizer=offload,
+                                          sequence_parallel=sp, precision=settings.precision,
+                                          optimizer=settings.optimizer, overhead_bytes=settings.overhead_bytes)
+                        rank, memory = peak_rank_memory(model, stage_layers, setup)
+                        label = f"{tag} mb={mb} {schedule} v={v} ac={ac} zero={zero}{' offload' if offload else ''}"
+                        if memory.total > settings.budget_bytes:
+                            rejected.add_memory_miss(f"{label}: {memory.total / 2**30:.1f} GiB > "
+                                                     f"{settings.budget_bytes / 2**30:.1f} GiB", family, memory.total)
+                            continue
+                        cost = step_cost(model, hw, CostSetup(
+                            tp=tp, pp=pp, dp=dp, micro_batch=mb, micro_batches=m, virtual_stages=v, ac=ac, zero=zero,
+                            offload_optimizer=offload, precision=settings.precision, max_rank_layers=busiest_layers,
+                            max_rank_has_head=busiest_head, rank_params=busiest_params), settings.global_batch)
+                        layouts.append(Layout(tp, pp, dp, mb, schedule, v, ac, zero, offload, sp, tuple(stage_layers),
+                                              imbalance, memory, rank, cost))
+    return evaluated

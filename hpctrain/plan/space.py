@@ -1,0 +1,136 @@
+"""The search space of one job: which values of each layout dimension to try, and why some fail.
+
+A dimension the job fixes has one value; an "auto" one gets every value the hardware allows.
+Rejection reasons are stable keys (plan.json `rejected.counts`) with a one-line explanation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from hpctrain.plan.model_stats import AC_MODES
+
+AUTO = "auto"
+SCHEDULES_PP = ("1f1b", "interleaved-1f1b", "gpipe")
+MAX_MICRO_BATCH = 64
+VIRTUAL_STAGE_CHOICES = (2, 3, 4, 6, 8)
+MAX_STAGE_IMBALANCE = 0.15  # issue 4 item 5; the doctor flags the same 15 % between ranks
+
+REASONS: dict[str, str] = {
+    "tp_exceeds_nvlink_island": "TP larger than an NVLink island (TP traffic would cross PCIe or the network)",
+    "tp_does_not_divide_model": "heads, kv_heads or ffn_hidden not divisible by TP",
+    "pp_exceeds_layers": "more pipeline stages than layers",
+    "stages_imbalanced": f"layers not splittable into balanced stages (compute imbalance > "
+                         f"{MAX_STAGE_IMBALANCE:.0%}, embedding and head counted)",
+    "global_batch_not_divisible": "global batch not divisible by dp x micro_batch",
+    "too_few_micro_batches": "fewer micro-batches than pipeline stages (or not a multiple of pp for interleaving)",
+    "memory_over_budget": "memory over budget on the most loaded rank",
+    "precision_unsupported": "the GPU has no tensor cores for this precision",
+}
+
+
+def _fixed(value: Any) -> Any:
+    return None if value == AUTO else value
+
+
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+@dataclass(frozen=True)
+class Choices:
+    """Candidate values per dimension (a fixed job value gives a one-element tuple)."""
+
+    tp: tuple[int, ...]
+    pp: tuple[int, ...]
+    dp: int | None
+    micro_batch: int | None
+    schedule: str | None
+    virtual_stages: int | None
+    ac: tuple[str, ...]
+    zero: int | None
+    offload: tuple[bool, ...]
+    sequence_parallel: bool
+
+    @classmethod
+    def from_job(cls, job: Any) -> Choices:
+        par, train = job.parallel, job.train
+        world = job.cluster.nodes * job.cluster.gpus_per_node
+        tp_fixed, pp_fixed = _fixed(par.tp), _fixed(par.pp)
+        tp = (tp_fixed,) if tp_fixed is not None else tuple(d for d in divisors(world) if d <= job.cluster.gpus_per_node)
+        pp = (pp_fixed,) if pp_fixed is not None else tuple(divisors(world))
+        ac = _fixed(train.activation_checkpointing)
+        offload = par.offload_optimizer
+        return cls(
+            tp=tp, pp=pp, dp=_fixed(par.dp), micro_batch=_fixed(train.micro_batch),
+            schedule=_fixed(par.schedule), virtual_stages=_fixed(par.virtual_stages),
+            ac=(ac,) if ac is not None else AC_MODES,
+            zero=_fixed(par.zero),
+            offload=(False, True) if offload == AUTO else (bool(offload),),
+            sequence_parallel=bool(par.sequence_parallel),
+        )
+
+    def micro_batches(self, local_batch: int) -> list[int]:
+        if self.micro_batch is not None:
+            return [self.micro_batch]
+        return [d for d in divisors(local_batch) if d <= MAX_MICRO_BATCH]
+
+    def zeros(self, dp: int, pp: int) -> tuple[int, ...]:
+        """FSDP2 runs zero 0 as zero 1 (runtime/data_parallel.py), so auto tries 1-3; without dp, 0.
+        Under pipelining torch's schedule defers both the reduce-scatter and the resharding to the
+        last micro-batch, so zero 2 and 3 save nothing over 1 there: auto tries 1 only."""
+        if self.zero is not None:
+            return (self.zero,)
+        if dp == 1:
+            return (0,)
+        return (1,) if pp > 1 else (1, 2, 3)
+
+    def schedules(self, pp: int, layers: int) -> list[tuple[str, int]]:
+        """(schedule, virtual_stages) pairs for a pipeline depth; ("none", 1) without pipelining."""
+        if pp == 1:
+            return [("none", 1)]
+        names = (self.schedule,) if self.schedule is not None else SCHEDULES_PP
+        out = []
+        for name in names:
+            if name != "interleaved-1f1b":
+                out.append((name, 1))
+                continue
+            vs = (self.virtual_stages,) if self.virtual_stages is not None else VIRTUAL_STAGE_CHOICES
+            out += [(name, v) for v in vs if v >= 2 and pp * v <= layers]
+        return out
+
+
+class Rejections:
+    """Counts by reason and a few examples each; also the closest miss per (tp, pp) family."""
+
+    MAX_EXAMPLES = 3
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+        self.examples: dict[str, list[str]] = {}
+        self.family_reasons: dict[tuple[int, int], tuple[str, str]] = {}
+        self._closest_miss_bytes: dict[tuple[int, int], float] = {}
+
+    def add(self, reason: str, example: str, family: tuple[int, int], count: int = 1) -> None:
+        self.counts[reason] = self.counts.get(reason, 0) + count
+        examples = self.examples.setdefault(reason, [])
+        if len(examples) < self.MAX_EXAMPLES:
+            examples.append(example)
+        self.family_reasons.setdefault(family, (reason, example))
+
+    def add_memory_miss(self, example: str, family: tuple[int, int], total_bytes: float) -> None:
+        """A layout over the memory budget; per family the smallest miss is kept as its reason."""
+        self.counts["memory_over_budget"] = self.counts.get("memory_over_budget", 0) + 1
+        examples = self.examples.setdefault("memory_over_budget", [])
+        if len(examples) < self.MAX_EXAMPLES:
+            examples.append(example)
+        known = self.family_reasons.get(family)
+        if known is None or known[0] != "memory_over_budget" or total_bytes < self._closest_miss_bytes[family]:
+            self.family_reasons[family] = ("memory_over_budget", example)
+            self._closest_miss_bytes[family] = total_bytes
+
+    def to_json(self) -> dict[str, Any]:
+        return {"counts": dict(sorted(self.counts.items())), "examples": self.examples,
+                "reasons": {key: REASONS[key] for key in sorted(self.counts)}}

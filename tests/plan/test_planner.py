@@ -1,0 +1,81 @@
+"""plan_job / resolve_job on real job files: auto values resolved, fixed ones respected, reasons given."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hpctrain.config import job_from_dict, load_job
+from hpctrain.errors import PlanError
+from hpctrain.plan import check_catalog_names, plan_job, resolve_job
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+LAYOUT_KEYS = {"tp", "pp", "dp", "micro_batch", "schedule", "virtual_stages", "ac", "zero", "offload_optimizer",
+               "memory_gib", "step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "comm_share", "bubble_share"}
+
+
+def job(**sections):
+    base = {"name": "t", "model": {"preset": "llama3-8b"}, "train": {"global_batch": 64},
+            "cluster": {"nodes": 2, "gpus_per_node": 8, "gpu": "h100-80gb", "node": "dgx-h100", "fabric": "ib-ndr400"}}
+    for key, value in sections.items():
+        base[key] = {**base.get(key, {}), **value}
+    return job_from_dict(base)
+
+
+def test_gpt3_example_resolves_every_auto():
+    resolved, result = resolve_job(load_job(EXAMPLES / "gpt3-175b.yaml"))
+    par, train = resolved.parallel, resolved.train
+    for value in (par.tp, par.pp, par.dp, par.zero, par.virtual_stages, train.micro_batch):
+        assert isinstance(value, int)
+    assert par.tp * par.pp * par.dp == 1024
+    assert par.schedule in ("gpipe", "1f1b", "interleaved-1f1b")
+    assert train.activation_checkpointing in ("none", "selective", "full")
+    assert resolved.placement.stage_layers[0][0] == 0 and resolved.placement.stage_layers[-1][1] == 96
+    assert result.best.memory.total <= result.budget_bytes
+
+
+def test_fixed_values_are_respected():
+    resolved, result = resolve_job(job(parallel={"tp": 2, "pp": 2}, train={"micro_batch": 1,
+                                                                           "activation_checkpointing": "full"}))
+    assert (resolved.parallel.tp, resolved.parallel.pp, resolved.parallel.dp) == (2, 2, 4)
+    assert resolved.train.micro_batch == 1 and resolved.train.activation_checkpointing == "full"
+    assert all((lay.tp, lay.pp, lay.micro_batch, lay.ac) == (2, 2, 1, "full") for lay in result.layouts)
+
+
+def test_json_shape():
+    data = json.loads(json.dumps(plan_job(job()).to_json(top=3)))
+    assert len(data["layouts"]) == 3
+    for layout in data["layouts"]:
+        assert LAYOUT_KEYS <= set(layout)
+        assert set(layout["memory_gib"]) == {"weights", "grads", "optimizer", "activations", "other", "total"}
+    assert isinstance(data["rejected"]["counts"], dict) and isinstance(data["rejected"]["examples"], dict)
+    ranked = [lay["tokens_per_s"] for lay in data["layouts"]]
+    assert ranked == sorted(ranked, reverse=True)
+
+
+def test_nothing_fits_raises_with_reasons():
+    with pytest.raises(PlanError) as info:
+        plan_job(job(model={"preset": "llama3-70b"}, cluster={"nodes": 1, "gpus_per_node": 1, "node": None},
+                     parallel={"tp": 1}))
+    text = str(info.value)
+    assert "no layout" in text and "memory over budget" in text
+
+
+def test_v100_has_no_bf16():
+    with pytest.raises(PlanError, match="train.precision"):
+        plan_job(job(cluster={"gpu": "v100-32gb", "node": None}))
+
+
+def test_catalog_names_did_you_mean():
+    problems = check_catalog_names(job(cluster={"gpu": "a100-80g", "node": "dgx-a10", "fabric": "ib-hdr"}))
+    text = "\n".join(problems)
+    assert "'a100-80gb'" in text and "'dgx-a100'" in text and "'ib-hdr200'" in text
+    assert all(line.startswith("cluster.") for line in problems)
+
+
+def test_sequence_parallel_dropped_when_tp_is_one():
+    resolved, result = resolve_job(job(model={"preset": "tiny"}, parallel={"tp": 1, "sequence_parallel": False},
+                                       cluster={"nodes": 1, "gpus_per_node": 2, "node": None}))
+    assert resolved.parallel.sequence_parallel is False
