@@ -194,3 +194,52 @@ def test_layout_coverage() -> None:
     assert {kw["schedule"] for kw in cases if kw.get("pp", 1) > 1} == {"gpipe", "1f1b", "interleaved-1f1b"}
     assert {kw["zero"] for kw in cases if kw.get("dp", 1) > 1} >= {2, 3}
     assert any(kw.get("sequence_parallel") for kw in cases)
+
+
+PRECISION_LAYOUTS: list[tuple[str, dict[str, Any]]] = [
+    ("bf16 dp2 zero3 (FSDP mixed precision)", dict(dp=2, zero=3, precision="bf16", micro_batch=2)),
+    ("fp16 dp2 zero2 (FSDP mixed precision + loss scaling)", dict(dp=2, zero=2, precision="fp16", micro_batch=2)),
+    ("fp16 pp2 1f1b (loss scaling inside the schedule)", dict(pp=2, schedule="1f1b", precision="fp16", micro_batch=2)),
+    ("bf16 tp2 sp (autocast + loss parallel)", dict(tp=2, sequence_parallel=True, precision="bf16", micro_batch=2)),
+]
+PRECISION_STEPS = 8
+
+
+def train_precision(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """AdamW on one fixed global batch: the loss must fall; returns losses and compute dtypes."""
+    from hpctrain.runtime.parallelize import build_training
+
+    training = build_training(tiny_job(optimizer="adamw", lr=1e-2, **kwargs), torch.device("cpu"))
+    dtypes: list[str] = []
+    for part in training.model_parts:
+        for block in part.layers.values():
+            block.attention.wq.register_forward_hook(lambda m, i, out: dtypes.append(str(out.dtype)))
+    optimizer = torch.optim.AdamW(training.parameters(), lr=1e-2)
+    inputs, labels = global_batch(0)
+    dp, rank = training.dims.dp, training.dp_rank
+    losses = []
+    for _ in range(PRECISION_STEPS):
+        optimizer.zero_grad()
+        losses.append(training.train_step(dp_slice(inputs, rank, dp), dp_slice(labels, rank, dp)))
+        training.clip_grad_norm_(1.0)
+        training.optimizer_step(optimizer)
+    master = {str(p.dtype) for p in training.parameters()}
+    return {"losses": losses, "compute_dtypes": set(dtypes), "master_dtypes": master}
+
+
+def run_precision_group(layouts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [train_precision(kwargs) for kwargs in layouts]
+
+
+@pytest.mark.dist
+def test_mixed_precision_layouts_train() -> None:
+    results = run_distributed(run_precision_group, 2, [kw for _, kw in PRECISION_LAYOUTS], timeout_s=240)
+    for i, (name, kwargs) in enumerate(PRECISION_LAYOUTS):
+        ranks = [per_rank[i] for per_rank in results]
+        losses = ranks[0]["losses"]
+        assert all(r["losses"] == losses for r in ranks), f"{name}: ranks disagree on the loss"
+        want = "torch.bfloat16" if kwargs["precision"] == "bf16" else "torch.float16"
+        assert all(r["compute_dtypes"] <= {want} for r in ranks) and ranks[0]["compute_dtypes"], name
+        assert all(r["master_dtypes"] == {"torch.float32"} for r in ranks), f"{name}: master weights not fp32"
+        print(f"[precision] {name}: loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+        assert losses[-1] < losses[0] - 1.0, f"{name}: loss did not fall ({losses})"

@@ -1,0 +1,44 @@
+"""ParallelDims: degree validation needs no process group and names the field."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpctrain.errors import ConfigError
+from hpctrain.runtime.model import ModelArgs
+from hpctrain.runtime.parallel_dims import ParallelDims
+
+
+def test_enabled_flags_and_coords() -> None:
+    dims = ParallelDims(pp=2, dp=3, tp=4, world_size=24)
+    assert (dims.pp_enabled, dims.dp_enabled, dims.tp_enabled) == (True, True, True)
+    assert not ParallelDims(pp=1, dp=1, tp=1, world_size=1).pp_enabled
+    # arange(24).view(2, 3, 4): tp innermost, pp outermost
+    assert dims.coords(0) == {"pp": 0, "dp": 0, "tp": 0}
+    assert dims.coords(5) == {"pp": 0, "dp": 1, "tp": 1}
+    assert dims.coords(23) == {"pp": 1, "dp": 2, "tp": 3}
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(pp=2, dp=2, tp=2, world_size=4), "world size is 4"),
+        (dict(pp=0, dp=1, tp=1, world_size=0), "parallel.pp: got 0"),
+        (dict(pp=1, dp="auto", tp=1, world_size=1), "parallel.dp: got 'auto'"),
+        (dict(pp=1, dp=1, tp=True, world_size=1), "parallel.tp: got True"),
+    ],
+)
+def test_bad_degrees(kwargs: dict, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        ParallelDims(**kwargs)
+
+
+def test_model_divisibility() -> None:
+    model = ModelArgs(layers=3, hidden=48, heads=6, kv_heads=2, ffn_hidden=100, vocab=64, seq_len=8)
+    ParallelDims(pp=3, dp=1, tp=2, world_size=6).validate_model(model)
+    with pytest.raises(ConfigError) as err:
+        ParallelDims(pp=1, dp=1, tp=4, world_size=4).validate_model(model)
+    assert any("model.heads" in p for p in err.value.problems)
+    assert any("model.kv_heads" in p for p in err.value.problems)
+    with pytest.raises(ConfigError, match="model.layers"):
+        ParallelDims(pp=2, dp=1, tp=1, world_size=2).validate_model(model, virtual_stages=2)
