@@ -1,0 +1,105 @@
+"""The flat, validated context of the job script: plain values and pre-checked lines, no Job object.
+
+Templates see only what is built here. Strings are raw data that the template must pass through
+the `q` filter; lines that are not shell (#SBATCH arguments, comments) arrive already checked as
+typed values (quoting.py); the user's setup lines arrive as ShellByDesign.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from hpctrain import __version__
+from hpctrain.errors import RenderError
+from hpctrain.render.nccl import nccl_environment
+from hpctrain.render.quoting import ShellByDesign, comment_lines
+from hpctrain.render.sbatch import check_array, sbatch_lines
+
+RUNTIME_MODULE = "hpctrain.runtime"
+# nvidia-smi --query-gpu fields for the per-node CSV monitor (`nvidia-smi --help-query-gpu`).
+NVIDIA_SMI_FIELDS = ("timestamp,index,utilization.gpu,utilization.memory,memory.used,memory.total,"
+                     "power.draw,temperature.gpu,clocks.sm,clocks_throttle_reasons.active")
+
+
+def _time_seconds(text: Optional[str]) -> Optional[int]:
+    if text is None:
+        return None
+    from hpctrain.config.types import slurm_time_seconds
+
+    return slurm_time_seconds(text)
+
+
+def check_rank_order(job: Any) -> None:
+    """placement.rank_order must cover every slot once: the runtime maps SLURM_PROCID through it.
+
+    Slots are Slurm task ids in block order (slot = node index * gpus_per_node + SLURM_LOCALID), which
+    is what `srun --distribution=block:block --ntasks-per-node=<gpus_per_node>` produces; the
+    runtime, not srun, turns a slot into its global rank (hpctrain/plan/placement.py).
+    """
+    order = job.placement.rank_order if job.placement is not None else None
+    world = job.world_size
+    if order is not None and sorted(order) != list(range(world)):
+        raise RenderError(f"placement.rank_order: must be a permutation of 0..{world - 1} for "
+                          f"{job.cluster.nodes} node(s) x {job.cluster.gpus_per_node} GPUs (got {len(order)} "
+                          "entries); render the job.yaml again so the planner places it for this cluster")
+
+
+def container_binds(job: Any, run_dir: str) -> list[str]:
+    """container.binds, plus the run directory when it is absolute and no bind already covers it."""
+    binds = list(job.container.binds)
+    for bind in binds:
+        if "," in bind:
+            raise RenderError(f"container.binds: singularity splits --bind values on ',' and has no escape "
+                              f"for it (got {bind!r:.80}); bind a parent folder without a comma")
+    sources = [b.split(":", 1)[0].rstrip("/") for b in binds]
+    covered = any(run_dir == src or run_dir.startswith(src + "/") for src in sources if src)
+    if run_dir.startswith("/") and not covered:
+        if "," in run_dir or ":" in run_dir:
+            raise RenderError(f"run directory: it must be bound into the container, but a --bind spec cannot "
+                              f"carry ',' or ':' (got {run_dir!r:.80}); add a parent folder to container.binds")
+        binds.append(run_dir)
+    return binds
+
+
+def script_context(job: Any, *, run_dir: str, array: Optional[str]) -> dict[str, Any]:
+    """Everything the job script template needs, validated."""
+    if not run_dir:
+        raise RenderError("run directory: must not be empty")
+    check_array(array)
+    check_rank_order(job)
+    s, m, c = job.slurm, job.monitor, job.cluster
+    profile, nccl = nccl_environment(job)
+    time_s = _time_seconds(s.time)
+    image = job.container.image
+    return {
+        "version": __version__,
+        "sbatch_lines": sbatch_lines(job, run_dir=run_dir, array=array),
+        "name": job.name,
+        "run_dir": run_dir,
+        "array": array is not None,
+        "setup_lines": [ShellByDesign(line) for line in s.setup],
+        "nodes": c.nodes,
+        "gpus_per_node": c.gpus_per_node,
+        "rank_order": job.placement is not None and job.placement.rank_order is not None,
+        "cpus_per_task": s.cpus_per_task or 0,  # 0: share the node's CPUs out at run time
+        "requeue": s.requeue,
+        "max_requeues": s.max_requeues,
+        "signal": s.signal,
+        "signal_seconds": s.signal_seconds,
+        "nccl_profile": profile,
+        "nccl_env": [{"name": v.name, "value": v.value, "why": comment_lines(f"{v.name}: {v.why}"), "under_task_dir": v.under_task_dir}
+                     for v in nccl],
+        "container": image is not None,
+        "container_command": job.container.runtime,
+        "image": image or "",
+        "binds": container_binds(job, run_dir) if image is not None else [],
+        "runtime_module": RUNTIME_MODULE,
+        "nvidia_smi": m.nvidia_smi,
+        "nvidia_smi_fields": NVIDIA_SMI_FIELDS,
+        "nvidia_smi_interval_s": m.nvidia_smi_interval_s,
+        "nsys": m.nsys,
+        "py_spy": m.py_spy and time_s is not None,
+        "py_spy_skipped": m.py_spy and time_s is None,
+        "py_spy_delay_s": (time_s or 0) - m.py_spy_seconds_before_limit,
+        "py_spy_seconds_before_limit": m.py_spy_seconds_before_limit,
+    }

@@ -1,0 +1,81 @@
+"""The Jinja2 environment: StrictUndefined, one shell-quoting filter (`q`), and a `finalize` that
+refuses to print anything that did not come through it (or through the typed lines of quoting.py).
+
+Templates are looked up first in the user's template folder (when one is given), then in the shipped
+sbatch_templates/ and singularity/ folders, so a user can replace the whole script or one partial.
+User templates get the same rules: they cannot print an unquoted string either.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+from hpctrain.errors import RenderError
+
+TEMPLATE_DIR_ENV = "HPCTRAIN_TEMPLATE_DIR"
+SCRIPT_TEMPLATE = "job.sbatch.j2"
+RECIPE_TEMPLATE = "recipe.def.j2"
+
+
+def shipped_dirs() -> list[Path]:
+    from hpctrain.resources import data_dir
+
+    return [data_dir("sbatch_templates"), data_dir("singularity")]
+
+
+def template_dir_for(job: Any, override: Optional[str] = None) -> Optional[str]:
+    """The user's template folder: the argument, else job.yaml's template_dir, else $HPCTRAIN_TEMPLATE_DIR."""
+    chosen = override or getattr(job, "template_dir", None) or os.environ.get(TEMPLATE_DIR_ENV) or None
+    if chosen is not None and not Path(chosen).is_dir():
+        raise RenderError(f"template_dir: not a folder (got {chosen!r:.200}); give a folder holding "
+                          f"{SCRIPT_TEMPLATE} and/or {RECIPE_TEMPLATE} or partials to override")
+    return chosen
+
+
+@functools.lru_cache(maxsize=8)
+def environment(user_dir: Optional[str] = None) -> Any:
+    """The environment for one user template folder (None: shipped templates only)."""
+    import jinja2
+
+    from hpctrain.render.quoting import finalize, shell_quote
+
+    search = ([user_dir] if user_dir else []) + [str(d) for d in shipped_dirs()]
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(search),
+        undefined=jinja2.StrictUndefined,
+        finalize=finalize,
+        autoescape=False,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+    env.filters["q"] = shell_quote
+    return env
+
+
+def _template_location(exc: BaseException) -> str:
+    """'file.j2:LINE' of the innermost template frame of a render error, or ''."""
+    where, tb = "", exc.__traceback__
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename
+        if name.endswith(".j2"):
+            where = f"{Path(name).name}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return where
+
+
+def render_template(name: str, context: dict[str, Any], user_dir: Optional[str] = None) -> str:
+    """Render template `name`; template mistakes become RenderError naming the template and line."""
+    import jinja2
+
+    try:
+        return str(environment(user_dir).get_template(name).render(**context))
+    except RenderError as exc:
+        where = _template_location(exc)
+        raise RenderError([f"{where}: {line}" if where else line for line in exc.problems]) from None
+    except jinja2.TemplateError as exc:
+        where = _template_location(exc) or getattr(exc, "filename", None) or name
+        raise RenderError(f"{where}: {type(exc).__name__}: {exc}") from None

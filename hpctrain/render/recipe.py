@@ -1,0 +1,54 @@
+"""The flat, validated context of the Singularity/Apptainer recipe."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from hpctrain import __version__
+from hpctrain.errors import RenderError
+from hpctrain.render.nccl import COMMON
+from hpctrain.render.quoting import comment_lines
+
+# Bootstrap agents, by the base image's URI scheme (Apptainer "Definition files", header section).
+_SCHEMES = {"docker://": "docker", "library://": "library", "oras://": "oras", "docker-daemon:": "docker-daemon"}
+# A container reference or local image path that the header line (not a shell) can carry as is.
+_REFERENCE = re.compile(r"[A-Za-z0-9._/:@+-]+")
+# Debian package names (Debian Policy 5.6.1), optionally pinned with =VERSION.
+_APT_PACKAGE = re.compile(r"[a-z0-9][a-z0-9+.-]+(=[A-Za-z0-9.+:~-]+)?")
+
+
+def bootstrap(base_image: str) -> tuple[str, str]:
+    """(Bootstrap agent, From value) for container.recipe.base_image."""
+    agent, source = "docker", base_image
+    for prefix, name in _SCHEMES.items():
+        if base_image.startswith(prefix):
+            agent, source = name, base_image[len(prefix):]
+            break
+    else:
+        if base_image.endswith(".sif") or base_image.startswith(("/", "./")):
+            agent = "localimage"
+    if not _REFERENCE.fullmatch(source):
+        raise RenderError(f"container.recipe.base_image: not an image reference the recipe header can carry "
+                          f"(got {base_image!r:.80}); use e.g. docker://nvcr.io/nvidia/pytorch:24.12-py3 "
+                          "(letters, digits and . _ / : @ + -)")
+    return agent, source
+
+
+def recipe_context(job: Any) -> dict[str, Any]:
+    recipe = job.container.recipe
+    for package in recipe.apt:
+        if not _APT_PACKAGE.fullmatch(package):
+            raise RenderError(f"container.recipe.apt: not a Debian package name (got {package!r:.80}); use e.g. "
+                              "libibverbs-dev or curl=7.88.1-10")
+    agent, source = bootstrap(recipe.base_image)
+    return {
+        "version": __version__,
+        "bootstrap": agent,
+        "source": source,
+        "apt": list(recipe.apt),
+        "pip": list(recipe.pip),
+        "hpctrain_requirement": getattr(recipe, "hpctrain", None) or f"hpctrain=={__version__}",
+        "nccl_defaults": [{"name": v.name, "value": v.value, "why": comment_lines(f"{v.name}: {v.why}", 96)}
+                          for v in COMMON if v.value is not None and not v.under_task_dir],
+    }
