@@ -1,0 +1,165 @@
+"""`python -m hpctrain.runtime --job RESOLVED.yaml --run-dir DIR [--resume-from CKPT]`
+
+One process per GPU (srun, torchrun, or a single process). Exit codes (ARCHITECTURE.md 4):
+0 trained (or stopped cleanly after a checkpoint), 1 this rank failed, 2 the job, the run dir,
+the checkpoint or the launcher's variables are wrong (one line per problem, no traceback).
+Without --resume-from the run continues from the newest complete checkpoint in its checkpoint
+folder, if there is one, so a requeued job picks up where it left.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+from typing import Any
+
+PROG = "python -m hpctrain.runtime"
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog=PROG, description="Train a resolved hpctrain job on this process's rank.")
+    parser.add_argument("--job", required=True, metavar="RESOLVED.yaml", help="the resolved job (job.resolved.yaml)")
+    parser.add_argument("--run-dir", required=True, metavar="DIR", help="the run directory (metrics, events, checkpoints)")
+    parser.add_argument("--resume-from", metavar="CKPT",
+                        help="a step-N checkpoint folder, or a folder of them (newest complete one is used); "
+                             "default: the newest complete checkpoint of this run, if any")
+    return parser.parse_args(argv)
+
+
+def unresolved(job: Any) -> list[str]:
+    """Fields still 'auto' that this run needs concrete (the planner fills them)."""
+    fix = "run `hpctrain plan` (launch writes job.resolved.yaml with every auto filled)"
+    p, t = job.parallel, job.train
+    fields = [("parallel.tp", p.tp), ("parallel.pp", p.pp), ("parallel.dp", p.dp),
+              ("train.micro_batch", t.micro_batch), ("train.activation_checkpointing", t.activation_checkpointing)]
+    if p.pp != 1:
+        fields += [("parallel.schedule", p.schedule), ("parallel.virtual_stages", p.virtual_stages)]
+    if p.dp != 1 or p.offload_optimizer:
+        fields.append(("parallel.zero", p.zero))
+    return [f"{name}: got 'auto'; the runtime needs a resolved job: {fix}" for name, value in fields if value == "auto"]
+
+
+def _load(args: argparse.Namespace) -> Any:
+    from hpctrain.config import load_job
+    from hpctrain.errors import ConfigError
+
+    if not os.path.isfile(args.job):
+        raise ConfigError(f"--job {args.job}: no such file")
+    job = load_job(args.job)
+    problems = unresolved(job)
+    if problems:
+        raise ConfigError(problems)
+    try:
+        os.makedirs(args.run_dir, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--run-dir {args.run_dir}: cannot create it ({exc.strerror})") from None
+    return job
+
+
+def _write_resolved(job: Any, run_dir: str) -> None:
+    """Keep a copy of the job next to the results when the launcher did not put one there."""
+    path = os.path.join(run_dir, "job.resolved.yaml")
+    if not os.path.exists(path):
+        from hpctrain.config import dump_job
+
+        with open(path + ".tmp", "w", encoding="utf-8") as handle:
+            handle.write(dump_job(job))
+        os.replace(path + ".tmp", path)
+
+
+def _hosts() -> list[str]:
+    import socket
+
+    import torch.distributed as dist
+
+    me = socket.gethostname()
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return [me]
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, me)
+    return sorted(set(everyone))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    from hpctrain.runtime.distributed import default_omp_threads
+
+    default_omp_threads()  # before torch is imported
+    from hpctrain.errors import ConfigError
+    from hpctrain.runtime.distributed import check_env, detect_env
+
+    rank = 0
+    try:
+        env = detect_env()
+        rank = env.rank
+        check_env(env)
+        job = _load(args)
+    except ConfigError as exc:
+        return _user_error(exc, rank)
+    return _run(job, env, args)
+
+
+def _user_error(exc: Exception, rank: int) -> int:
+    prefix = f"{PROG} [rank {rank}]: " if rank else f"{PROG}: "
+    for line in str(exc).splitlines():
+        print(prefix + line, file=sys.stderr, flush=True)
+    return 2
+
+
+def _run(job: Any, env: Any, args: argparse.Namespace) -> int:
+    from hpctrain.errors import ConfigError
+    from hpctrain.runtime.distributed import init_distributed, shutdown
+    from hpctrain.runtime.telemetry import EVENTS_FILE, append_line
+
+    def event(name: str, every_rank: bool = False, **fields: Any) -> None:
+        if env.rank == 0 or every_rank:
+            import datetime
+
+            now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
+            append_line(os.path.join(args.run_dir, EVENTS_FILE),
+                        {"time": now, "event": name, "attempt": env.attempt, **fields})
+
+    trainer = None
+    try:
+        device = init_distributed(env, need_group=bool(job.parallel.offload_optimizer))
+        if env.rank == 0:
+            _write_resolved(job, args.run_dir)
+        event("started", world_size=env.world_size, launcher=env.launcher, hosts=_hosts(), device=device.type)
+        from hpctrain.runtime.trainer import Trainer
+
+        trainer = Trainer(job, args.run_dir, device, env, resume_from=args.resume_from)
+        result = trainer.train()
+        event("stopped" if result["stopped"] else "finished", step=result["step"],
+              loss=result.get("loss"), resumed_from=result["resumed_from"])
+        trainer.close()
+        shutdown()
+        return 0
+    except ConfigError as exc:
+        event("failed", reason=str(exc).splitlines()[0], exit_code=2)
+        return _user_error(exc, env.rank)
+    except BaseException as exc:  # a crash: say which rank, keep the traceback for the log
+        if isinstance(exc, KeyboardInterrupt):
+            reason = "interrupted"
+        else:
+            reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
+        traceback.print_exc()
+        print(f"{PROG} [rank {env.rank}]: failed: {reason}", file=sys.stderr, flush=True)
+        try:
+            event("failed", every_rank=True, reason=reason, rank=env.rank, exit_code=1)
+            if trainer is not None:
+                trainer.telemetry.write_rank_summary(trainer.state_bytes(), "failed")
+        except Exception:  # noqa: BLE001 - reporting must not hide the original failure
+            pass
+        return 1
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if code == 1:
+        os._exit(1)  # other ranks may be stuck in a collective; do not wait in process-group teardown
+    sys.exit(code)

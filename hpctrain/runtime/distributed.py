@@ -1,0 +1,178 @@
+"""Who am I and where is rank 0: rank, world size, local rank and the rendezvous address.
+
+Three launchers are recognised, in this order:
+
+1. torchrun (or anything that sets RANK and WORLD_SIZE): RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+   MASTER_PORT are used as given. torchrun inside an srun step also sets SLURM_PROCID (the node's
+   task, not the process), so torchrun's variables win.
+2. srun, one task per GPU: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID; the master is the first host of
+   SLURM_JOB_NODELIST (expanded with python-hostlist, else `scontrol show hostnames`), the port
+   MASTER_PORT if set, else derived from SLURM_JOB_ID and SLURM_RESTART_COUNT (`port_for_job`), so
+   every rank computes the same port without talking and a requeued attempt does not meet the
+   previous attempt's sockets in TIME_WAIT.
+3. Otherwise a single process.
+
+`detect_env` is a pure function of the environment mapping (table-tested); `init_distributed`
+joins the process group: NCCL on GPUs, gloo on CPU. Nothing here imports torch at module level.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from hpctrain.errors import ConfigError
+
+PORT_BASE = 20000
+PORT_SPAN = 40000  # ports PORT_BASE .. PORT_BASE + PORT_SPAN - 1 (below the Linux ephemeral range)
+DEFAULT_TIMEOUT_S = 1800.0
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """This process's place in the job, as the launcher described it."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+    launcher: str  # "torchrun", "slurm" or "single"
+    attempt: int = 0  # SLURM_RESTART_COUNT: how many times Slurm requeued this job
+
+    @property
+    def is_rank0(self) -> bool:
+        return self.rank == 0
+
+
+def _int(environ: Mapping[str, str], name: str) -> int:
+    value = environ.get(name, "")
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"environment: {name}={value!r} is not an integer; the launcher set it wrongly "
+                          "(unset it, or launch with srun / torchrun)") from None
+
+
+def port_for_job(job_id: str, restart_count: int = 0) -> int:
+    """A rendezvous port every rank of a Slurm job derives alike: PORT_BASE + (16*id + restart) mod SPAN."""
+    digits = "".join(ch for ch in job_id if ch.isdigit()) or "0"
+    return PORT_BASE + (int(digits) * 16 + restart_count % 16) % PORT_SPAN
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a Slurm node list such as 'gpu[003-005,9],login1'."""
+    try:
+        import hostlist  # python-hostlist
+
+        hosts = hostlist.expand_hostlist(nodelist)
+    except ImportError:  # pragma: no cover - python-hostlist is a dependency; scontrol is the fallback
+        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
+                             check=False, timeout=30)
+        hosts = out.stdout.split()
+    except Exception as exc:  # hostlist raises its own BadHostlist
+        raise ConfigError(f"environment: SLURM_JOB_NODELIST={nodelist!r} cannot be expanded ({exc})") from None
+    if not hosts:
+        raise ConfigError(f"environment: SLURM_JOB_NODELIST={nodelist!r} names no host")
+    return str(hosts[0])
+
+
+def detect_env(environ: Mapping[str, str] | None = None) -> DistEnv:
+    """Rank, world size and rendezvous from torchrun's or Slurm's variables, or a single process."""
+    env = os.environ if environ is None else environ
+    attempt = int(env.get("SLURM_RESTART_COUNT", "0") or 0)
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return DistEnv(
+            rank=_int(env, "RANK"),
+            world_size=_int(env, "WORLD_SIZE"),
+            local_rank=_int(env, "LOCAL_RANK") if "LOCAL_RANK" in env else 0,
+            master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+            master_port=_int(env, "MASTER_PORT") if "MASTER_PORT" in env else 29500,
+            launcher="torchrun",
+            attempt=attempt,
+        )
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or "127.0.0.1"
+        port = (_int(env, "MASTER_PORT") if "MASTER_PORT" in env
+                else port_for_job(env.get("SLURM_JOB_ID", "0"), attempt))
+        return DistEnv(
+            rank=_int(env, "SLURM_PROCID"),
+            world_size=_int(env, "SLURM_NTASKS"),
+            local_rank=_int(env, "SLURM_LOCALID") if "SLURM_LOCALID" in env else 0,
+            master_addr=env.get("MASTER_ADDR") or first_host(nodelist),
+            master_port=port,
+            launcher="slurm",
+            attempt=attempt,
+        )
+    return DistEnv(rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1", master_port=0,
+                   launcher="single", attempt=attempt)
+
+
+def check_env(env: DistEnv) -> None:
+    """Reject impossible launcher values with a message naming them."""
+    if env.world_size < 1 or not 0 <= env.rank < env.world_size:
+        raise ConfigError(f"environment: rank {env.rank} of world size {env.world_size} is impossible "
+                          f"(from {env.launcher}'s variables)")
+    if not 1 <= env.master_port <= 65535 and env.world_size > 1:
+        raise ConfigError(f"environment: MASTER_PORT={env.master_port} is not a TCP port")
+
+
+def default_omp_threads(environ: Any = None) -> None:
+    """OMP_NUM_THREADS=1 unless the launcher chose (torchrun sets it; srun does not). Before torch."""
+    env = os.environ if environ is None else environ
+    env.setdefault("OMP_NUM_THREADS", "1")
+
+
+def init_distributed(env: DistEnv, need_group: bool = False) -> Any:
+    """Join the process group (NCCL on GPUs, gloo on CPU) and return this rank's torch.device.
+
+    A single process gets a process group only when `need_group` (e.g. FSDP for optimizer offload);
+    it then rendezvous through an in-memory store, no port needed.
+    """
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    if torch.cuda.is_available():
+        device = torch.device("cuda", env.local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device = torch.device("cpu")
+        backend = "gloo"
+    if env.world_size == 1 and not need_group:
+        return device
+    timeout = datetime.timedelta(seconds=float(os.environ.get("HPCTRAIN_DIST_TIMEOUT_S", DEFAULT_TIMEOUT_S)))
+    kwargs: dict[str, Any] = {"backend": backend, "rank": env.rank, "world_size": env.world_size,
+                              "timeout": timeout}
+    if backend == "nccl":
+        kwargs["device_id"] = device
+    if env.world_size == 1:
+        kwargs["store"] = dist.HashStore()
+    else:
+        kwargs["init_method"] = f"tcp://{_bracket(env.master_addr)}:{env.master_port}"
+    dist.init_process_group(**kwargs)
+    return device
+
+
+def _bracket(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def barrier() -> None:
+    """dist.barrier() when there is a process group; nothing for a single process."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def shutdown() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

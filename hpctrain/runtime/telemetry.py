@@ -1,0 +1,262 @@
+"""What a run leaves for people and for `hpctrain doctor` (../shared/ARCHITECTURE.md sections 2, 3).
+
+- `metrics.jsonl` (rank 0): one JSON object per logged step, append-only; on (re)start it is cut
+  back to the step the run resumes from, so after any number of restarts every step appears once.
+- `events.jsonl` (rank 0): lifecycle lines — started, checkpoint saved / skipped, finished, failed.
+- `ranks/rank-R.json` (every rank): the time split, peak memory, memory by kind, host.
+
+Fields of a metrics line, and where each comes from:
+
+| field | source |
+|---|---|
+| step, loss, lr, grad_norm | the step (loss: global-batch mean; lr: the rate this step used) |
+| tokens | tokens consumed since step 0, all ranks together |
+| step_time_s | wall clock of the step (batch fetch to optimizer step; device synchronised), mean over the steps since the last line |
+| tokens_per_s | global tokens of one step / step_time_s |
+| tflops_per_gpu | `plan.model_stats.flops_per_token(model, ac)` (recompute included) x tokens/s / world / 1e12 |
+| mfu | `flops_per_token(model, "none")` x tokens/s / world / the GPU's dense peak for the precision (catalog); null on CPU |
+| peak_memory_bytes | CUDA: torch.cuda.max_memory_allocated; CPU: peak RSS minus the RSS before the model was built |
+| time_comm_exposed_s, time_bubble_s | measured host-blocked time (comm_timing.py), mean per step |
+| time_compute_s | derived: step_time_s - time_comm_exposed_s - time_bubble_s |
+| attempt | SLURM_RESTART_COUNT (0 when not under Slurm) |
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import resource
+import socket
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from hpctrain.runtime.comm_timing import COLLECTIVE, P2P, CommTimer
+
+METRICS_FILE = "metrics.jsonl"
+EVENTS_FILE = "events.jsonl"
+RANKS_DIR = "ranks"
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def append_line(path: str, record: dict[str, Any]) -> None:
+    """One JSON line, written with a single O_APPEND write (no torn lines from concurrent writers)."""
+    data = (json.dumps(record, separators=(",", ":")) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def truncate_metrics(path: str, step: int) -> int:
+    """Keep only the lines of steps <= `step` (and drop a torn last line); return lines kept."""
+    if not os.path.exists(path):
+        return 0
+    kept = []
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] <= step:
+                kept.append(json.dumps(record, separators=(",", ":")) + "\n")
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.writelines(kept)
+    os.replace(tmp, path)
+    return len(kept)
+
+
+def read_metrics(path: str) -> list[dict[str, Any]]:
+    with open(path, encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm", encoding="ascii") as handle:
+            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _max_rss_bytes() -> int:
+    scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * scale
+
+
+class MemoryTracker:
+    """Peak memory of the training: CUDA allocator peak, or peak RSS growth since the baseline."""
+
+    def __init__(self, device: Any) -> None:
+        self.cuda = getattr(device, "type", "cpu") == "cuda"
+        self.baseline_rss_bytes = _rss_bytes()
+        self.source = "torch.cuda.max_memory_allocated" if self.cuda else "peak RSS minus RSS before model build"
+
+    def peak_bytes(self) -> int:
+        if self.cuda:
+            import torch
+
+            return int(torch.cuda.max_memory_allocated())
+        return max(0, _max_rss_bytes() - self.baseline_rss_bytes)
+
+
+@dataclass
+class Throughput:
+    """FLOPs per token from the planner's formula and the GPU's peak from its catalog."""
+
+    hardware_flops_per_token: float
+    model_flops_per_token: float
+    peak_flops_per_s: float | None  # None: no catalog peak for this device (CPU) -> mfu null
+    world_size: int
+
+    @classmethod
+    def for_job(cls, job: Any, world_size: int, device_type: str) -> Throughput:
+        from hpctrain.plan.model_stats import flops_per_token
+
+        ac = job.train.activation_checkpointing
+        return cls(
+            hardware_flops_per_token=flops_per_token(job.model, ac if ac in ("none", "selective", "full") else "none"),
+            model_flops_per_token=flops_per_token(job.model, "none"),
+            peak_flops_per_s=gpu_peak_flops_per_s(job) if device_type == "cuda" else None,
+            world_size=world_size,
+        )
+
+    def tflops_per_gpu(self, tokens_per_s: float) -> float:
+        return self.hardware_flops_per_token * tokens_per_s / self.world_size / 1e12
+
+    def mfu(self, tokens_per_s: float) -> float | None:
+        if not self.peak_flops_per_s:
+            return None
+        return self.model_flops_per_token * tokens_per_s / self.world_size / self.peak_flops_per_s
+
+
+def gpu_peak_flops_per_s(job: Any) -> float | None:
+    """Dense peak of job.cluster.gpu for the job's precision (catalog or cluster.gpu_spec), or None."""
+    try:
+        from hpctrain.plan.hardware import resolve_hardware
+    except ImportError:
+        return None
+    try:
+        peak = resolve_hardware(job).gpu.peak_flops_per_s(job.train.precision)
+    except (ValueError, KeyError, AttributeError):
+        return None
+    return float(peak) or None
+
+
+@dataclass
+class StepTimes:
+    """Sums over the steps since the last metrics line."""
+
+    steps: int = 0
+    step_s: float = 0.0
+    comm_s: float = 0.0
+    bubble_s: float = 0.0
+
+    def add(self, step_s: float, comm_s: float, bubble_s: float) -> None:
+        self.steps += 1
+        self.step_s += step_s
+        self.comm_s += comm_s
+        self.bubble_s += bubble_s
+
+
+@dataclass
+class Telemetry:
+    """One per rank. Rank 0 writes metrics and events; every rank writes its summary."""
+
+    run_dir: str
+    rank: int
+    world_size: int
+    attempt: int
+    device: Any
+    throughput: Throughput
+    tokens_per_step: int
+    memory: MemoryTracker
+    timer: CommTimer = field(default_factory=CommTimer)
+    interval: StepTimes = field(default_factory=StepTimes)
+    totals: StepTimes = field(default_factory=StepTimes)  # all steps but the first of this attempt
+    extra: dict[str, Any] = field(default_factory=dict)  # static facts for the rank summary
+    steps_this_attempt: int = 0
+
+    @property
+    def metrics_path(self) -> str:
+        return os.path.join(self.run_dir, METRICS_FILE)
+
+    def event(self, name: str, **fields: Any) -> None:
+        if self.rank == 0:
+            append_line(os.path.join(self.run_dir, EVENTS_FILE),
+                        {"time": _now(), "event": name, "attempt": self.attempt, **fields})
+
+    def start(self, resumed_step: int) -> None:
+        """Cut metrics back to the resumed step and start timing communication."""
+        if self.rank == 0:
+            truncate_metrics(self.metrics_path, resumed_step)
+        self.timer.install()
+
+    def begin_step(self) -> None:
+        self.timer.reset()
+        self.timer.active = True
+
+    def end_step(self, step_s: float) -> None:
+        self.timer.active = False
+        waits = self.timer.reset()
+        self.interval.add(step_s, waits[COLLECTIVE], waits[P2P])
+        self.steps_this_attempt += 1
+        if self.steps_this_attempt > 1:  # the first step of an attempt warms up (allocations, plans)
+            self.totals.add(step_s, waits[COLLECTIVE], waits[P2P])
+
+    def log(self, step: int, loss: float, lr: float, grad_norm: float, tokens: int, **extra: Any) -> dict[str, Any]:
+        """Build the metrics line for `step` from the interval since the last one; rank 0 appends it."""
+        t, n = self.interval, max(1, self.interval.steps)
+        step_s, comm_s, bubble_s = t.step_s / n, t.comm_s / n, t.bubble_s / n
+        tokens_per_s = self.tokens_per_step / step_s if step_s > 0 else 0.0
+        record = {
+            "step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens": tokens,
+            "step_time_s": step_s, "tokens_per_s": tokens_per_s,
+            "tflops_per_gpu": self.throughput.tflops_per_gpu(tokens_per_s),
+            "mfu": self.throughput.mfu(tokens_per_s),
+            "peak_memory_bytes": self.memory.peak_bytes(),
+            "time_compute_s": max(0.0, step_s - comm_s - bubble_s),
+            "time_comm_exposed_s": comm_s, "time_bubble_s": bubble_s,
+            "attempt": self.attempt, **extra,
+        }
+        self.interval = StepTimes()
+        if self.rank == 0:
+            append_line(self.metrics_path, record)
+        return record
+
+    def write_rank_summary(self, state_bytes: dict[str, int], status: str) -> None:
+        """ranks/rank-R.json: means over this attempt's steps (the first, warm-up step excluded)."""
+        t = self.totals
+        n = max(1, t.steps)
+        summary = {
+            "rank": self.rank, "world_size": self.world_size, "host": socket.gethostname(),
+            "attempt": self.attempt, "device": str(self.device), "status": status, "updated": _now(),
+            "steps_timed": t.steps,
+            "step_time_s": t.step_s / n,
+            "time_compute_s": max(0.0, (t.step_s - t.comm_s - t.bubble_s) / n),
+            "time_comm_exposed_s": t.comm_s / n,
+            "time_bubble_s": t.bubble_s / n,
+            "timing_method": ("host-blocked time in Work.wait / wait_tensor / pipeline p2p waits; "
+                              "compute = step - waits" + ("; CUDA: a lower bound of exposed time"
+                                                          if self.memory.cuda else "")),
+            "peak_memory_bytes": self.memory.peak_bytes(),
+            "peak_memory_source": self.memory.source,
+            **{f"{k}_bytes": v for k, v in state_bytes.items()},
+            **self.extra,
+        }
+        folder = os.path.join(self.run_dir, RANKS_DIR)
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, f"rank-{self.rank}.json")
+        with open(path + ".tmp", "w", encoding="utf-8") as handle:
+            json.dump(summary, handle, indent=1)
+        os.replace(path + ".tmp", path)
+
+    def close(self) -> None:
+        self.timer.uninstall()

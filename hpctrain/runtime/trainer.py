@@ -1,0 +1,141 @@
+"""The training loop (torchtitan's shape): build once, then step, log, checkpoint, until done.
+
+The loop delegates: `Training.train_step` (forward/backward over the micro-batches and the
+pipeline; returns the global-batch mean loss, identical on every rank), `clip_grad_norm_` (the
+norm over DTensor shards, stages and tied copies), `optimizer_step` (skips on fp16 overflow),
+`Checkpointer.save(step)` and `should_continue()`. A stop request (`request_stop`, e.g. from a
+signal handler that only sets a flag) ends the loop at the next step boundary with a checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable
+
+import torch
+
+from hpctrain.runtime.checkpoint import Checkpointer
+from hpctrain.runtime.data import build_sampler
+from hpctrain.runtime.distributed import DistEnv
+from hpctrain.runtime.optim import build_optimizers
+from hpctrain.runtime.parallelize import build_training
+from hpctrain.runtime.precision import local_tensor
+from hpctrain.runtime.telemetry import MemoryTracker, Telemetry, Throughput
+
+
+class Trainer:
+    """One rank's training run in `run_dir`, from scratch or from the newest complete checkpoint."""
+
+    def __init__(self, job: Any, run_dir: str, device: torch.device, env: DistEnv,
+                 resume_from: str | None = None) -> None:
+        self.job, self.run_dir, self.device, self.env = job, run_dir, device, env
+        memory = MemoryTracker(device)
+        self.training = build_training(job, device)
+        dims = self.training.dims
+        self.coords = dims.coords(env.rank)
+        self.data = build_sampler(job, self.coords["dp"], dims.dp)
+        self.optimizers, self.lr_schedulers = build_optimizers(job, self.training.model_parts)
+        self.tokens_per_step = int(job.train.global_batch) * int(job.model.seq_len)
+        self.telemetry = Telemetry(run_dir, env.rank, env.world_size, env.attempt, device,
+                                   Throughput.for_job(job, env.world_size, device.type),
+                                   self.tokens_per_step, memory)
+        self.telemetry.extra.update(coords=self.coords, local_rank=env.local_rank, launcher=env.launcher,
+                                    param_count_local=self.training.param_count_local())
+        self.checkpointer = Checkpointer(job, run_dir, self.training.model_parts, self.optimizers,
+                                         self.telemetry.event)
+        self.step = 0
+        self.stop_requested: Callable[[], bool] = lambda: False
+        self.resume_from = resume_from
+        self.last_metrics: dict[str, Any] = {}
+
+    # -- state -----------------------------------------------------------------------------------
+    def train_state(self) -> dict[str, Any]:
+        """The JSON part of a checkpoint (model and optimizer go through DCP)."""
+        scaler = self.training.loss_scaler
+        dims = self.training.dims
+        return {
+            "tokens_seen": self.step * self.tokens_per_step,
+            "data": self.data.state_dict(),
+            "lr_scheduler": self.lr_schedulers.state_dict(),
+            "loss_scaler": scaler.state_dict() if scaler is not None else None,
+            "layout": {"pp": dims.pp, "dp": dims.dp, "tp": dims.tp,
+                       "virtual_stages": len(self.training.model_parts),
+                       "schedule": self.job.parallel.schedule if dims.pp_enabled else None,
+                       "zero": self.job.parallel.zero if self.training.fsdp else None},
+            "job_name": self.job.name,
+        }
+
+    def restore(self) -> int:
+        """Load the newest complete checkpoint (or --resume-from); return the step resumed from."""
+        path = self.checkpointer.find(self.resume_from)
+        if path is None:
+            return 0
+        body = self.checkpointer.load(path)
+        self.step = int(body["step"])
+        self.data.load_state_dict(body["data"])
+        self.lr_schedulers.load_state_dict(body["lr_scheduler"])
+        if self.training.loss_scaler is not None and body.get("loss_scaler"):
+            self.training.loss_scaler.load_state_dict(body["loss_scaler"])
+        self.telemetry.event("resumed", step=self.step, path=path)
+        return self.step
+
+    def state_bytes(self) -> dict[str, int]:
+        params = [local_tensor(p) for p in self.training.parameters()]
+        grads = [local_tensor(p.grad) for p in self.training.parameters() if p.grad is not None]
+        return {"param": sum(t.numel() * t.element_size() for t in params),
+                "grad": sum(t.numel() * t.element_size() for t in grads),
+                "optimizer_state": self.optimizers.state_bytes()}
+
+    # -- loop ------------------------------------------------------------------------------------
+    def should_continue(self) -> bool:
+        return self.step < self.job.train.steps and not self.stop_requested()
+
+    def train_step(self) -> tuple[float, float, float]:
+        inputs, labels = (torch.from_numpy(a) for a in self.data.next_batch())
+        self.optimizers.zero_grad()
+        loss = self.training.train_step(inputs, labels)
+        grad_norm = self.training.clip_grad_norm_(self.job.train.optimizer.grad_clip)
+        lr = self.optimizers.lr
+        self.training.optimizer_step(self.optimizers)  # type: ignore[arg-type]  # duck-typed: step()
+        self.lr_schedulers.step()
+        return loss, grad_norm, lr
+
+    def train(self) -> dict[str, Any]:
+        resumed = self.restore()
+        self.telemetry.start(resumed)
+        cuda = self.device.type == "cuda"
+        while self.should_continue():
+            self.step += 1
+            self.telemetry.begin_step()
+            start = time.perf_counter()
+            loss, grad_norm, lr = self.train_step()
+            if cuda:
+                torch.cuda.synchronize(self.device)
+            self.telemetry.end_step(time.perf_counter() - start)
+            if self.step % self.job.train.log_every == 0 or self.step == self.job.train.steps:
+                self._log(loss, grad_norm, lr)
+            if self.checkpointer.save(self.step, self.train_state()):
+                self.telemetry.write_rank_summary(self.state_bytes(), "running")
+        self.checkpointer.save(self.step, self.train_state(), force=True)  # the end, or a stop request
+        self.checkpointer.wait()
+        stopped = self.step < self.job.train.steps
+        self.telemetry.write_rank_summary(self.state_bytes(), "stopped" if stopped else "finished")
+        return {"step": self.step, "resumed_from": resumed, "stopped": stopped, **self.last_metrics}
+
+    def _log(self, loss: float, grad_norm: float, lr: float) -> None:
+        extra: dict[str, Any] = {}
+        if self.training.loss_scaler is not None:
+            extra["loss_scale"] = self.training.loss_scaler.scale
+        record = self.telemetry.log(self.step, loss, lr, grad_norm, self.step * self.tokens_per_step, **extra)
+        self.last_metrics = record
+        if self.env.rank == 0:
+            print(f"step {self.step:>6} | loss {loss:.4f} | lr {lr:.3e} | grad_norm {grad_norm:.3f} | "
+                  f"{record['tokens_per_s']:,.0f} tok/s | {record['step_time_s'] * 1e3:.1f} ms", flush=True)
+
+    def close(self) -> None:
+        self.telemetry.close()
+
+
+def run_dir_ready(run_dir: str) -> None:
+    os.makedirs(run_dir, exist_ok=True)

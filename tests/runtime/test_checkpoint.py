@@ -1,0 +1,132 @@
+"""Atomic checkpoints and bit-identical resume (issue 3 item 9, issue 7 items 1, 2, 6)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from hpctrain.runtime.checkpoint import InvalidCheckpoint, checksum, read_metadata, scan, write_metadata
+
+from ._entry import copy_run, events, make_job, metrics, run_entry, run_module, write_job
+
+
+def _ckpts(run_dir: str) -> list[str]:
+    return sorted(os.listdir(os.path.join(run_dir, "checkpoints")))
+
+
+def _same_curve(a: str, b: str) -> None:
+    """Bit-identical losses and gradient norms, each step exactly once."""
+    ma, mb = metrics(a), metrics(b)
+    assert [m["step"] for m in mb] == [m["step"] for m in ma]
+    assert [(m["loss"], m["grad_norm"], m["lr"]) for m in mb] == [(m["loss"], m["grad_norm"], m["lr"]) for m in ma]
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        dict(),  # one process
+        dict(tp=2, dp=2, train={"micro_batch": 1}, checkpoint={"async": True}),  # tp2 x dp2, FSDP, async
+        dict(pp=2, model={"layers": 4, "tie_embeddings": True},  # two model parts per rank, tied copies
+             train={"micro_batch": 1, "global_batch": 4},
+             parallel={"schedule": "interleaved-1f1b", "virtual_stages": 2}),
+    ],
+    ids=["single", "tp2xdp2", "pp2-interleaved-tied"],
+)
+def test_resume_is_bit_identical(layout, tmp_path) -> None:
+    """Run 6 steps; then 'crash' after step 5 (metrics logged up to 5, last checkpoint at 3) and
+    restart: the run resumes from step 3, cuts metrics back to 3, and reproduces steps 4-6 exactly."""
+    layout = dict(layout)
+    sections = {k: layout.pop(k) for k in ("train", "model", "parallel", "checkpoint") if k in layout}
+    job = make_job(**layout, **sections)
+    full = str(tmp_path / "full")
+    world = len(run_entry(job, full))
+    assert _ckpts(full) == ["step-3", "step-6"]
+    crashed = copy_run(full, str(tmp_path / "crashed"))
+    shutil.rmtree(os.path.join(crashed, "checkpoints", "step-6"))
+    with open(os.path.join(crashed, "metrics.jsonl")) as handle:
+        lines = handle.readlines()
+    with open(os.path.join(crashed, "metrics.jsonl"), "w") as handle:
+        handle.writelines(lines[:5] + [lines[5][:20]])  # a torn line, as a kill mid-write leaves
+    assert run_entry(job, crashed) == [0] * world
+    _same_curve(full, crashed)
+    assert [e["step"] for e in events(crashed) if e["event"] == "resumed"] == [3]
+    meta = read_metadata(os.path.join(crashed, "checkpoints", "step-6"))
+    assert meta["step"] == 6 and meta["data"]["samples_seen"] == 6 * job["train"]["global_batch"]
+    assert meta["tokens_seen"] == 6 * job["train"]["global_batch"] * job["model"]["seq_len"]
+    assert len(meta["rng_files"]) == world
+
+
+def test_corrupt_and_missing_metadata_are_skipped_with_a_message(tmp_path) -> None:
+    job = make_job(train={"steps": 6}, checkpoint={"every_steps": 2, "keep_last": 5})
+    full = str(tmp_path / "full")
+    assert run_entry(job, full) == [0]
+    run = copy_run(full, str(tmp_path / "run"))
+    ck = os.path.join(run, "checkpoints")
+    os.remove(os.path.join(ck, "step-6", "metadata.json"))  # killed between DCP write and metadata
+    path = os.path.join(ck, "step-4", "metadata.json")
+    body = json.load(open(path))
+    body["step"], body["data"]["samples_seen"] = 4, 999  # edited: checksum no longer matches
+    json.dump(body, open(path, "w"))
+    os.makedirs(os.path.join(ck, "step-8.partial"))  # a save that never got renamed
+    proc = run_module(["--job", write_job(job, str(tmp_path / "job.yaml")), "--run-dir", run])
+    assert proc.returncode == 0, proc.stderr
+    assert "skipping checkpoint" in proc.stderr and "step-6: no metadata.json" in proc.stderr
+    assert "step-4: metadata.json checksum mismatch" in proc.stderr and "step-8.partial: partial" in proc.stderr
+    skipped = [e["path"] for e in events(run) if e["event"] == "checkpoint skipped"]
+    assert sorted(os.path.basename(p) for p in skipped) == ["step-4", "step-6", "step-8.partial"]
+    assert [e["step"] for e in events(run) if e["event"] == "resumed"] == [2]
+    _same_curve(full, run)
+    assert {"step-4", "step-6"} <= set(_ckpts(run)) and "step-8.partial" in _ckpts(run)
+    for step in (4, 6):  # re-saved, valid again
+        assert read_metadata(os.path.join(ck, f"step-{step}"))["step"] == step
+
+
+def test_keep_last_and_stale_partials(tmp_path) -> None:
+    run = str(tmp_path / "run")
+    os.makedirs(os.path.join(run, "checkpoints", "step-1.partial"))
+    job = make_job(train={"steps": 5}, checkpoint={"every_steps": 1, "keep_last": 2})
+    assert run_entry(job, run) == [0]
+    assert _ckpts(run) == ["step-4", "step-5"]
+    saved = [e["step"] for e in events(run) if e["event"] == "checkpoint saved"]
+    assert saved == [1, 2, 3, 4, 5]
+
+
+def test_resume_from_explicit_checkpoint_and_async_save(tmp_path) -> None:
+    job = make_job(train={"steps": 6}, checkpoint={"every_steps": 3, "async": True})
+    full = str(tmp_path / "full")
+    assert run_entry(job, full) == [0]
+    assert _ckpts(full) == ["step-3", "step-6"]  # async saves complete (metadata written after the wait)
+    other = str(tmp_path / "other")
+    assert run_entry(job, other, None, "--resume-from", os.path.join(full, "checkpoints", "step-3")) == [0]
+    assert [m["step"] for m in metrics(other)] == [4, 5, 6]
+    assert [m["loss"] for m in metrics(other)] == [m["loss"] for m in metrics(full)][3:]
+
+
+def test_resume_from_a_bad_path_is_a_user_error(tmp_path) -> None:
+    job = write_job(make_job(), str(tmp_path / "job.yaml"))
+    proc = run_module(["--job", job, "--run-dir", str(tmp_path / "run"), "--resume-from", str(tmp_path)])
+    assert proc.returncode == 2
+    assert "--resume-from" in proc.stderr and "no complete checkpoint" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_metadata_checksum_and_scan(tmp_path) -> None:
+    folder = tmp_path / "step-7"
+    folder.mkdir()
+    with pytest.raises(InvalidCheckpoint, match="no metadata.json"):
+        read_metadata(str(folder))
+    write_metadata(str(folder), {"step": 7, "x": [1.5, 2]})
+    with pytest.raises(InvalidCheckpoint, match="DCP index"):
+        read_metadata(str(folder))
+    (folder / ".metadata").write_bytes(b"")
+    assert read_metadata(str(folder)) == {"step": 7, "x": [1.5, 2]}
+    assert checksum({"b": 1, "a": 2}) == checksum({"a": 2, "b": 1})
+    (tmp_path / "step-9").mkdir()
+    (tmp_path / "step-9" / "metadata.json").write_text("{not json")
+    (tmp_path / "step-3.partial").mkdir()
+    found = scan(str(tmp_path))
+    assert found.newest == (7, str(folder))
+    assert [os.path.basename(p) for p, _ in found.rejected] == ["step-3.partial", "step-9"]
