@@ -168,6 +168,9 @@ class Transformer(nn.Module):
     embedding takes hidden states [b, s, hidden], a stage without the head returns them.
     """
 
+    rope_cos: torch.Tensor
+    rope_sin: torch.Tensor
+
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
         self.args = args

@@ -58,6 +58,7 @@ class Training:
     fsdp: bool = False
     tied_group: Any = None  # process group pairing first and last stage (tied embeddings, pp > 1)
     _norm_weights: list[tuple[nn.Parameter, float]] = field(default_factory=list)
+    _params: list[nn.Parameter] = field(default_factory=list)
 
     @property
     def dp_rank(self) -> int:
@@ -69,11 +70,13 @@ class Training:
 
     def parameters(self) -> list[nn.Parameter]:
         """The parameters this rank updates (each once), for the optimizer."""
-        seen: dict[int, nn.Parameter] = {}
-        for part in self.model_parts:
-            for p in part.parameters():
-                seen.setdefault(id(p), p)
-        return list(seen.values())
+        if not self._params:
+            seen: dict[int, nn.Parameter] = {}
+            for part in self.model_parts:
+                for p in part.parameters():
+                    seen.setdefault(id(p), p)
+            self._params = list(seen.values())
+        return list(self._params)
 
     def param_count_local(self) -> int:
         """Elements this rank stores (its TP/FSDP shards of its pipeline stages)."""
@@ -95,7 +98,7 @@ class Training:
                 names = p.device_mesh.mesh_dim_names or ()
                 for i, placement in enumerate(p.placements):
                     if i < len(names) and names[i] == "tp" and _is_sharded(placement):
-                        dim, size = placement.dim % len(shape), p.device_mesh.size(i)
+                        dim, size = getattr(placement, "dim") % len(shape), p.device_mesh.size(i)
                         chunk = -(-shape[dim] // size)  # torch.chunk: the last shards may be short
                         rank = p.device_mesh.get_local_rank(i)
                         shape[dim] = max(0, min(chunk, shape[dim] - rank * chunk))
@@ -134,7 +137,7 @@ class Training:
         return self._global_mean(local_loss)
 
     def _plain_step(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        model = self.model_parts[0]
+        model: Any = self.model_parts[0]  # an FSDPModule too when fsdp
         total = torch.zeros((), device=self.device)
         chunks = zip(inputs.chunk(self.n_microbatches), labels.chunk(self.n_microbatches))
         for i, (x, y) in enumerate(chunks):
@@ -175,7 +178,7 @@ class Training:
 
         for p in self.parameters():
             g = p.grad
-            if isinstance(g, DTensor) and tuple(g.placements) != tuple(p.placements):
+            if isinstance(g, DTensor) and isinstance(p, DTensor) and tuple(g.placements) != tuple(p.placements):
                 p.grad = g.redistribute(g.device_mesh, p.placements)
 
     def _sync_tied_grads(self) -> None:
@@ -183,8 +186,9 @@ class Training:
         if self.tied_group is None:
             return
         part = self.model_parts[0] if self.has_first_stage else self.model_parts[-1]
-        weight = part.tok_embeddings.weight if self.has_first_stage else part.output.weight
-        grad = local_tensor(weight.grad)
+        holder = part.tok_embeddings if self.has_first_stage else part.output
+        assert holder is not None and holder.weight.grad is not None  # the tied group holds only these ranks
+        grad = local_tensor(holder.weight.grad)
         buf = grad.to(self.device)
         dist.all_reduce(buf, group=self.tied_group)
         grad.copy_(buf)
@@ -193,19 +197,22 @@ class Training:
         """Global L2 norm of the full-model gradient (each element once, across TP/FSDP shards,
         pipeline stages and tied copies); scales gradients so it is at most max_norm (None or
         inf: measure only). Returns the norm before clipping."""
-        sq = torch.zeros((), dtype=torch.float64, device=self.device)
+        groups: dict[tuple[torch.device, float], list[torch.Tensor]] = {}
         for p, weight in self._norm_weights:
             if p.grad is not None:
-                g = local_tensor(p.grad)
-                sq += g.detach().double().pow(2).sum().to(self.device) * weight
+                g = local_tensor(p.grad).detach()
+                groups.setdefault((g.device, weight), []).append(g)
+        sq = torch.zeros((), dtype=torch.float64, device=self.device)
+        for (_, weight), grads in groups.items():
+            norms = torch._foreach_norm(grads, 2.0)  # one fused kernel per group, fp32 accumulation
+            sq += torch.stack(norms).double().pow(2).sum().to(self.device) * weight
         if self.mesh is not None and self.dims.world_size > 1:
             dist.all_reduce(sq)
         norm = math.sqrt(float(sq))
         if max_norm is not None and math.isfinite(max_norm) and norm > max_norm:
             coef = max_norm / (norm + 1e-6)
-            for p in self.parameters():
-                if p.grad is not None:
-                    local_tensor(p.grad).mul_(coef)
+            grads = [local_tensor(p.grad) for p in self.parameters() if p.grad is not None]
+            torch._foreach_mul_(grads, coef)
         return norm
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
@@ -303,11 +310,15 @@ def build_training(job: Any, device: torch.device) -> Training:
     else:
         parts = [(0, whole)]
     modules = [module for _, module in parts]
+    if dims.world_size > 1 or fsdp:
+        assert mesh is not None  # world_size > 1 implies an initialised group; fsdp checked above
     for module in modules:
         if dims.tp_enabled:
+            assert mesh is not None
             apply_tp(module, mesh["tp"], sequence_parallel=bool(par.sequence_parallel), loss_parallel=True)
         apply_ac(module, job.train.activation_checkpointing)
     if fsdp:
+        assert mesh is not None
         apply_fsdp(
             modules,
             mesh["dp"],
@@ -339,6 +350,7 @@ def build_training(job: Any, device: torch.device) -> Training:
         fsdp=fsdp,
     )
     if dims.pp_enabled:
+        assert mesh is not None
         if args.tie_embeddings:
             training.tied_group = _tied_group(mesh, rank)
         training.schedule = apply_pp(

@@ -83,7 +83,9 @@ def stage_ids(pp_rank: int, pp: int, virtual_stages: int) -> list[int]:
     return [pp_rank + v * pp for v in range(virtual_stages)]
 
 
-def split_model(whole: Transformer, ranges: list[tuple[int, int]], pp_rank: int, pp: int) -> list[tuple[int, Transformer]]:
+def split_model(
+    whole: Transformer, ranges: list[tuple[int, int]], pp_rank: int, pp: int
+) -> list[tuple[int, Transformer]]:
     """This rank's (stage index, stage module) pairs, on meta."""
     n_stages = len(ranges)
     parts = []
@@ -128,10 +130,11 @@ def apply_pp(
     stages = [PipelineStage(module, sid, n_stages, device, group=group) for sid, module in parts]
     cls = SCHEDULES[schedule]
     if schedule == "interleaved-1f1b":
-        if n_microbatches % pp:
+        rounds = max(1, n_microbatches // pp)  # torch's ScheduleInterleaved1F1B requirement
+        if n_microbatches % rounds:
             raise ConfigError(
-                f"train.micro_batch: gives {n_microbatches} micro-batches, not a multiple of pp={pp} "
-                "as interleaved 1F1B needs"
+                f"train.micro_batch: gives {n_microbatches} micro-batches; interleaved 1F1B with pp={pp} "
+                f"needs a multiple of {rounds} (use a multiple of pp)"
             )
         return cls(stages, n_microbatches=n_microbatches, loss_fn=loss_fn)
     return cls(stages[0], n_microbatches=n_microbatches, loss_fn=loss_fn)

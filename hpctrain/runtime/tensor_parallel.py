@@ -16,7 +16,7 @@ saving a [batch, seq, vocab] all-gather. Forward and backward of the loss must r
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
@@ -28,7 +28,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from hpctrain.runtime.model import Transformer
+from hpctrain.runtime.model import Transformer, TransformerBlock
 
 
 def apply_tp(model: Transformer, tp_mesh: DeviceMesh, *, sequence_parallel: bool, loss_parallel: bool) -> None:
@@ -52,7 +52,8 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh, *, sequence_parallel: bool
         # Both are Shard(0) over the vocabulary, so the shared shard is right for both uses.
         model.output.weight = model.tok_embeddings.weight
 
-    for block in model.layers.values():
+    for module in model.layers.values():
+        block = cast(TransformerBlock, module)
         plan: dict[str, Any] = {
             "attention.wq": ColwiseParallel(),
             "attention.wk": ColwiseParallel(),

@@ -93,7 +93,8 @@ def train_layout(kwargs: dict[str, Any]) -> dict[str, Any]:
     keep = coords.get("dp", 0) == 0 and coords.get("tp", 0) == 0
     if "stage_layers" in kwargs:
         held = [list(r[:2]) for r in _stage_ranges(training)]
-        assert held == [kwargs["stage_layers"][sid] for sid in range(training.pp_rank, len(kwargs["stage_layers"]), training.dims.pp)]
+        expected = kwargs["stage_layers"][training.pp_rank :: training.dims.pp]
+        assert held == expected
     return {
         "losses": losses,
         "norms": norms,
@@ -165,7 +166,8 @@ def _check_planner_count(name: str, kwargs: dict[str, Any], ranks: list[dict[str
             stage_param_count(job.model, a, b, has_embedding=emb, has_head=head, tp=job.parallel.tp)
             for a, b, emb, head in r["stage_ranges"]
         )
-        assert r["param_count_before_dp"] == expected, f"{name}: rank {r['coords']} holds {r['param_count_before_dp']}, planner says {expected}"
+        held = r["param_count_before_dp"]
+        assert held == expected, f"{name}: rank {r['coords']} holds {held}, planner says {expected}"
 
 
 @pytest.mark.dist
@@ -213,7 +215,8 @@ def train_precision(kwargs: dict[str, Any]) -> dict[str, Any]:
     dtypes: list[str] = []
     for part in training.model_parts:
         for block in part.layers.values():
-            block.attention.wq.register_forward_hook(lambda m, i, out: dtypes.append(str(out.dtype)))
+            wq: Any = block.attention.wq  # type: ignore[union-attr]
+            wq.register_forward_hook(lambda m, i, out: dtypes.append(str(out.dtype)))
     optimizer = torch.optim.AdamW(training.parameters(), lr=1e-2)
     inputs, labels = global_batch(0)
     dp, rank = training.dims.dp, training.dp_rank
