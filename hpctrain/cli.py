@@ -18,6 +18,9 @@ from hpctrain.errors import HpctrainError
 # Modules with a `register(subparsers)` function, in --help order. Only commands that work are listed.
 COMMAND_MODULES = (
     "hpctrain.config.commands",
+    "hpctrain.plan.cli_commands",
+    "hpctrain.render.commands",
+    "hpctrain.runtime.data_commands",
 )
 
 
