@@ -43,6 +43,10 @@ def shell_quote(value: Any) -> ShellWord:
     """The `q` filter: a str or int as one shell word that the shell reads back byte-for-byte."""
     if isinstance(value, ShellWord):
         return value
+    from jinja2 import Undefined
+
+    if isinstance(value, Undefined):
+        str(value)  # StrictUndefined raises UndefinedError, naming the variable
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         raise RenderError(f"the q filter quotes strings and integers only (got {type(value).__name__} {value!r:.80})")
     return ShellWord(shlex.quote(str(value)))
@@ -73,12 +77,13 @@ def comment_lines(text: str, width: int = 100) -> list[CommentText]:
     return [comment(line) for line in textwrap.wrap(text, width, break_on_hyphens=False)]
 
 
-# Characters sbatch's #SBATCH parser (src/sbatch/opt.c, _get_argument) passes through unchanged:
-# it splits on whitespace, groups with ' and ", drops the backslash of any `\x`, and stops at an
-# unescaped #. Everything else printable is escaped with a backslash, which the parser removes.
+# Characters sbatch's #SBATCH parser (src/sbatch/opt.c, _get_argument) passes through unchanged. It
+# splits arguments on whitespace (even a backslash-escaped one), groups with '...' or "...", drops the
+# backslash of any other `\x` (inside quotes too) and ends the line at an unquoted #. A value with any
+# other character is therefore written as "..." with \ and " escaped (checked on Slurm 22.05).
 _SBATCH_PLAIN = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.,:=/@%+-")
-# sbatch treats ANY #SBATCH line containing these words (any case) as a heterogeneous-job separator
-# (src/sbatch/opt.c, _opt_batch_script), so a value must never spell them out on the raw line.
+# Some sbatch versions treat an #SBATCH line containing these words as a heterogeneous-job separator,
+# so a value never spells them out on the raw line: "het\job" reads back as "hetjob".
 _HETJOB_WORDS = re.compile(r"hetjob|packjob", re.IGNORECASE)
 
 
@@ -86,14 +91,13 @@ def sbatch_escape(value: str, field: str) -> str:
     """`value` written so sbatch's #SBATCH parser yields it byte-for-byte, or RenderError."""
     bad = _CONTROL.search(value)
     if bad:
-        raise RenderError(f"{field}: a #SBATCH line cannot carry control characters such as newlines "
+        raise RenderError(f"{field}: a #SBATCH line cannot carry control characters such as newlines or tabs "
                           f"(got {value!r:.80}, {bad.group()!r} at offset {bad.start()}); remove them")
-    breaks = {m.end() - 3 for m in _HETJOB_WORDS.finditer(value)}  # "het\job": the raw line no longer spells it
-    out = []
-    for i, ch in enumerate(value):
-        escape = i in breaks or (ch not in _SBATCH_PLAIN and ord(ch) < 0x80)
-        out.append("\\" + ch if escape else ch)
-    return "".join(out)
+    breaks = {m.end() - 3 for m in _HETJOB_WORDS.finditer(value)}
+    if not breaks and all(ch in _SBATCH_PLAIN for ch in value):
+        return value
+    body = "".join("\\" + ch if ch in '"\\' or i in breaks else ch for i, ch in enumerate(value))
+    return f'"{body}"'
 
 
 def sbatch_line(option: str, value: str | int | None = None, *, field: str = "") -> SbatchLine:

@@ -35,8 +35,17 @@ def bootstrap(base_image: str) -> tuple[str, str]:
     return agent, source
 
 
+# The definition file is read line by line and a line starting with % opens a section, so a value
+# spanning lines could open one (e.g. a %runscript of its own): no control characters anywhere.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
 def recipe_context(job: Any) -> dict[str, Any]:
     recipe = job.container.recipe
+    for package in recipe.pip:
+        if _CONTROL.search(package):
+            raise RenderError(f"container.recipe.pip: a recipe line cannot carry control characters such as "
+                              f"newlines (got {package!r:.80}); write one requirement per list item")
     for package in recipe.apt:
         if not _APT_PACKAGE.fullmatch(package):
             raise RenderError(f"container.recipe.apt: not a Debian package name (got {package!r:.80}); use e.g. "

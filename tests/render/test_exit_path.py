@@ -1,0 +1,150 @@
+"""The script's exit path, executed with stubs: requeue when the runtime asks or a rank crashes, within
+slurm.max_requeues, the exact job or array task; otherwise say why not, in the log and in events.jsonl.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hpctrain.config import job_from_dict
+from hpctrain.render import render_script
+
+from .hostile import BASE_JOB
+from .sbatch_parser import option_values
+from .stubs import Run, make_stub_dir, run_script
+
+
+@pytest.fixture(scope="module")
+def bin_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_stub_dir(tmp_path_factory.mktemp("stubs"))
+
+
+def _job(**slurm: Any) -> Any:
+    data = copy.deepcopy(BASE_JOB)
+    data["monitor"] = {}
+    data["slurm"].update(setup=[], max_requeues=3, **slurm)
+    return job_from_dict(data)
+
+
+def _run(tmp_path: Path, bin_dir: Path, *, array: str | None = None, **env: str) -> tuple[Run, Path]:
+    run_dir = tmp_path / "run"
+    task_dir = run_dir / "tasks" / "2" if array else run_dir
+    task_dir.mkdir(parents=True)
+    script = render_script(_job(), run_dir=str(run_dir), array=array)
+    return run_script(script, bin_dir=bin_dir, work=tmp_path, env=env), task_dir
+
+
+def _events(task_dir: Path) -> list[dict[str, Any]]:
+    path = task_dir / "events.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_finished_run_exits_0_without_requeue(tmp_path: Path, bin_dir: Path) -> None:
+    run, task_dir = _run(tmp_path, bin_dir)
+    assert run.returncode == 0
+    assert run.argv_of("scontrol") == [["show", "hostnames", "node[1-2]"]]
+    assert b"hpctrain: training finished (attempt 0)" in run.stdout
+    assert _events(task_dir) == []
+
+
+def test_runtime_request_requeues_the_job(tmp_path: Path, bin_dir: Path) -> None:
+    run, task_dir = _run(tmp_path, bin_dir, STUB_REQUEST_REQUEUE="1", SLURM_RESTART_COUNT="1")
+    assert run.returncode == 0
+    assert ["requeue", "4242"] in run.argv_of("scontrol")
+    assert b"the runtime asked to be requeued: signal USR2 at step 7: checkpoint saved" in run.stdout
+    assert b"requeueing 4242 (restart 2 of at most 3): runtime-requested" in run.stdout
+    [event] = _events(task_dir)
+    assert event["event"] == "requeued" and event["reason"] == "runtime-requested"
+    assert event["attempt"] == 1 and event["job_id"] == "4242" and event["exit_code"] == 0
+    assert event["source"] == "batch-script" and event["time"].endswith("+00:00")
+
+
+def test_crashed_rank_requeues_the_job(tmp_path: Path, bin_dir: Path) -> None:
+    run, task_dir = _run(tmp_path, bin_dir, STUB_RANK_RC="3")
+    assert run.returncode == 0
+    assert ["requeue", "4242"] in run.argv_of("scontrol")
+    assert b"srun exited with status 3" in run.stdout
+    assert [(e["event"], e["reason"], e["exit_code"]) for e in _events(task_dir)] == [("requeued", "rank-crashed", 3)]
+
+
+@pytest.mark.parametrize(("env", "status"), [({"STUB_RANK_RC": "3"}, 3), ({"STUB_REQUEST_REQUEUE": "1"}, 1)])
+def test_budget_spent_ends_the_job_and_says_why(tmp_path: Path, bin_dir: Path, env: dict[str, str],
+                                                status: int) -> None:
+    run, task_dir = _run(tmp_path, bin_dir, SLURM_RESTART_COUNT="3", **env)
+    assert run.returncode == status
+    assert not [a for a in run.argv_of("scontrol") if a[0] == "requeue"]
+    assert b"not requeued: 3 of slurm.max_requeues=3 requeues used" in run.stderr
+    assert [(e["event"], e["why_not"]) for e in _events(task_dir)] == [("not_requeued", "max-requeues-reached")]
+
+
+def test_failed_scontrol_is_reported_not_ignored(tmp_path: Path, bin_dir: Path) -> None:
+    run, task_dir = _run(tmp_path, bin_dir, STUB_RANK_RC="2", STUB_REQUEUE_RC="1")
+    assert run.returncode == 2
+    assert b"not requeued: scontrol requeue 4242 failed" in run.stderr
+    assert [(e["event"], e["why_not"]) for e in _events(task_dir)] == [("requeued", ""),
+                                                                        ("not_requeued", "scontrol-failed")]
+
+
+def test_requeue_disabled(tmp_path: Path, bin_dir: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    script = render_script(_job(requeue=False), run_dir=str(run_dir))
+    assert "--no-requeue" in option_values(script) and "--requeue" not in option_values(script)
+    run = run_script(script, bin_dir=bin_dir, work=tmp_path, env={"STUB_RANK_RC": "4"})
+    assert run.returncode == 4 and not [a for a in run.argv_of("scontrol") if a[0] == "requeue"]
+    assert b"not requeued: slurm.requeue is false (rank-crashed)" in run.stderr
+
+
+def test_stale_marker_from_an_earlier_attempt_is_ignored(tmp_path: Path, bin_dir: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "requeue-requested").write_text("from attempt 0\n")
+    run = run_script(render_script(_job(), run_dir=str(run_dir)), bin_dir=bin_dir, work=tmp_path,
+                     env={"SLURM_RESTART_COUNT": "1"})
+    assert run.returncode == 0 and not [a for a in run.argv_of("scontrol") if a[0] == "requeue"]
+
+
+def test_array_task_requeues_itself_only(tmp_path: Path, bin_dir: Path) -> None:
+    run, task_dir = _run(tmp_path, bin_dir, array="0-3%2", STUB_RANK_RC="1",
+                         SLURM_ARRAY_JOB_ID="4240", SLURM_ARRAY_TASK_ID="2")
+    assert ["requeue", "4240_2"] in run.argv_of("scontrol")
+    run_dir = tmp_path / "run"
+    assert run.argv_of("python3") == [["-m", "hpctrain.runtime", f"--job={task_dir}/job.resolved.yaml",
+                                       f"--run-dir={task_dir}"]]
+    assert run.runtime_env["HPCTRAIN_REQUEUE_MARKER"] == f"{task_dir}/requeue-requested"
+    assert _events(task_dir)[0]["job_id"] == "4240_2"
+    options = option_values(render_script(_job(), run_dir=str(run_dir), array="0-3%2"))
+    assert options["--array"] == "0-3%2"
+    assert options["--output"] == f"{run_dir}/tasks/%a/slurm-%A_%a.out"
+
+
+def test_ranks_get_the_signal_and_the_protocol_variables(tmp_path: Path, bin_dir: Path) -> None:
+    script = render_script(_job(signal="USR2", signal_seconds=90), run_dir="/runs/x")
+    options = option_values(script)
+    assert options["--signal"] == "USR2@90"  # no B: prefix, so every task gets it
+    assert options["--open-mode"] == "append" and "--requeue" in options
+    run, _ = _run(tmp_path, bin_dir)
+    env = run.runtime_env
+    assert env["HPCTRAIN_REQUEUE_BY"] == "batch-script" and env["HPCTRAIN_ATTEMPT"] == "0"
+    assert env["MASTER_ADDR"] == "node1" and 20000 <= int(env["MASTER_PORT"]) < 32000
+    srun = run.argv_of("srun")[0]
+    assert srun[:5] == ["--kill-on-bad-exit=1", "--nodes=2", "--ntasks-per-node=2", "--distribution=block:block",
+                        "--cpus-per-task=8"]
+    assert "--cpu-bind=cores" in srun
+
+
+def test_master_port_depends_on_job_and_attempt(tmp_path: Path, bin_dir: Path) -> None:
+    ports = set()
+    for job_id, attempt in (("4242", "0"), ("4242", "1"), ("4243", "0")):
+        work = tmp_path / f"{job_id}-{attempt}"
+        work.mkdir()
+        (work / "run").mkdir()
+        run = run_script(render_script(_job(), run_dir=str(work / "run")), bin_dir=bin_dir, work=work,
+                         env={"SLURM_JOB_ID": job_id, "SLURM_RESTART_COUNT": attempt})
+        ports.add(run.runtime_env["MASTER_PORT"])
+    assert len(ports) == 3

@@ -1,0 +1,89 @@
+"""Golden files: every example renders to the script and recipe recorded in tests/golden/.
+
+On a mismatch the test shows the diff; after a deliberate change, regenerate them all with
+
+    HPCTRAIN_REGEN_GOLDEN=1 python -m pytest tests/render/test_golden.py
+
+and review `git diff tests/golden`. The planner's choices (placement, --switches) are part of the
+resolved job, so a planner change shows up here too.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hpctrain.config import load_job
+from hpctrain.render import render_recipe, render_script
+
+REPO = Path(__file__).resolve().parents[2]
+GOLDEN = REPO / "tests" / "golden"
+EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+REGEN = "HPCTRAIN_REGEN_GOLDEN=1 python -m pytest tests/render/test_golden.py"
+
+
+def array_spec(job: Any) -> str | None:
+    """The --array a sweep of this job gets: one task per grid point, max_parallel at once."""
+    if job.sweep is None:
+        return None
+    points = math.prod(len(values) for values in job.sweep.grid.values())
+    return f"0-{points - 1}%{job.sweep.max_parallel}"
+
+
+def rendered(example: Path) -> dict[str, str]:
+    job = load_job(str(example))
+    run_dir = f"/scratch/runs/{example.stem}"
+    return {f"{example.stem}.sbatch": render_script(job, run_dir=run_dir, array=array_spec(job)),
+            f"{example.stem}.def": render_recipe(job)}
+
+
+def check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("HPCTRAIN_REGEN_GOLDEN") == "1":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        return
+    if not path.exists():
+        pytest.fail(f"no golden file {path.relative_to(REPO)}; create it with:\n  {REGEN}")
+    recorded = path.read_text(encoding="utf-8")
+    if recorded != text:
+        diff = "".join(difflib.unified_diff(recorded.splitlines(True), text.splitlines(True),
+                                            f"tests/golden/{name} (recorded)", f"{name} (rendered now)"))
+        pytest.fail(f"{name} differs from its golden file:\n{diff}\nIf the change is intended, regenerate with:\n"
+                    f"  {REGEN}", pytrace=False)
+
+
+def test_every_example_has_golden_files() -> None:
+    assert EXAMPLES, "no examples found"
+    if os.environ.get("HPCTRAIN_REGEN_GOLDEN") != "1":
+        expected = {f"{e.stem}.{ext}" for e in EXAMPLES for ext in ("sbatch", "def")}
+        assert expected == {p.name for p in GOLDEN.glob("*.sbatch")} | {p.name for p in GOLDEN.glob("*.def")}
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[e.stem for e in EXAMPLES])
+def test_example_matches_golden(example: Path) -> None:
+    for name, text in rendered(example).items():
+        check_golden(name, text)
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[e.stem for e in EXAMPLES])
+def test_example_script_passes_bash_n_and_shellcheck(example: Path, tmp_path: Path) -> None:
+    name = f"{example.stem}.sbatch"
+    path = tmp_path / name
+    path.write_text(rendered(example)[name])
+    syntax = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, check=False)
+    assert syntax.returncode == 0, syntax.stderr
+    lint = subprocess.run(["shellcheck", "--severity=style", str(path)], capture_output=True, text=True, check=False)
+    assert lint.returncode == 0, lint.stdout
+    # The recipe's %post is an sh script: it must parse and lint too.
+    post = rendered(example)[f"{example.stem}.def"].split("\n%post\n", 1)[1].split("\n%", 1)[0]
+    (tmp_path / "post.sh").write_text("#!/bin/sh\n" + post)
+    lint = subprocess.run(["shellcheck", "--severity=style", str(tmp_path / "post.sh")], capture_output=True,
+                          text=True, check=False)
+    assert lint.returncode == 0, lint.stdout
