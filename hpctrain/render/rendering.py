@@ -29,7 +29,7 @@ def resolve(job: Any) -> Any:
     if not _needs_planner(job):
         return job
     try:
-        from hpctrain.plan import resolve_job  # type: ignore[attr-defined]
+        from hpctrain.plan import resolve_job
     except ImportError:
         autos = [f"parallel.{k}" for k in ("tp", "pp", "dp") if getattr(job.parallel, k) == "auto"]
         if autos:
