@@ -27,6 +27,8 @@ class Job(Section):
 
     name: Text = Field(..., description="Job name (free text; quoted wherever it reaches a shell).")
     runs_dir: Text = Field("runs", description="Where run directories are created.")
+    template_dir: Optional[Text] = Field(None, description="Folder of user templates that override the shipped "
+                                         "sbatch/recipe templates of the same name.")
     model: ModelConfig = Field(..., description="The transformer.")
     train: TrainConfig = Field(default_factory=TrainConfig, description="Training settings.")
     parallel: ParallelConfig = Field(default_factory=ParallelConfig, description="Parallel layout.")
