@@ -1,0 +1,183 @@
+"""CLI commands of the launch stage: submit, sweep, status, cancel, logs, resume.
+
+Only argparse is imported at module level; each handler imports its stage code when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+TYPE_CHECKING = False  # the constant mypy understands, without importing typing on the login path
+if TYPE_CHECKING:
+    from typing import Any
+
+_RUN_HELP = "a run directory, or a run name (the newest runs/<name>-* is used)"
+
+
+def _add_runs_dir(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--runs-dir", default="runs", metavar="DIR", help="where to look for RUN by name (default: runs)")
+
+
+def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    from hpctrain.cli import add_set_option as _add_set
+
+    submit = subparsers.add_parser("submit", help="submit a job (Slurm, or local processes)",
+                                   description="Resolve the job, create runs/<name>-<time>/, render the sbatch script "
+                                               "and submit it (or start local processes); prints the job id and the "
+                                               "run directory. Exit 2: bad input; 3: the scheduler refused.")
+    submit.add_argument("job", metavar="JOB.yaml")
+    _add_set(submit)
+    submit.add_argument("--dry-run", action="store_true", help="write the run directory and script, submit nothing")
+    submit.add_argument("--wait", action="store_true", help="follow the job with a progress bar until it ends "
+                                                            "(exit 1 if it fails)")
+    submit.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                        help="give up waiting after this long (default: the job's time limit x (1 + max_requeues) "
+                             "+ 10 min, or 24 h)")
+    submit.set_defaults(handler=run_submit)
+
+    sweep = subparsers.add_parser("sweep", help="submit a grid of jobs as ONE job array",
+                                  description="Expand the grid (the job's `sweep:` section and/or --grid), drop "
+                                              "infeasible points with the planner's reason, submit one array "
+                                              "(--array=0-N%%K); each task reads its own resolved job.")
+    sweep.add_argument("job", metavar="JOB.yaml")
+    _add_set(sweep)
+    sweep.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2,...",
+                       help="a grid axis, e.g. --grid parallel.tp=1,2,4 (repeatable; adds to or replaces sweep.grid)")
+    sweep.add_argument("--max-parallel", type=int, default=None, metavar="K", help="array tasks at once (%%K)")
+    sweep.add_argument("--dry-run", action="store_true", help="write the run directories and script, submit nothing")
+    sweep.set_defaults(handler=run_sweep)
+
+    status = subparsers.add_parser("status", help="state, restarts, step and tokens/s of a run or sweep")
+    status.add_argument("run", nargs="?", metavar="RUN", help=_RUN_HELP + " (default: the newest run)")
+    status.add_argument("--json", action="store_true", help="print a JSON object")
+    _add_runs_dir(status)
+    status.set_defaults(handler=run_status_cmd)
+
+    cancel = subparsers.add_parser("cancel", help="cancel a run (all tasks of a sweep)")
+    cancel.add_argument("run", metavar="RUN", help=_RUN_HELP)
+    cancel.add_argument("--task", type=int, default=None, metavar="T", help="cancel only array task T of a sweep")
+    _add_runs_dir(cancel)
+    cancel.set_defaults(handler=run_cancel)
+
+    logs = subparsers.add_parser("logs", help="print a run's per-rank logs (newest attempt)")
+    logs.add_argument("run", metavar="RUN", help=_RUN_HELP + "; for a sweep task: RUN/tasks/T")
+    logs.add_argument("--rank", type=int, default=None, metavar="R", help="only rank R (default: every rank)")
+    logs.add_argument("--attempt", type=int, default=None, metavar="A", help="attempt A (default: the newest)")
+    _add_runs_dir(logs)
+    logs.set_defaults(handler=run_logs)
+
+    resume = subparsers.add_parser("resume", help="resubmit a run from its newest complete checkpoint",
+                                   description="Resubmit a finished, failed or cancelled run in the same run "
+                                               "directory; --set may change the layout or node count.")
+    resume.add_argument("run", metavar="RUN", help=_RUN_HELP)
+    _add_set(resume)
+    resume.add_argument("--dry-run", action="store_true", help="write the new job files and script, submit nothing")
+    _add_runs_dir(resume)
+    resume.set_defaults(handler=run_resume)
+
+
+def _print_submission(submission: Any, dry_run: bool) -> None:
+    import sys
+
+    print(submission.executor_note, file=sys.stderr)
+    if dry_run:
+        where = f"; script {submission.script_path}" if submission.script_path else ""
+        print(f"dry run: nothing submitted{where}")
+    else:
+        print(f"job {submission.job_id}")
+    print(f"run {submission.run_dir}")
+
+
+def _wait_timeout_s(job: Any) -> float:
+    from hpctrain.config.types import slurm_time_seconds
+
+    if job.slurm.time is None:
+        return 24 * 3600.0
+    return slurm_time_seconds(job.slurm.time) * (1 + job.slurm.max_requeues) + 600.0
+
+
+def run_submit(args: argparse.Namespace) -> int:
+    from hpctrain.config import load_job
+    from hpctrain.launch.follow import follow
+    from hpctrain.launch.submit import submit_job
+
+    job = load_job(args.job, args.overrides)
+    submission = submit_job(job, dry_run=args.dry_run)
+    _print_submission(submission, args.dry_run)
+    if args.wait and not args.dry_run:
+        timeout_s = args.timeout if args.timeout is not None else _wait_timeout_s(job)
+        proc = submission.process
+        status = follow(submission.run_dir, timeout_s, on_poll=proc.poll if proc else None)
+        print(f"{status['state']} at step {status.get('step')}")
+    return 0
+
+
+def run_sweep(args: argparse.Namespace) -> int:
+    import sys
+
+    from hpctrain.config import load_job
+    from hpctrain.launch.sweep import point_label, submit_sweep
+
+    job = load_job(args.job, args.overrides)
+    submission, sweep = submit_sweep(job, args.grid, max_parallel=args.max_parallel, dry_run=args.dry_run)
+    for skipped in sweep["skipped"]:
+        reason = " ".join(line.strip() for line in skipped["reason"].splitlines())
+        print(f"skipped {point_label(skipped['point'])}: {reason}", file=sys.stderr)
+    print(f"{len(sweep['tasks'])} tasks, {len(sweep['skipped'])} skipped; array {sweep['array']}", file=sys.stderr)
+    _print_submission(submission, args.dry_run)
+    return 0
+
+
+def _find(args: argparse.Namespace) -> Any:
+    from hpctrain.launch.rundir import find_run, newest_run
+
+    return find_run(args.run, args.runs_dir) if args.run else newest_run(args.runs_dir)
+
+
+def run_status_cmd(args: argparse.Namespace) -> int:
+    import json
+
+    from hpctrain.launch.status import format_table, run_status
+
+    status = run_status(_find(args))
+    print(json.dumps(status, indent=2, default=str) if args.json else format_table(status))
+    return 0
+
+
+def run_cancel(args: argparse.Namespace) -> int:
+    from hpctrain.launch.cancel import cancel_run
+
+    run_dir = _find(args)
+    job_id, ended = cancel_run(run_dir, args.task)
+    if ended:
+        print(f"job {job_id} had already ended ({ended}); nothing to cancel ({run_dir})")
+    else:
+        print(f"cancelled job {job_id} ({run_dir})")
+    return 0
+
+
+def run_logs(args: argparse.Namespace) -> int:
+    import shutil
+    import sys
+
+    from hpctrain.launch.logs import pick_logs
+
+    files, note = pick_logs(_find(args), args.rank, args.attempt)
+    if note:
+        print(f"hpctrain logs: {note}", file=sys.stderr)
+    for log in files:
+        if len(files) > 1:
+            print(f"==> {log.path} <==", flush=True)
+        with open(log.path, "rb") as handle:
+            shutil.copyfileobj(handle, sys.stdout.buffer)
+        sys.stdout.buffer.flush()
+    return 0
+
+
+def run_resume(args: argparse.Namespace) -> int:
+    from hpctrain.launch.resume import resume_run
+
+    submission, checkpoint = resume_run(_find(args), args.overrides, dry_run=args.dry_run)
+    print(f"resuming from {checkpoint}")
+    _print_submission(submission, args.dry_run)
+    return 0

@@ -1,0 +1,98 @@
+"""`submit --wait`: follow a job to its end with a progress bar of steps and tokens/s, within a timeout."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional, TextIO
+
+from hpctrain.errors import HpctrainError, JobFailedError
+from hpctrain.launch.slurm_commands import SlurmCommands
+from hpctrain.launch.status import is_finished, run_status
+
+
+class _PlainBar:
+    """What is printed when tqdm is not installed (or output is not a terminal): a line per change."""
+
+    def __init__(self, total: Optional[int], stream: TextIO) -> None:
+        self.total, self.n, self.stream, self._last = total, 0, stream, ""
+
+    def update_to(self, step: int, postfix: str) -> None:
+        self.n = step
+        line = f"step {step}/{self.total or '?'} {postfix}".rstrip()
+        if line != self._last:
+            print(line, file=self.stream, flush=True)
+            self._last = line
+
+    def close(self) -> None:
+        pass
+
+
+class _TqdmBar:
+    def __init__(self, total: Optional[int], stream: TextIO) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=total, unit="step", file=stream, dynamic_ncols=True, leave=True)
+
+    def update_to(self, step: int, postfix: str) -> None:
+        if step > self.bar.n:
+            self.bar.update(step - self.bar.n)
+        self.bar.set_postfix_str(postfix, refresh=True)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def _bar(total: Optional[int], stream: TextIO) -> Any:
+    """tqdm on a terminal; elsewhere (a log file, CI) a plain line whenever the step or state changes."""
+    if stream.isatty():
+        try:
+            return _TqdmBar(total, stream)
+        except ImportError:  # tqdm is optional on a login node
+            pass
+    return _PlainBar(total, stream)
+
+
+def _postfix(status: dict[str, Any]) -> str:
+    parts = [status["state"].lower()]
+    if isinstance(status.get("tokens_per_s"), (int, float)):
+        parts.append(f"{status['tokens_per_s']:.0f} tok/s")
+    if isinstance(status.get("loss"), (int, float)):
+        parts.append(f"loss {status['loss']:.4f}")
+    if status.get("restarts"):
+        parts.append(f"restarts {status['restarts']}")
+    return " ".join(parts)
+
+
+def follow(run_dir: Path, timeout_s: float, *, commands: Optional[SlurmCommands] = None,
+           interval_s: float = 1.0, stream: TextIO = sys.stderr,
+           on_poll: Optional[Callable[[], object]] = None) -> dict[str, Any]:
+    """Poll until the job (every task of a sweep) has ended; raise JobFailedError unless all COMPLETED."""
+    deadline = time.monotonic() + timeout_s
+    status = run_status(run_dir, commands)
+    bar = _bar(status.get("steps"), stream) if status["kind"] == "job" else None
+    try:
+        while True:
+            if on_poll:
+                on_poll()
+            if bar is not None:
+                bar.update_to(int(status.get("step") or 0), _postfix(status))
+            if is_finished(status):
+                break
+            if time.monotonic() > deadline:
+                raise HpctrainError(f"timed out after {timeout_s:g} s waiting for {run_dir.name} (state "
+                                    f"{status['state']}); it keeps running: follow it with `hpctrain status "
+                                    f"{run_dir}` or stop it with `hpctrain cancel {run_dir}`")
+            time.sleep(interval_s)
+            status = run_status(run_dir, commands)
+    finally:
+        if bar is not None:
+            bar.close()
+    states = [t["state"] for t in status.get("tasks", [])] or [status["state"]]
+    if any(s != "COMPLETED" for s in states):
+        reason = status.get("reason") or ", ".join(f"task {t['task_id']} {t['state']}" for t in status.get("tasks", [])
+                                                   if t["state"] != "COMPLETED")
+        raise JobFailedError(f"{run_dir.name}: {status['state']}" + (f" ({reason})" if reason else "")
+                             + f"; see `hpctrain logs {run_dir}`")
+    return status

@@ -1,0 +1,92 @@
+"""The local executor: the same job as processes on this machine, for a laptop, a CI box or a test.
+
+It differs from the Slurm executor in who starts the ranks: a detached supervisor process
+(`local_supervisor`) instead of sbatch/srun. Same run directory, same runtime entry point, same
+rank variables. Job ids look like `local-<supervisor pid>` (`local-<pid>_<task>` in a sweep).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from hpctrain.config import Job
+from hpctrain.launch import local_supervisor as sup
+from hpctrain.launch.rundir import read_json, write_json
+from hpctrain.launch.stages import runtime_argv
+
+SUPERVISOR_MODULE = "hpctrain.launch.local_supervisor"
+
+
+class LocalExecutor:
+    """Starts one supervisor per submission (a job, or all tasks of a sweep)."""
+
+    name = "local"
+
+    def __init__(self, python: Optional[str] = None) -> None:
+        self.python = python or sys.executable
+
+    def submit(self, root: Path, tasks: list[tuple[Optional[int], Path, Job]],
+               max_parallel: int = 1) -> tuple[str, subprocess.Popen[bytes]]:
+        """Start the supervisor for `tasks` (task id, run dir holding job.resolved.yaml, that job); return
+        (job id, supervisor process)."""
+        spec = {"max_parallel": max_parallel,
+                "tasks": [{"task_id": task_id, "run_dir": str(path), "argv": runtime_argv(path, self.python),
+                           "world_size": job.world_size, "gpus_per_node": job.cluster.gpus_per_node}
+                          for task_id, path, job in tasks]}
+        spec_path = root / "submit" / sup.SPEC_FILE
+        write_json(spec_path, spec)
+        for _, path, _ in tasks:
+            write_json(path / "submit" / sup.STATE_FILE, {"state": "PENDING"})
+        with open(root / "submit" / "supervisor.log", "ab") as log:
+            proc = subprocess.Popen([self.python, "-m", SUPERVISOR_MODULE, str(spec_path)], stdin=subprocess.DEVNULL,
+                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        return f"local-{proc.pid}", proc
+
+
+def supervisor_pid(job_id: str) -> Optional[int]:
+    head = job_id.split("_", 1)[0]
+    return int(head[len("local-"):]) if head.startswith("local-") and head[len("local-"):].isdigit() else None
+
+
+def _is_our_supervisor(pid: int, patience_s: float = 2.0) -> bool:
+    """Alive (not a zombie: PID 1 may not reap orphans) and running our supervisor module.
+
+    Right after the fork the command line can still be empty (seen under gVisor): wait for it.
+    """
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            return False
+        state = next((line.split()[1] for line in status.splitlines() if line.startswith("State:")), "")
+        if state == "Z":
+            return False
+        if cmdline or time.monotonic() > deadline:
+            return SUPERVISOR_MODULE in cmdline
+        time.sleep(0.01)
+
+
+def task_record(run_dir: Path, job_id: str) -> dict[str, Any]:
+    """{state, attempt, exit_codes, reason, ...} of one local job or task, from its state file."""
+    data = read_json(run_dir / "submit" / sup.STATE_FILE) or {"state": "UNKNOWN"}
+    pid = data.get("pid") or supervisor_pid(job_id)
+    if data.get("state") in ("PENDING", "RUNNING") and (pid is None or not _is_our_supervisor(pid)):
+        data = {**data, "state": "FAILED", "reason": "the local supervisor process is gone"}
+    return data
+
+
+def cancel(job_id: str) -> bool:
+    """SIGTERM the supervisor (it stops the ranks, then marks the tasks CANCELLED). False if it had ended."""
+    pid = supervisor_pid(job_id)
+    if pid is None or not _is_our_supervisor(pid):
+        return False
+    os.kill(pid, signal.SIGTERM)
+    return True

@@ -1,0 +1,67 @@
+"""`logs`: the per-rank, per-attempt log files of a run (logs/), and the batch script's output."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from hpctrain.errors import ConfigError
+
+_RANK = re.compile(r"rank[-_.]?(\d+)")
+_ATTEMPT = re.compile(r"attempt[-_.]?(\d+)")
+
+
+@dataclass(frozen=True)
+class LogFile:
+    path: Path
+    rank: Optional[int]  # None: not a rank log (the batch script's own output, ...)
+    attempt: int
+
+
+def parse_log_name(name: str) -> tuple[Optional[int], int]:
+    """`rank-3.attempt-1.log` -> (3, 1); `batch-12.out` -> (None, 0)."""
+    rank, attempt = _RANK.search(name), _ATTEMPT.search(name)
+    return (int(rank.group(1)) if rank else None, int(attempt.group(1)) if attempt else 0)
+
+
+def log_files(run_dir: Path) -> list[LogFile]:
+    """Every file in logs/ and the batch scripts' own output (slurm-*.out), oldest attempt first."""
+    folder = run_dir / "logs"
+    paths = [p for p in folder.iterdir() if p.is_file()] if folder.is_dir() else []
+    paths += sorted(run_dir.glob("slurm-*.out"))
+    files = [LogFile(p, *parse_log_name(p.name)) for p in paths]
+    return sorted(files, key=lambda f: (f.attempt, f.path.stat().st_mtime, f.path.name))
+
+
+def pick_logs(run_dir: Path, rank: Optional[int] = None, attempt: Optional[int] = None) -> tuple[list[LogFile], str]:
+    """(the logs of `rank` (default: every rank) in `attempt` (default: the newest), a note or "").
+
+    When the ranks wrote no files of their own, their output is in the batch script's output files.
+    """
+    files = log_files(run_dir)
+    if not files:
+        raise ConfigError(f"RUN: no logs yet in {run_dir}; the job has not started (see `hpctrain status "
+                          f"{run_dir}`)")
+    ranked = [f for f in files if f.rank is not None]
+    note = ""
+    if not ranked:
+        chosen = files
+        if rank is not None:
+            note = f"no per-rank log files in {run_dir / 'logs'}: every rank's output is in the batch output below"
+    elif rank is not None:
+        chosen = [f for f in ranked if f.rank == rank]
+        if not chosen:
+            known = sorted({f.rank for f in ranked if f.rank is not None})
+            raise ConfigError(f"--rank: no log for rank {rank} in {run_dir / 'logs'} (ranks with logs: {known}); "
+                              "use one of those")
+    else:
+        chosen = ranked
+    if attempt is None:
+        return [f for f in chosen if f.attempt == max(g.attempt for g in chosen)], note
+    picked = [f for f in chosen if f.attempt == attempt]
+    if not picked:
+        attempts = sorted({f.attempt for f in chosen})
+        raise ConfigError(f"--attempt: no attempt {attempt} (attempts logged: {attempts}); use one of those")
+    return picked, note

@@ -1,0 +1,68 @@
+"""`resume`: resubmit a finished, failed or cancelled run from its newest complete checkpoint.
+
+The run keeps its directory: the job is re-read from its job.yaml (plus new `--set` overrides, e.g.
+another layout or node count), re-resolved, re-rendered and submitted again; the runtime loads the
+newest complete checkpoint (the checkpoint module decides what "complete" means) and cuts
+metrics.jsonl back to that step. The previous job files are kept in submit/previous-N/.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Optional, Sequence
+
+from hpctrain.config import load_job
+from hpctrain.errors import ConfigError
+from hpctrain.launch import rundir, stages
+from hpctrain.launch.slurm_commands import SlurmCommands
+from hpctrain.launch.status import ACTIVE, run_status
+from hpctrain.launch.submit import Submission, check_local, choose_executor, launch, write_job_files
+
+_JOB_FILES = ("job.yaml", "job.resolved.yaml", "plan.json")
+
+
+def checkpoint_dir(run_dir: Path, configured: Optional[str]) -> Path:
+    return Path(configured) if configured else run_dir / "checkpoints"
+
+
+def _keep_previous(run_dir: Path) -> Path:
+    n = 1
+    while (run_dir / "submit" / f"previous-{n}").exists():
+        n += 1
+    keep = run_dir / "submit" / f"previous-{n}"
+    keep.mkdir(parents=True)
+    for name in _JOB_FILES:
+        if (run_dir / name).exists():
+            shutil.copy2(run_dir / name, keep / name)
+    return keep
+
+
+def resume_run(run_dir: Path, overrides: Sequence[str] = (), *, dry_run: bool = False,
+               commands: Optional[SlurmCommands] = None) -> tuple[Submission, str]:
+    """Resubmit run_dir; return (submission, the checkpoint it will resume from)."""
+    if rundir.is_sweep(run_dir):
+        raise ConfigError(f"RUN: {run_dir.name} is a sweep; resume one of its tasks, e.g. "
+                          f"`hpctrain resume {run_dir / rundir.TASKS_DIR / '0'}`")
+    status = run_status(run_dir, commands)
+    if status["state"] in ACTIVE:
+        raise ConfigError(f"RUN: {run_dir.name} is still {status['state']} (job {status['job_id']}); wait for it or "
+                          f"`hpctrain cancel {run_dir}` first")
+    if not (run_dir / "job.yaml").is_file():
+        raise ConfigError(f"RUN: {run_dir} has no job.yaml; it is not a run directory")
+    job = load_job(str(run_dir / "job.yaml"), overrides)
+    checkpoint, rejected = stages.newest_complete_checkpoint(checkpoint_dir(run_dir, job.checkpoint.dir))
+    if checkpoint is None:
+        skipped = f" (skipped: {'; '.join(rejected)})" if rejected else ""
+        raise ConfigError(f"RUN: no complete checkpoint in {checkpoint_dir(run_dir, job.checkpoint.dir)}{skipped}; "
+                          f"nothing to resume from (submit the job afresh: `hpctrain submit {run_dir / 'job.yaml'}`)")
+    kind, note = choose_executor(job, commands.env if commands else None)
+    if kind == "local":
+        check_local(job)
+    resolved, plan = stages.resolve(job)
+    kept = _keep_previous(run_dir)
+    write_job_files(run_dir, job, resolved, plan)
+    rundir.append_event(run_dir, "resume_requested", checkpoint=str(checkpoint), overrides=list(overrides),
+                        previous=str(kept.relative_to(run_dir)))
+    submission = launch(run_dir, resolved, kind, note, [(None, run_dir, resolved)], dry_run=dry_run, commands=commands)
+    return submission, str(checkpoint)

@@ -1,0 +1,172 @@
+"""`status`: where a run (or each task of a sweep) stands — scheduler state, restarts, step, tokens/s.
+
+The scheduler's view (scontrol, then sacct; or the local supervisor's state file) is joined with
+what the runtime left in the run directory: the last metrics line and the lifecycle events.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+from hpctrain.launch import parsers, rundir
+from hpctrain.launch.parsers import JobRecord
+from hpctrain.launch.slurm_commands import SlurmCommands
+
+ACTIVE = parsers.ACTIVE_STATES | {"SUBMITTED"}
+# Events shown as the restart history (written by the launcher and the runtime).
+HISTORY_EVENTS = ("submitted", "resubmitted", "started", "signal", "signal_received", "requeued", "preempted",
+                  "stopped", "finished", "failed", "ended", "cancel_requested", "resume_requested")
+
+
+def last_metrics(run_dir: Path, tail_bytes: int = 65536) -> Optional[dict[str, Any]]:
+    """The last complete line of metrics.jsonl, reading only the file's tail."""
+    path = run_dir / "metrics.jsonl"
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, 2)
+            size = handle.tell()
+            handle.seek(max(0, size - tail_bytes))
+            lines = handle.read().decode("utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            return record
+    return None
+
+
+def total_steps(run_dir: Path) -> Optional[int]:
+    import yaml
+
+    try:
+        data = yaml.safe_load((run_dir / "job.resolved.yaml").read_text())
+        return int(data.get("train", {}).get("steps", 100))
+    except (OSError, ValueError, AttributeError, yaml.YAMLError):
+        return None
+
+
+def _since_last_submission(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    starts = [i for i, e in enumerate(events) if e.get("event") in ("submitted", "resubmitted")]
+    return events[starts[-1]:] if starts else events
+
+
+def restarts_from_events(events: list[dict[str, Any]]) -> int:
+    """Restarts of the current submission seen by the runtime: starts beyond the first, or the attempt number."""
+    started = [e for e in _since_last_submission(events) if e.get("event") == "started"]
+    attempts = [int(e["attempt"]) for e in started if isinstance(e.get("attempt"), int)]
+    return max([len(started) - 1, *attempts, 0])
+
+
+def task_status(run_dir: Path, job_id: Optional[str], executor: Optional[str],
+                record: Optional[JobRecord] = None) -> dict[str, Any]:
+    """One job or task: state, restarts, step, tokens/s, history."""
+    events = rundir.read_events(run_dir)
+    out: dict[str, Any] = {"run_dir": str(run_dir), "job_id": job_id, "executor": executor}
+    reason = None
+    if job_id is None:
+        failed = [e for e in events if e.get("event") == "failed" and e.get("stage") == "submit"]
+        state = "SUBMIT_FAILED" if failed else ("DRY_RUN" if any(e.get("event") == "dry_run" for e in events)
+                                               else "NOT_SUBMITTED")
+        reason = failed[-1].get("reason") if failed else None
+        scheduler_restarts = 0
+    elif executor == "local":
+        from hpctrain.launch.local_executor import task_record
+
+        local = task_record(run_dir, job_id)
+        state, reason, scheduler_restarts = local.get("state", "UNKNOWN"), local.get("reason"), 0
+    else:
+        state = record.state if record else "UNKNOWN"
+        scheduler_restarts = (record.restarts or 0) if record else 0
+        reason = record.reason if record and record.reason not in ("", "None") else None
+    metrics = last_metrics(run_dir) or {}
+    out.update(state=state, reason=reason,
+               restarts=max(scheduler_restarts, restarts_from_events(events)),
+               step=metrics.get("step"), steps=total_steps(run_dir), tokens_per_s=metrics.get("tokens_per_s"),
+               loss=metrics.get("loss"),
+               history=[e for e in events if e.get("event") in HISTORY_EVENTS])
+    return out
+
+
+def _aggregate(states: list[str]) -> str:
+    if not states:
+        return "UNKNOWN"
+    if len(set(states)) == 1:
+        return states[0]
+    for state in ("RUNNING", "PENDING", "REQUEUED", "CONFIGURING", "COMPLETING"):
+        if state in states:
+            return state
+    return "FAILED" if "FAILED" in states else "MIXED"
+
+
+def run_status(run_dir: Path, commands: Optional[SlurmCommands] = None) -> dict[str, Any]:
+    """The status of a run directory: a job, or a sweep with one entry per task."""
+    sub = rundir.last_submission(run_dir)
+    job_id, executor = (sub.get("job_id"), sub.get("executor")) if sub else (None, None)
+    records: dict[str, JobRecord] = {}
+    if job_id and executor == "slurm":
+        records = {r.job_id: r for r in (commands or SlurmCommands()).jobs(str(job_id))}
+    name = run_dir.name
+    if not rundir.is_sweep(run_dir):
+        status = task_status(run_dir, job_id, executor, records.get(str(job_id)) if job_id else None)
+        return {"kind": "job", "name": name, **status}
+    sweep = rundir.read_json(run_dir / rundir.SWEEP_FILE) or {}
+    tasks = []
+    for entry in sweep.get("tasks", []):
+        task_id = entry["task_id"]
+        task_job = f"{job_id}_{task_id}" if job_id else None
+        status = task_status(run_dir / entry["run_dir"], task_job, executor, records.get(task_job or ""))
+        tasks.append({"task_id": task_id, "point": entry.get("point"), **status})
+    state = _aggregate([t["state"] for t in tasks])
+    return {"kind": "sweep", "name": name, "run_dir": str(run_dir), "job_id": job_id, "executor": executor,
+            "array": sweep.get("array"), "state": state, "tasks": tasks, "skipped": sweep.get("skipped", [])}
+
+
+def is_finished(status: dict[str, Any]) -> bool:
+    states = [t["state"] for t in status.get("tasks", [])] or [status["state"]]
+    return all(s not in ACTIVE and s != "UNKNOWN" for s in states)
+
+
+def format_table(status: dict[str, Any]) -> str:
+    """A table for humans: one row per job or task, then the restart history."""
+    from tabulate import tabulate
+
+    rows = status["tasks"] if status["kind"] == "sweep" else [status]
+    header = ["task", "job id", "state", "restarts", "step", "tokens/s", "loss"]
+    table = []
+    for row in rows:
+        step = f"{row['step']}/{row['steps']}" if row.get("step") is not None else f"-/{row.get('steps') or '?'}"
+        tps = f"{row['tokens_per_s']:.0f}" if isinstance(row.get("tokens_per_s"), (int, float)) else "-"
+        loss = f"{row['loss']:.4f}" if isinstance(row.get("loss"), (int, float)) else "-"
+        state = row["state"] + (f" ({row['reason']})" if row.get("reason") and row["state"] not in ACTIVE else "")
+        table.append([row.get("task_id", "-"), row.get("job_id") or "-", state, row.get("restarts", 0), step, tps, loss])
+    lines = [f"{status['name']}  ({status['run_dir']}, executor {status.get('executor') or '-'})",
+             tabulate(table, headers=header, tablefmt="simple")]
+    for skipped in status.get("skipped", []):
+        point = " ".join(f"{k}={v}" for k, v in skipped["point"].items())
+        lines.append(f"skipped {point}: " + " ".join(line.strip() for line in skipped["reason"].splitlines()))
+    if status["kind"] == "job" and status.get("restarts"):
+        lines.append("history:")
+        for event in status.get("history", []):
+            extra = {k: v for k, v in event.items() if k not in ("time", "event")}
+            lines.append(f"  {_clock(event.get('time'))} {event['event']} {json.dumps(extra) if extra else ''}".rstrip())
+    return "\n".join(lines)
+
+
+def _clock(stamp: Any) -> str:
+    """ISO time of an event as local wall-clock time."""
+    import datetime
+
+    try:
+        if isinstance(stamp, (int, float)):  # epoch seconds (the batch script's `date +%s`)
+            moment = datetime.datetime.fromtimestamp(stamp, datetime.timezone.utc)
+        else:
+            moment = datetime.datetime.fromisoformat(str(stamp))
+        return moment.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+    except (ValueError, OverflowError, OSError):
+        return str(stamp)

@@ -1,0 +1,114 @@
+"""`submit`: job -> resolved job -> run directory -> rendered script -> one executor call.
+
+The two executors differ by one attribute (`Submission.executor`): Slurm gets the rendered script
+through submitit, the local executor starts the same runtime as local processes.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from hpctrain.config import Job, dump_job
+from hpctrain.errors import ConfigError, SubmissionError
+from hpctrain.launch import stages
+from hpctrain.launch.rundir import append_event, create_run_dir, write_json, write_text
+from hpctrain.launch.slurm_commands import SlurmCommands, missing_program_error, sbatch_available
+
+SCRIPT_NAME = "job.sbatch"
+
+
+@dataclass
+class Submission:
+    """What a submit (or sweep) did: where, with which executor, under which job id."""
+
+    run_dir: Path
+    executor: str
+    executor_note: str
+    job_id: Optional[str] = None  # None for --dry-run
+    script_path: Optional[Path] = None
+    array: Optional[str] = None
+    process: Optional[subprocess.Popen[bytes]] = field(default=None, repr=False)  # local supervisor
+
+
+def choose_executor(job: Job, env: Optional[dict[str, str]] = None) -> tuple[str, str]:
+    """("slurm" | "local", a sentence saying which and why)."""
+    kind = job.cluster.executor
+    sbatch = sbatch_available(env)
+    if kind == "auto":
+        if sbatch:
+            return "slurm", f"executor: slurm (cluster.executor auto, sbatch found at {sbatch})"
+        return "local", "executor: local (cluster.executor auto, no sbatch on PATH)"
+    if kind == "slurm" and sbatch is None:
+        raise missing_program_error("sbatch")
+    return kind, f"executor: {kind} (cluster.executor)"
+
+
+def check_local(job: Job) -> None:
+    if job.container.image is not None:
+        raise ConfigError(f"container.image: the local executor runs on the host, not in an image (got "
+                          f"{job.container.image!r}); unset container.image or use cluster.executor: slurm")
+
+
+def write_job_files(run_dir: Path, job: Job, resolved: Job, plan: dict[str, Any]) -> None:
+    """job.yaml (as submitted, after overrides), job.resolved.yaml and plan.json."""
+    write_text(run_dir / "job.yaml", dump_job(job))
+    write_text(run_dir / "job.resolved.yaml", dump_job(resolved))
+    write_json(run_dir / "plan.json", plan)
+
+
+def write_script(run_dir: Path, resolved: Job, array: Optional[str] = None) -> tuple[str, Path]:
+    script = stages.render_script(resolved, run_dir, array=array)
+    path = run_dir / "submit" / SCRIPT_NAME
+    write_text(path, script)
+    return script, path
+
+
+def submit_job(job: Job, *, dry_run: bool = False, commands: Optional[SlurmCommands] = None) -> Submission:
+    """Resolve, create the run directory, render and submit one job."""
+    kind, note = choose_executor(job, commands.env if commands else None)
+    if kind == "local":
+        check_local(job)
+    resolved, plan = stages.resolve(job)
+    run_dir = create_run_dir(job.runs_dir, job.name)
+    write_job_files(run_dir, job, resolved, plan)
+    return launch(run_dir, resolved, kind, note, [(None, run_dir, resolved)], dry_run=dry_run, commands=commands)
+
+
+# (array task id or None for a plain job, its run directory, its resolved job)
+TaskSpec = tuple[Optional[int], Path, Job]
+
+
+def launch(run_dir: Path, resolved: Job, kind: str, note: str, tasks: list[TaskSpec], *,
+           array: Optional[str] = None, max_parallel: int = 1, dry_run: bool = False,
+           commands: Optional[SlurmCommands] = None, event: str = "submitted") -> Submission:
+    """Submit a prepared run directory (a job, or a sweep's tasks) with the chosen executor.
+
+    `resolved` is the job the sbatch script is rendered from (for a sweep, its first point).
+    """
+    out = Submission(run_dir, kind, note, array=array)
+    if kind == "slurm":
+        script, out.script_path = write_script(run_dir, resolved, array)
+    if dry_run:
+        append_event(run_dir, "dry_run", executor=kind)
+        return out
+    try:
+        if kind == "slurm":
+            from hpctrain.launch.slurm_executor import RenderedSlurmExecutor
+
+            executor = RenderedSlurmExecutor(run_dir / "submit", script, commands or SlurmCommands())
+            out.job_id = executor.submit_rendered()
+        else:
+            from hpctrain.launch.local_executor import LocalExecutor
+
+            out.job_id, out.process = LocalExecutor().submit(run_dir, tasks, max_parallel)
+    except SubmissionError as exc:
+        append_event(run_dir, "failed", reason=str(exc), stage="submit", executor=kind)
+        raise SubmissionError(f"{exc}\n(run directory {run_dir} marked failed)") from None
+    append_event(run_dir, event, executor=kind, job_id=out.job_id, array=array)
+    for task_id, task_dir, _ in tasks:
+        if task_id is not None:
+            append_event(task_dir, event, executor=kind, job_id=f"{out.job_id}_{task_id}", task_id=task_id)
+    return out

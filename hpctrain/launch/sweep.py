@@ -1,0 +1,128 @@
+"""`sweep`: expand a grid, drop infeasible points with the planner's reason, submit ONE job array.
+
+    runs/<name>-<stamp>/sweep.json         the grid, the points, the skipped ones, the array job id
+    runs/<name>-<stamp>/submit/job.sbatch  one script, --array=0-N%K
+    runs/<name>-<stamp>/tasks/<i>/         one run directory per feasible point (its own resolved job)
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from hpctrain.config import Job, job_from_dict, job_to_dict
+from hpctrain.config.overrides import parse_override
+from hpctrain.errors import ConfigError
+from hpctrain.launch import stages
+from hpctrain.launch.rundir import SWEEP_FILE, TASKS_DIR, create_run_dir, init_run_dir, write_json
+from hpctrain.launch.slurm_commands import SlurmCommands
+from hpctrain.launch.submit import Submission, TaskSpec, check_local, choose_executor, launch, write_job_files
+
+def parse_grid_option(text: str) -> tuple[str, list[Any]]:
+    """`parallel.tp=1,2,4` -> ("parallel.tp", [1, 2, 4]); values are YAML scalars like --set."""
+    path, value = parse_override(text)
+    key = ".".join(path)
+    raw = text.partition("=")[2]
+    if isinstance(value, list):
+        values = value
+    else:
+        values = [parse_override(f"{key}={part}")[1] for part in raw.split(",")]
+    if not values or any(v == "" for v in values):
+        raise ConfigError(f"--grid {text}: (grid): expected KEY=V1,V2,... with non-empty values (got {text!r}); "
+                          "e.g. --grid parallel.tp=1,2,4")
+    return key, values
+
+
+def grid_of(job: Job, grid_options: Sequence[str]) -> dict[str, list[Any]]:
+    """The sweep section's grid, with --grid options added (or replacing a key)."""
+    grid: dict[str, list[Any]] = dict(job.sweep.grid) if job.sweep else {}
+    for text in grid_options:
+        key, values = parse_grid_option(text)
+        grid[key] = values
+    if not grid:
+        raise ConfigError("sweep: no grid; add a `sweep: grid:` section to the job or pass --grid KEY=V1,V2,...")
+    for key, values in grid.items():
+        if not values:
+            raise ConfigError(f"sweep.grid.{key}: empty list of values; give at least one value")
+    return grid
+
+
+def expand_grid(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    """Every combination, the last key varying fastest: {a: [1, 2], b: [x]} -> [{a: 1, b: x}, {a: 2, b: x}]."""
+    keys = list(grid)
+    return [dict(zip(keys, combo)) for combo in itertools.product(*(grid[k] for k in keys))]
+
+
+def point_label(point: dict[str, Any]) -> str:
+    return " ".join(f"{k}={json.dumps(v)}" for k, v in point.items())
+
+
+def resolve_points(job: Job, points: list[dict[str, Any]]) -> tuple[list[tuple[dict[str, Any], Job, Job, dict[str, Any]]],
+                                                                  list[dict[str, Any]]]:
+    """(feasible: [(point, job, resolved, plan)], skipped: [{point, reason}])."""
+    base = {k: v for k, v in job_to_dict(job).items() if k != "sweep"}
+    feasible, skipped = [], []
+    for point in points:
+        overrides = [f"{k}={json.dumps(v)}" for k, v in point.items()]
+        try:
+            point_job = job_from_dict(base, overrides, origin=job.name)
+            resolved, plan = stages.resolve(point_job)
+        except ConfigError as exc:  # PlanError is a ConfigError: the planner's reason
+            skipped.append({"point": point, "reason": str(exc)})
+            continue
+        feasible.append((point, point_job, resolved, plan))
+    return feasible, skipped
+
+
+def _check_one_array(feasible: list[tuple[dict[str, Any], Job, Job, dict[str, Any]]], root: Path, array: str) -> None:
+    """One array runs one script: every point must render to the same text (same nodes, GPUs, sbatch options,
+    placement); the task-specific part is read from tasks/<id>/job.resolved.yaml at run time."""
+    first = stages.render_script(feasible[0][2], root, array=array)
+    for point, _, resolved, _ in feasible[1:]:
+        if stages.render_script(resolved, root, array=array) != first:
+            raise ConfigError(f"sweep.grid: point {point_label(point)} needs another sbatch script than "
+                              f"{point_label(feasible[0][0])} (nodes, GPUs, sbatch options or rank placement "
+                              "differ), and one job array runs one script; sweep those keys in separate submissions")
+
+
+def submit_sweep(job: Job, grid_options: Sequence[str] = (), *, max_parallel: Optional[int] = None,
+                 dry_run: bool = False, commands: Optional[SlurmCommands] = None) -> tuple[Submission, dict[str, Any]]:
+    """Expand, resolve every point, write the task run dirs and submit one array. Returns (submission, sweep.json)."""
+    kind, note = choose_executor(job, commands.env if commands else None)
+    if kind == "local":
+        check_local(job)
+    grid = grid_of(job, grid_options)
+    feasible, skipped = resolve_points(job, expand_grid(grid))
+    if not feasible:
+        raise ConfigError([f"sweep: no feasible point in the grid ({len(skipped)} tried); fix the grid or the job:"]
+                          + [f"  {point_label(s['point'])}: {s['reason']}" for s in skipped])
+    parallel = max_parallel or (job.sweep.max_parallel if job.sweep else 4)
+    array = f"0-{len(feasible) - 1}%{min(parallel, len(feasible))}"
+    root = create_run_dir(job.runs_dir, job.name)
+    if kind == "slurm":
+        try:
+            _check_one_array(feasible, root, array)
+        except ConfigError:
+            shutil.rmtree(root, ignore_errors=True)
+            raise
+    tasks: list[TaskSpec] = []
+    for task_id, (point, point_job, resolved, plan) in enumerate(feasible):
+        task_dir = root / TASKS_DIR / str(task_id)
+        task_dir.mkdir(parents=True)
+        init_run_dir(task_dir)
+        write_job_files(task_dir, point_job, resolved, plan)
+        tasks.append((task_id, task_dir, resolved))
+    write_job_files(root, job, feasible[0][2], feasible[0][3])
+    sweep = {"name": job.name, "grid": grid, "max_parallel": parallel, "array": array, "executor": kind,
+             "job_id": None, "tasks": [{"task_id": i, "point": p, "run_dir": f"{TASKS_DIR}/{i}"}
+                                       for i, (p, _, _, _) in enumerate(feasible)],
+             "skipped": skipped}
+    write_json(root / SWEEP_FILE, sweep)
+    submission = launch(root, feasible[0][2], kind, note, tasks, array=array, max_parallel=parallel,
+                        dry_run=dry_run, commands=commands)
+    sweep["job_id"] = submission.job_id
+    write_json(root / SWEEP_FILE, sweep)
+    return submission, sweep
