@@ -1,0 +1,249 @@
+"""Read what a run left behind (ARCHITECTURE.md section 2) into one object the rules share.
+
+Nothing here writes to the run directory, and every file is optional: a run that is still
+pending, crashed before its first step or was written by an older version still loads. Reading
+never imports torch.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import re
+import statistics
+import time
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import yaml
+
+LOG_NAME = re.compile(r"^rank-(\d+)\.attempt-(\d+)\.log$")
+# What the run dir calls a still-running job (events) and what Slurm / the local executor call it.
+ACTIVE_SCHEDULER_STATES = frozenset({"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "SUSPENDED"})
+SchedulerQuery = Callable[[str], list[Any]]  # job id -> launch.parsers.JobRecord list
+
+
+@dataclass(frozen=True)
+class LogFile:
+    rank: int
+    attempt: int
+    path: Path
+
+
+@dataclass
+class RunData:
+    """One run directory, parsed. `now` is when it was read (for "no progress for N minutes")."""
+
+    path: Path
+    job_data: Optional[dict[str, Any]] = None  # job.resolved.yaml, else job.yaml
+    submitted_data: Optional[dict[str, Any]] = None  # job.yaml as submitted
+    plan: Optional[dict[str, Any]] = None  # plan.json
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+    ranks: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)  # `event` normalised, `t` epoch seconds
+    logs: list[LogFile] = field(default_factory=list)
+    scheduler: dict[str, Any] = field(default_factory=dict)  # state, exit_codes, reason, restarts
+    metrics_mtime: Optional[float] = None
+    now: float = field(default_factory=time.time)
+
+    @cached_property
+    def job(self) -> Any:
+        """The validated resolved job, or None when it is missing or no longer validates."""
+        if not self.job_data:
+            return None
+        from hpctrain.config import job_from_dict
+        from hpctrain.errors import ConfigError
+
+        try:
+            return job_from_dict(self.job_data, origin=str(self.path / "job.resolved.yaml"))
+        except ConfigError:
+            return None
+
+    @property
+    def layout(self) -> dict[str, Any]:
+        """tp, pp, dp, micro_batch, schedule, virtual_stages, ac, zero of the run (resolved values)."""
+        data = self.job_data or {}
+        par, train = data.get("parallel") or {}, data.get("train") or {}
+        return {"tp": par.get("tp"), "pp": par.get("pp"), "dp": par.get("dp"),
+                "micro_batch": train.get("micro_batch"), "schedule": par.get("schedule"),
+                "virtual_stages": par.get("virtual_stages"), "ac": train.get("activation_checkpointing"),
+                "zero": par.get("zero"), "offload_optimizer": par.get("offload_optimizer", False)}
+
+    @property
+    def ended(self) -> bool:
+        """The run is over (finished, failed, cancelled), as far as events and the scheduler say."""
+        state = self.scheduler.get("state")
+        if state:
+            return state not in ACTIVE_SCHEDULER_STATES
+        last = self.last_lifecycle_event()
+        return last is not None and last["event"] in ("finished", "failed", "cancelled")
+
+    def last_lifecycle_event(self) -> Optional[dict[str, Any]]:
+        """The newest started / finished / failed / cancelled / requeued event (the launcher's
+        `ended` event counts as the outcome its state names)."""
+        kinds = ("started", "finished", "failed", "cancelled", "requeued")
+        chosen = [lifecycle(e) for e in self.events if lifecycle(e)["event"] in kinds]
+        return chosen[-1] if chosen else None
+
+    def events_named(self, *names: str) -> list[dict[str, Any]]:
+        """Events with one of these names (`ended` counts under the outcome its state names)."""
+        return [e for e in map(lifecycle, self.events) if e["event"] in names]
+
+    def steady_metrics(self) -> list[dict[str, Any]]:
+        """Metrics lines without each attempt's first (warm-up) line, when there are others."""
+        out, seen = [], set()
+        for record in self.metrics:
+            attempt = record.get("attempt", 0)
+            if attempt not in seen:
+                seen.add(attempt)
+                continue
+            out.append(record)
+        return out or list(self.metrics)
+
+    def median_metric(self, key: str) -> Optional[float]:
+        values = [float(r[key]) for r in self.steady_metrics() if isinstance(r.get(key), (int, float))]
+        return statistics.median(values) if values else None
+
+    def attempts(self) -> list[int]:
+        """Attempts seen in logs, metrics and events (0 for a run that never restarted)."""
+        seen = {log.attempt for log in self.logs} | {int(r.get("attempt") or 0) for r in self.metrics}
+        seen |= {int(e["attempt"]) for e in self.events if isinstance(e.get("attempt"), int)}
+        return sorted(seen) or [0]
+
+    def logs_of_last_attempt(self) -> list[LogFile]:
+        if not self.logs:
+            return []
+        last = max(log.attempt for log in self.logs)
+        return [log for log in self.logs if log.attempt == last]
+
+
+def lifecycle(event: dict[str, Any]) -> dict[str, Any]:
+    """`ended` (state COMPLETED / FAILED / CANCELLED / TIMEOUT ...) as finished / failed / cancelled."""
+    if event["event"] != "ended":
+        return event
+    state = str(event.get("state") or "").upper()
+    name = {"COMPLETED": "finished", "CANCELLED": "cancelled"}.get(state, "failed")
+    return {**event, "event": name}
+
+
+def event_time_s(value: Any) -> Optional[float]:
+    """Epoch seconds from the launcher's float or the runtime's ISO-8601 string."""
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            stamp = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+        if stamp.tzinfo is None:
+            stamp = stamp.replace(tzinfo=datetime.timezone.utc)
+        return stamp.timestamp()
+    return None
+
+
+def normalize_event(record: dict[str, Any]) -> dict[str, Any]:
+    """`checkpoint saved` / `checkpoint-saved` -> `checkpoint_saved`; adds `t` (epoch seconds)."""
+    name = re.sub(r"[\s\-]+", "_", str(record.get("event", "")).strip().lower())
+    return {**record, "event": name, "t": event_time_s(record.get("time"))}
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    out = []
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a torn last line of a running job
+        if isinstance(record, dict):
+            out.append(record)
+    return out
+
+
+def _read_yaml(path: Path) -> Optional[dict[str, Any]]:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _list_logs(run_dir: Path) -> list[LogFile]:
+    logs_dir = run_dir / "logs"
+    if not logs_dir.is_dir():
+        return []
+    found = [LogFile(int(m.group(1)), int(m.group(2)), p) for p in logs_dir.iterdir() if (m := LOG_NAME.match(p.name))]
+    return sorted(found, key=lambda log: (log.attempt, log.rank))
+
+
+def _read_ranks(run_dir: Path) -> list[dict[str, Any]]:
+    folder = run_dir / "ranks"
+    if not folder.is_dir():
+        return []
+    out = [data for p in folder.glob("rank-*.json") if isinstance(data := _read_json(p), dict) and "rank" in data]
+    return sorted(out, key=lambda r: int(r["rank"]))
+
+
+def _scheduler_view(run_dir: Path, events: list[dict[str, Any]], query: Optional[SchedulerQuery]) -> dict[str, Any]:
+    """The local executor's state file, else Slurm's record of the job (when a query is given)."""
+    local = _read_json(run_dir / "submit" / "local.json")
+    if isinstance(local, dict) and local.get("state"):
+        return {"state": str(local["state"]).upper(), "exit_codes": local.get("exit_codes") or [],
+                "reason": local.get("reason"), "source": "local executor"}
+    submitted = [e for e in events if e["event"] == "submitted" and e.get("job_id")]
+    if not submitted or query is None:
+        return {}
+    job_id = str(submitted[-1]["job_id"])
+    try:
+        records = query(job_id)
+    except Exception:  # noqa: BLE001 - the scheduler is a hint; the run dir alone must still diagnose
+        return {}
+    mine = [r for r in records if r.job_id == job_id] or records[:1]
+    if not mine:
+        return {}
+    record = mine[0]
+    return {"state": record.state, "exit_codes": [record.exit_code] if record.exit_code else [],
+            "reason": record.reason, "restarts": record.restarts, "nodes": record.nodes, "source": "slurm"}
+
+
+def default_scheduler_query() -> Optional[SchedulerQuery]:
+    """Slurm's view through the launch stage's wrapper, when sbatch is on PATH; else None."""
+    from hpctrain.launch.slurm_commands import RetryPolicy, SlurmCommands, sbatch_available
+
+    if sbatch_available() is None:
+        return None
+    return SlurmCommands(RetryPolicy(attempts=2, timeout_s=10.0)).jobs
+
+
+def load_run(path: str | Path, *, scheduler_query: Optional[SchedulerQuery] = None,
+             now: Optional[float] = None) -> RunData:
+    """Parse a run directory. `scheduler_query` (job id -> records) adds Slurm's state of the job."""
+    run_dir = Path(path)
+    events = [normalize_event(e) for e in _read_jsonl(run_dir / "events.jsonl")]
+    metrics_path = run_dir / "metrics.jsonl"
+    metrics = [m for m in _read_jsonl(metrics_path) if isinstance(m.get("step"), int)]
+    return RunData(
+        path=run_dir,
+        job_data=_read_yaml(run_dir / "job.resolved.yaml") or _read_yaml(run_dir / "job.yaml"),
+        submitted_data=_read_yaml(run_dir / "job.yaml"),
+        plan=_read_json(run_dir / "plan.json") if (run_dir / "plan.json").is_file() else None,
+        metrics=metrics,
+        ranks=_read_ranks(run_dir),
+        events=events,
+        logs=_list_logs(run_dir),
+        scheduler=_scheduler_view(run_dir, events, scheduler_query),
+        metrics_mtime=metrics_path.stat().st_mtime if metrics_path.is_file() else None,
+        now=time.time() if now is None else now,
+    )

@@ -1,0 +1,67 @@
+"""`hpctrain report`: tables and PNGs of a run (restarts marked) and of a sweep; the PNGs are opened."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hpctrain.diagnose.report import memory_table, summarize, write_report
+
+from ._runs import GIB, gpu_job, make_run, metrics_lines, rank_summary
+
+matplotlib = pytest.importorskip("matplotlib")
+
+
+def _open_png(path):
+    import matplotlib.image as mpimg
+
+    pixels = mpimg.imread(path)
+    height, width = pixels.shape[:2]
+    assert path.stat().st_size > 5000
+    assert width >= 600 and height >= 300
+    assert float(pixels.std()) > 0.05  # not a blank canvas
+    return width, height
+
+
+def _restarted_run(tmp_path):
+    metrics = metrics_lines(20, 2.2, mfu=0.42, tflops=135.0) + metrics_lines(40, 2.3, mfu=0.40, tflops=130.0,
+                                                                               attempt=1, first_step=21)
+    ranks = [rank_summary(r, step_time_s=2.3, comm_s=0.1, peak_bytes=(18 + r % 2) * GIB, attempt=1) for r in range(8)]
+    return make_run(tmp_path, gpu_job(), metrics=metrics, ranks=ranks)
+
+
+def test_run_report_tables_and_pngs(tmp_path):
+    run = _restarted_run(tmp_path)
+    summary = summarize(run)
+    assert summary.restarts == [(21, 1)]
+    rows = {name: (planned, measured) for name, planned, measured in memory_table(summary)}
+    assert rows["weights"][1] == pytest.approx(2.0) and rows["optimizer"][1] == pytest.approx(2.0)
+    assert rows["total"][1] == pytest.approx(19.0)
+    assert rows["activations + other"][1] == pytest.approx(19.0 - 5.0)
+    assert rows["total"][0] > 0
+    text, files = write_report(run, tmp_path / "out")
+    assert "tokens/s" in text and "memory per GPU" in text and "pp/dp/tp" in text
+    assert [f.name for f in files] == ["report.txt", "training.png", "memory.png"]
+    for png in files[1:]:
+        _open_png(png)
+
+
+def test_sweep_report_ranks_configurations_beside_the_plan(tmp_path):
+    sweep = tmp_path / "sweep"
+    points = [{"parallel.tp": tp, "train.micro_batch": mb} for tp in (1, 2) for mb in (1, 2)]
+    tasks = []
+    for i, point in enumerate(points):
+        job = gpu_job(parallel={"tp": point["parallel.tp"], "dp": 8 // point["parallel.tp"]},
+                      train={"micro_batch": point["train.micro_batch"]})
+        tokens_s = 1000.0 * (i + 1)
+        make_run(sweep / "tasks", job, name=str(i),
+                 metrics=metrics_lines(10, 64 * 4096 / tokens_s, mfu=0.1 * (i + 1), tflops=30.0 * (i + 1)))
+        tasks.append({"task_id": i, "point": point, "run_dir": f"tasks/{i}"})
+    (sweep / "sweep.json").write_text(json.dumps({"name": "s", "grid": {}, "tasks": tasks, "skipped": []}))
+    text, files = write_report(sweep)
+    lines = text.splitlines()
+    ranked = [line for line in lines if line.strip()[:1].isdigit()]
+    assert [line.split()[1] for line in ranked] == ["3", "2", "1", "0"]  # task ids, fastest first
+    assert files[-1].name == "sweep.png" and files[-1].parent == sweep / "report"
+    _open_png(files[-1])
