@@ -118,7 +118,8 @@ def interleave(layout: dict[str, Any], layers: int) -> list[Candidate]:
     for more in (2 * v, v + 1):
         if more > v and pp * more <= layers:
             out.append(Candidate(f"interleaved 1F1B with {more} virtual stages per rank: the bubble shrinks "
-                                 f"by 1/{more}", ("parallel.schedule=interleaved-1f1b", f"parallel.virtual_stages={more}")))
+                                 f"by 1/{more}",
+                                 ("parallel.schedule=interleaved-1f1b", f"parallel.virtual_stages={more}")))
     return out
 
 

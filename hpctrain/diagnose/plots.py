@@ -112,7 +112,8 @@ def plot_memory(rows: list[tuple[str, Optional[float], Optional[float]]], summar
     bars_m = ax.bar([i + width / 2 for i in x], measured, width, label="measured", color=MEASURED)
     for bars, values in ((bars_p, [p for _, p, _ in rows]), (bars_m, [m for _, _, m in rows])):
         for bar, value in zip(bars, values):
-            ax.annotate("n/a" if value is None else f"{value:.2f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+            ax.annotate("n/a" if value is None else f"{value:.3g}",
+                        (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                         ha="center", va="bottom", fontsize=7)
     pred = summary.prediction
     if pred is not None and pred.budget_bytes:
@@ -160,7 +161,8 @@ def plot_sweep(rows: list["SweepRow"], path: Path) -> Path:
         ax.invert_yaxis()  # best first, at the top
         ax.set_title(title)
         ax.grid(axis="x", alpha=0.3)
-    axes[0].legend(fontsize=8, loc="lower right")
+    handles, names = axes[0].get_legend_handles_labels()
+    fig.legend(handles, names, fontsize=8, loc="upper right", ncol=2, frameon=False)
     axes[1].set_yticklabels([])
     fig.suptitle(f"sweep: {len(rows)} configuration(s), ranked by measured tokens/s", fontsize=10)
     return _save(fig, path)

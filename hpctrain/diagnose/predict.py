@@ -102,7 +102,8 @@ def from_plan_json(data: dict[str, Any]) -> Optional[Prediction]:
     cluster: dict[str, Any] = data["cluster"] if isinstance(data.get("cluster"), dict) else {}
     budget_gib = _number(cluster, "memory_budget_gib") or _number(layout, "memory_budget_gib")
     stage_layers = layout.get("stage_layers") or (data.get("placement") or {}).get("stage_layers") or ()
-    label = layout.get("label") or " ".join(f"{k}={layout[k]}" for k in ("tp", "pp", "dp", "micro_batch") if k in layout)
+    label = layout.get("label") or " ".join(f"{k}={layout[k]}" for k in ("tp", "pp", "dp", "micro_batch")
+                                            if k in layout)
     return Prediction(
         label=str(label), memory_bytes=memory, budget_bytes=budget_gib * GIB if budget_gib else None,
         step_time_s=_number(layout, "step_time_s"), compute_s=_number(times, "compute_s", "compute"),
@@ -139,7 +140,8 @@ def predict_job(job: Any) -> Prediction:
     return from_layout(result.best, float(result.budget_bytes))
 
 
-def predict_run(job_data: Optional[dict[str, Any]], plan_json: Optional[dict[str, Any]]) -> tuple[Optional[Prediction], str]:
+def predict_run(job_data: Optional[dict[str, Any]],
+                plan_json: Optional[dict[str, Any]]) -> tuple[Optional[Prediction], str]:
     """(prediction for the layout that ran, '' or why there is none). Re-plans the pinned resolved
     job first (full detail), falls back to plan.json."""
     problem = "no job.resolved.yaml in the run directory"

@@ -62,10 +62,12 @@ def summary_rows(s: RunSummary) -> list[list[str]]:
         ["steps logged", f"{len(run.metrics)} (last {run.metrics[-1]['step']})" if run.metrics else "0", ""],
         ["restarts", str(len(s.restarts)), ""],
         ["final loss", _fmt(losses[-1] if losses else None, ".4f"), ""],
-        ["step time (s)", _fmt(run.median_metric("step_time_s"), ".4f"), _fmt(pred.step_time_s if pred else None, ".4f")],
-        ["tokens/s", _fmt(run.median_metric("tokens_per_s"), ",.0f"), _fmt(pred.tokens_per_s if pred else None, ",.0f")],
-        ["TFLOP/s per GPU", _fmt(run.median_metric("tflops_per_gpu"), ".2f"),
-         _fmt(pred.tflops_per_gpu if pred else None, ".2f")],
+        ["step time (s)", _fmt(run.median_metric("step_time_s"), ".4f"),
+         _fmt(pred.step_time_s if pred else None, ".4f")],
+        ["tokens/s", _fmt(run.median_metric("tokens_per_s"), ",.0f"),
+         _fmt(pred.tokens_per_s if pred else None, ",.0f")],
+        ["TFLOP/s per GPU", _fmt(run.median_metric("tflops_per_gpu"), ".3g"),
+         _fmt(pred.tflops_per_gpu if pred else None, ".3g")],
         ["MFU", _fmt(run.median_metric("mfu"), ".1f", 100, " %"), _fmt(pred.mfu if pred else None, ".1f", 100, " %")],
         ["exposed comm share", _fmt(comm[0] if comm else None, ".1f", 100, " %"),
          _fmt(pred.comm_share if pred else None, ".1f", 100, " %")],
@@ -172,13 +174,14 @@ def sweep_rows(sweep_dir: Path) -> list[SweepRow]:
 
 def sweep_table(rows: list[SweepRow]) -> str:
     table = [[i + 1, r.task_id, r.point, r.state, _fmt(r.tokens_per_s, ",.0f"), _fmt(r.planned_tokens_per_s, ",.0f"),
-              _fmt(r.mfu, ".1f", 100, " %"), _fmt(r.planned_mfu, ".1f", 100, " %"), _fmt(r.tflops_per_gpu, ".2f"),
-              _fmt(r.planned_tflops_per_gpu, ".2f")] for i, r in enumerate(rows)]
+              _fmt(r.mfu, ".1f", 100, " %"), _fmt(r.planned_mfu, ".1f", 100, " %"), _fmt(r.tflops_per_gpu, ".3g"),
+              _fmt(r.planned_tflops_per_gpu, ".3g")] for i, r in enumerate(rows)]
     return tabulate(table, headers=["#", "task", "configuration", "state", "tokens/s", "planned", "MFU", "planned",
                                     "TFLOP/s/GPU", "planned"], tablefmt="simple", disable_numparse=True)
 
 
-def write_report(target: str | Path, out_dir: Optional[str | Path] = None, plots: bool = True) -> tuple[str, list[Path]]:
+def write_report(target: str | Path, out_dir: Optional[str | Path] = None,
+                 plots: bool = True) -> tuple[str, list[Path]]:
     """Tables (also written to report.txt) and PNGs of a run or a sweep. Returns (text, files)."""
     from hpctrain.launch.rundir import is_sweep
 

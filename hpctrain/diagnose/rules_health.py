@@ -30,7 +30,8 @@ def _flight_recorder(ctx: Context) -> tuple[list[str], list[Fix]]:
         return [f"flight-recorder dumps: {shown} (read them with `python -m torch.distributed.flight_recorder.fr_trace "
                 "<folder>`)"], []
     fix = validated("record the last collectives of every rank on the next timeout (flight recorder)",
-                    list(FR_ENV) + [f"nccl.env.TORCH_NCCL_DEBUG_INFO_TEMP_FILE={ctx.run.path}/flight_recorder/nccl_trace_rank_"],
+                    [*FR_ENV, f"nccl.env.TORCH_NCCL_DEBUG_INFO_TEMP_FILE={ctx.run.path}/flight_recorder/"
+                                          "nccl_trace_rank_"],
                     ctx.run.job_data)
     return ["no flight-recorder dumps in the run directory"], [fix] if fix else []
 
@@ -65,7 +66,8 @@ def hang_rule(ctx: Context) -> list[Finding]:
         evidence.append(f"desync report: {desync[0].where()}: {desync[0].text[:200]}")
     fr_lines, fixes = _flight_recorder(ctx)
     evidence += fr_lines
-    title = "collective timeout (hang)" + (" with a desync between ranks" if desync or "desync" in " ".join(evidence) else "")
+    desynced = desync or "desync" in " ".join(evidence)
+    title = "collective timeout (hang)" + (" with a desync between ranks" if desynced else "")
     return [Finding("hang", ERROR, title, tuple(evidence), tuple(fixes))]
 
 

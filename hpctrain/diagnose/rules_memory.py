@@ -32,7 +32,8 @@ def measured_peak(run: RunData) -> Optional[tuple[float, str]]:
         if isinstance(value, (int, float)) and (best is None or value > best[0]):
             best = (float(value), f"rank {rank['rank']} on {rank_host(rank)}")
     if best is None:
-        values = [float(m["peak_memory_bytes"]) for m in run.metrics if isinstance(m.get("peak_memory_bytes"), (int, float))]
+        values = [float(m["peak_memory_bytes"]) for m in run.metrics
+                  if isinstance(m.get("peak_memory_bytes"), (int, float))]
         if values:
             best = (max(values), "rank 0 (metrics)")
     return best
@@ -46,7 +47,8 @@ def _killed_reasons(ctx: Context) -> list[str]:
         out.append(f"Slurm state OUT_OF_MEMORY ({sched.get('source', 'scheduler')})")
     for event in ctx.run.events_named("failed"):
         reason = str(event.get("reason") or "")
-        if re.search(r"out.of.memory|\boom", reason, re.IGNORECASE) and not re.search(r"CUDA|cuBLAS", reason, re.IGNORECASE):
+        if re.search(r"out.of.memory|\boom", reason, re.IGNORECASE) and not re.search(r"CUDA|cuBLAS", reason,
+                                                                                        re.IGNORECASE):
             out.append(f"failed event (attempt {event.get('attempt', '?')}): {reason[:200]}")
     return out
 
@@ -59,7 +61,8 @@ def _sigkilled(ctx: Context) -> list[str]:
     out = []
     codes = [str(c) for c in sched.get("exit_codes") or []]
     if any(c in KILLED_CODES for c in codes):
-        out.append(f"exit codes {', '.join(codes)} ({sched.get('source', 'scheduler')}): a rank was killed with SIGKILL")
+        out.append(f"exit codes {', '.join(codes)} ({sched.get('source', 'scheduler')}): "
+                   "a rank was killed with SIGKILL")
     for event in ctx.run.events_named("failed"):
         reason = str(event.get("reason") or "")
         if re.search(r"(exit(ed)? with )?code (137|-9)\b|signal 9|SIGKILL", reason):
@@ -126,7 +129,8 @@ def _fixes(ctx: Context, host: bool, calibration: float) -> list[Fix]:
     if host and mem not in (None, 0, "0"):
         from hpctrain.diagnose.fixes import validated
 
-        fix = validated(f"ask Slurm for all of the node's memory (slurm.mem is {mem})", ["slurm.mem=0"], ctx.run.job_data)
+        fix = validated(f"ask Slurm for all of the node's memory (slurm.mem is {mem})", ["slurm.mem=0"],
+                        ctx.run.job_data)
         if fix:
             fixes.append(fix)
     return fixes

@@ -52,7 +52,8 @@ def comm_rule(ctx: Context) -> list[Finding]:
     dimension, lines = _comm_dimension(ctx)
     evidence = [f"exposed communication is {pct(share[0])} of the step time ({share[1]}); "
                 f"threshold {pct(ctx.thresholds.comm_share)}", *lines]
-    worst = max(timed_ranks(ctx.run), key=lambda r: (r.get("time_comm_exposed_s") or 0) / r["step_time_s"], default=None)
+    worst = max(timed_ranks(ctx.run), key=lambda r: (r.get("time_comm_exposed_s") or 0) / r["step_time_s"],
+                default=None)
     if worst is not None:
         evidence.append(f"highest on rank {worst['rank']} ({rank_host(worst)}): "
                         f"{worst['time_comm_exposed_s']:.4f} s of {worst['step_time_s']:.4f} s per step")
@@ -132,7 +133,8 @@ def _stage_finding(ctx: Context, stage_mean: dict[int, float], spread: float, ev
     for stage, seconds in sorted(stage_mean.items()):
         layers = [f"[{a}, {b})" for i, (a, b) in enumerate(split) if i % pp == stage] if split else []
         extra = " + embedding" if stage == 0 else (" + head and loss" if stage == pp - 1 else "")
-        evidence.append(f"pipeline stage {stage}: layers {' '.join(layers) or '?'}{extra}: {seconds:.4f} s compute/step")
+        evidence.append(f"pipeline stage {stage}: layers {' '.join(layers) or '?'}{extra}: "
+                        f"{seconds:.4f} s compute/step")
     slowest = max(stage_mean, key=lambda s: stage_mean[s])
     pred = ctx.prediction
     measured = pct(_spread(list(stage_mean.values())))
@@ -181,7 +183,8 @@ def bubble_rule(ctx: Context) -> list[Finding]:
     micro_batches = _micro_batches(ctx)
     evidence = [f"pipeline wait is {pct(share[0])} of the step ({share[1]}); the planner predicted "
                 f"{pct(predicted_share)} (bubble + p2p) for {pred.label}",
-                f"pp={layout.get('pp')}, schedule {layout.get('schedule')}, virtual stages {layout.get('virtual_stages')}"
+                f"pp={layout.get('pp')}, schedule {layout.get('schedule')}, "
+                f"virtual stages {layout.get('virtual_stages')}"
                 + (f", {micro_batches} micro-batches per step" if micro_batches else "")]
     ranks = timed_ranks(ctx.run)
     stage_compute: dict[int, list[float]] = {}
@@ -212,7 +215,8 @@ def mfu_rule(ctx: Context) -> list[Finding]:
     pred = ctx.prediction
     if measured is None or pred is None or not pred.mfu or measured >= ctx.thresholds.mfu_ratio * pred.mfu:
         return []
-    evidence = [f"measured MFU {pct(measured)} (median of logged steps) vs the planner's {pct(pred.mfu)} for {pred.label}"]
+    evidence = [f"measured MFU {pct(measured)} (median of logged steps) vs the planner's {pct(pred.mfu)} "
+                f"for {pred.label}"]
     tflops, tokens = ctx.run.median_metric("tflops_per_gpu"), ctx.run.median_metric("tokens_per_s")
     if tflops is not None and pred.tflops_per_gpu:
         evidence.append(f"{tflops:.1f} TFLOP/s per GPU vs {pred.tflops_per_gpu:.1f} predicted")

@@ -11,7 +11,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from hpctrain.config import dump_job, job_from_dict
 from hpctrain.plan.planner import resolve_job
@@ -69,8 +69,8 @@ def event(name: str, dt_s: float, **fields: Any) -> dict[str, Any]:
     return {"time": T0 + dt_s, "event": name, **fields}
 
 
-def make_run(root: Path, job: dict[str, Any], *, metrics: list[dict[str, Any]] = (),  # type: ignore[assignment]
-             ranks: list[dict[str, Any]] = (), events: Optional[list[dict[str, Any]]] = None,  # type: ignore[assignment]
+def make_run(root: Path, job: dict[str, Any], *, metrics: Sequence[dict[str, Any]] = (),
+             ranks: Sequence[dict[str, Any]] = (), events: Optional[list[dict[str, Any]]] = None,
              logs: Optional[dict[tuple[int, int], str]] = None, local_state: Optional[dict[str, Any]] = None,
              metrics_age_s: Optional[float] = None, name: str = "run") -> Path:
     """A run directory under root; `logs` maps (rank, attempt) to text or to a fixtures/logs file name."""
@@ -102,7 +102,7 @@ def make_run(root: Path, job: dict[str, Any], *, metrics: list[dict[str, Any]] =
     return run_dir
 
 
-def _jsonl(path: Path, records: list[dict[str, Any]]) -> None:
+def _jsonl(path: Path, records: Sequence[dict[str, Any]]) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
 
 

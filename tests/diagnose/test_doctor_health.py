@@ -73,7 +73,8 @@ def test_requeue_budget_exhausted(tmp_path):
     for attempt in range(1, 4):
         events += [event("requeued", attempt * 1000.0 - 10, attempt=attempt - 1, reason="preempted"),
                    event("started", attempt * 1000.0, attempt=attempt)]
-    events.append(event("failed", 3900.0, attempt=3, reason="preempted; not requeued: budget slurm.max_requeues=3 used"))
+    events.append(event("failed", 3900.0, attempt=3,
+                        reason="preempted; not requeued: budget slurm.max_requeues=3 used"))
     metrics = metrics_lines(20, 2.2, mfu=0.42, tflops=135.0, attempt=3)
     run = make_run(tmp_path, gpu_job(checkpoint={"every_steps": 10}), metrics=metrics, events=events)
     findings = diagnose_run(run).findings

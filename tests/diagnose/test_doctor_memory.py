@@ -15,7 +15,8 @@ OOM_JOB = gpu_job(train={"micro_batch": 4, "activation_checkpointing": "none"}, 
 
 def test_healthy_run_has_no_findings(tmp_path):
     metrics, ranks = healthy_telemetry()
-    run = make_run(tmp_path, gpu_job(), metrics=metrics, ranks=ranks, logs={(0, 0): "healthy.log", (1, 0): "healthy.log"},
+    run = make_run(tmp_path, gpu_job(), metrics=metrics, ranks=ranks,
+                   logs={(0, 0): "healthy.log", (1, 0): "healthy.log"},
                    local_state={"state": "COMPLETED", "exit_codes": [0] * 8})
     diagnosis = diagnose_run(run)
     assert diagnosis.findings == [], [f.title for f in diagnosis.findings]

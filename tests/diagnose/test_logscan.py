@@ -11,7 +11,8 @@ CASES = [
     ("cuda_oom", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity"),
     ("cuda_oom", "RuntimeError: CUDA error: out of memory"),
     ("cuda_oom", "RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"),
-    ("cpu_oom", "slurmstepd: error: Detected 1 oom_kill event in StepId=4182.0. Some of the step tasks have been OOM Killed."),
+    ("cpu_oom", "slurmstepd: error: Detected 1 oom_kill event in StepId=4182.0. Some of the step tasks have been "
+                "OOM Killed."),
     ("cpu_oom", "srun: error: node2: task 1: Out Of Memory"),
     ("cpu_oom", "Out of memory: Killed process 1234 (python) total-vm:123kB"),
     ("cpu_oom", "RuntimeError: [enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: "
@@ -21,7 +22,8 @@ CASES = [
                 "NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600021 milliseconds before timing out."),
     ("timeout", "RuntimeError: [../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting "
                 "1800000ms for recv operation to complete"),
-    ("timeout", "torch.distributed.DistStoreError: Timed out after 901 seconds waiting for clients. 1/2 clients joined."),
+    ("timeout", "torch.distributed.DistStoreError: Timed out after 901 seconds waiting for clients. "
+                "1/2 clients joined."),
     ("desync", "RuntimeError: Detected mismatch between collectives on ranks. Rank 1 is running collective: "
                "CollectiveFingerPrint(SequenceNumber=23, OpType=ALLREDUCE)"),
     ("nccl_error", "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system "

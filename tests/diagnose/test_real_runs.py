@@ -67,7 +67,8 @@ def test_real_memory_cap_fails_an_allocation(tmp_path):
     # ~230 M parameters (a 100k vocabulary, untied): the AdamW states of the first step do not fit under the cap.
     job = cpu_job(model={"preset": "tiny", "layers": 2, "hidden": 1024, "heads": 8, "kv_heads": 8, "ffn_hidden": 2048,
                          "vocab": 100000, "seq_len": 32},
-                  parallel={"dp": 1}, train={"global_batch": 1, "micro_batch": 1, "steps": 2}, cluster={"gpus_per_node": 1})
+                  parallel={"dp": 1}, train={"global_batch": 1, "micro_batch": 1, "steps": 2},
+                  cluster={"gpus_per_node": 1})
     run = run_local(tmp_path, job, python=str(wrapper))
     diagnosis = diagnose_run(run)
     assert diagnosis.state == "failed"

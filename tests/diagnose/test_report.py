@@ -65,3 +65,26 @@ def test_sweep_report_ranks_configurations_beside_the_plan(tmp_path):
     assert [line.split()[1] for line in ranked] == ["3", "2", "1", "0"]  # task ids, fastest first
     assert files[-1].name == "sweep.png" and files[-1].parent == sweep / "report"
     _open_png(files[-1])
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+@pytest.mark.timeout(300)
+def test_report_on_a_real_four_point_sweep(tmp_path):
+    """`hpctrain sweep` through the launch stage's local executor (4 one-rank tasks), then the report."""
+    from hpctrain.config import job_from_dict
+    from hpctrain.launch.sweep import submit_sweep
+
+    from ._real import cpu_job
+
+    job = job_from_dict({**cpu_job(parallel={"dp": 1}, cluster={"gpus_per_node": 1}, train={"steps": 5}),
+                         "runs_dir": str(tmp_path / "runs")})
+    submission, sweep = submit_sweep(job, ["train.micro_batch=1,2", "train.activation_checkpointing=none,full"],
+                                     max_parallel=2)
+    assert submission.process is not None and submission.process.wait(timeout=240) == 0
+    text, files = write_report(submission.run_dir)
+    ranked = [line for line in text.splitlines() if line[:1].isdigit()]
+    assert len(ranked) == 4 and all(" finished " in line for line in ranked)
+    measured = [float(line.split("finished")[1].split()[0].replace(",", "")) for line in ranked]
+    assert measured == sorted(measured, reverse=True)
+    _open_png(files[-1])
