@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "hpctrain.render.commands",
     "hpctrain.runtime.data_commands",
     "hpctrain.launch.commands",
+    "hpctrain.diagnose.commands",
 )
 
 
