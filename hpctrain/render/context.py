@@ -80,6 +80,7 @@ def script_context(job: Any, *, run_dir: str, array: Optional[str]) -> dict[str,
         "setup_lines": [ShellByDesign(line) for line in s.setup],
         "nodes": c.nodes,
         "gpus_per_node": c.gpus_per_node,
+        "gpu_per_task": c.gpu != "cpu",  # srun binds one GPU to each rank
         "rank_order": job.placement is not None and job.placement.rank_order is not None,
         "cpus_per_task": s.cpus_per_task or 0,  # 0: share the node's CPUs out at run time
         "requeue": s.requeue,

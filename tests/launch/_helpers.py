@@ -37,15 +37,6 @@ if _dir:
         pass
 '''
 
-# The test cluster's node names (node1, node2) do not resolve on this machine; the rendered script takes
-# the master address from `scontrol show hostnames`. This slurm.setup line (shell by design, run before
-# that) maps each node name to its NodeAddr, which is what a real cluster's DNS does.
-RESOLVE_NODE_NAMES = (
-    'scontrol() { if [ "$1" = show ] && [ "$2" = hostnames ]; then local h; for h in $(command scontrol show '
-    'hostnames "$3"); do command scontrol show node "$h" -o | tr " " "\\n" | sed -n "s/^NodeAddr=//p"; done; '
-    'else command scontrol "$@"; fi; }')
-
-
 def tiny_job(name: str, *, executor: str = "auto", nodes: int = 1, gpus_per_node: int = 1, steps: int = 3,
              gpu: str = "a100-80gb", **sections: Any) -> dict[str, Any]:
     """A job that trains the tiny preset for a few steps on CPU (gloo)."""
@@ -56,7 +47,7 @@ def tiny_job(name: str, *, executor: str = "auto", nodes: int = 1, gpus_per_node
                   "activation_checkpointing": "none", "log_every": 1, "lr_schedule": {"warmup_steps": 0}},
         "parallel": {"tp": 1, "pp": 1},
         "cluster": {"executor": executor, "nodes": nodes, "gpus_per_node": gpus_per_node, "gpu": gpu},
-        "slurm": {"partition": "low", "time": "00:10:00", "exclusive": False, "setup": [RESOLVE_NODE_NAMES]},
+        "slurm": {"partition": "low", "time": "00:10:00", "exclusive": False},
         "checkpoint": {"every_steps": 1000},
     }
     for key, value in sections.items():

@@ -31,8 +31,16 @@ STUBS = {
     "apptainer": 'record "$@"\nwhile [ $# -gt 0 ] && [ "$1" != "--" ]; do shift; done\nshift 2\nexec "$@"\n',
     # nsys profile --opt=... COMMAND...: run COMMAND.
     "nsys": 'record "$@"\nshift\nwhile [ $# -gt 0 ] && [ "${1#-}" != "$1" ]; do shift; done\nexec "$@"\n',
+    # scontrol -o show node NAME: one line, NodeAddr=$STUB_NODE_ADDR (10.0.0.1); an empty one: node not found.
     "scontrol": ('record "$@"\n'
                  'if [ "$1 $2" = "show hostnames" ]; then printf "node1\\nnode2\\n"; exit 0; fi\n'
+                 'if [ "$1 $2 $3" = "-o show node" ]; then\n'
+                 '    addr="${STUB_NODE_ADDR-10.0.0.1}"\n'
+                 '    if [ -z "$addr" ]; then echo "Node $4 not found" >&2; exit 1; fi\n'
+                 '    printf "NodeName=%s Arch=x86_64 CPUTot=4 Gres=gpu:4 NodeAddr=%s NodeHostName=%s Version=22.05.8\\n" \\\n'
+                 '        "$4" "$addr" "$4"\n'
+                 '    exit 0\n'
+                 'fi\n'
                  'if [ "$1" = requeue ]; then exit "${STUB_REQUEUE_RC:-0}"; fi\n'),
     "python3": ('record "$@"\n'
                 # Wait (5 s at most) until the background monitors named in STUB_WAIT_FOR have run, so the

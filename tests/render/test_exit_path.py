@@ -5,7 +5,9 @@ slurm.max_requeues, the exact job or array task; otherwise say why not, in the l
 from __future__ import annotations
 
 import copy
+import datetime
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +49,7 @@ def _events(task_dir: Path) -> list[dict[str, Any]]:
 def test_finished_run_exits_0_without_requeue(tmp_path: Path, bin_dir: Path) -> None:
     run, task_dir = _run(tmp_path, bin_dir)
     assert run.returncode == 0
-    assert run.argv_of("scontrol") == [["show", "hostnames", "node[1-2]"]]
+    assert run.argv_of("scontrol") == [["show", "hostnames", "node[1-2]"], ["-o", "show", "node", "node1"]]
     assert b"hpctrain: training finished (attempt 0)" in run.stdout
     assert _events(task_dir) == []
 
@@ -62,6 +64,9 @@ def test_runtime_request_requeues_the_job(tmp_path: Path, bin_dir: Path) -> None
     assert event["event"] == "requeued" and event["reason"] == "runtime-requested"
     assert event["attempt"] == 1 and event["job_id"] == "4242" and event["exit_code"] == 0
     assert event["source"] == "batch-script" and event["time"].endswith("+00:00")
+    # ISO 8601 in UTC with milliseconds, as the runtime writes its own events (telemetry._now)
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}\+00:00", event["time"]), event["time"]
+    assert datetime.datetime.fromisoformat(event["time"]).utcoffset() == datetime.timedelta(0)
 
 
 def test_crashed_rank_requeues_the_job(tmp_path: Path, bin_dir: Path) -> None:
@@ -131,11 +136,43 @@ def test_ranks_get_the_signal_and_the_protocol_variables(tmp_path: Path, bin_dir
     run, _ = _run(tmp_path, bin_dir)
     env = run.runtime_env
     assert env["HPCTRAIN_REQUEUE_BY"] == "batch-script" and env["HPCTRAIN_ATTEMPT"] == "0"
-    assert env["MASTER_ADDR"] == "node1" and 20000 <= int(env["MASTER_PORT"]) < 32000
+    assert env["MASTER_ADDR"] == "10.0.0.1" and 20000 <= int(env["MASTER_PORT"]) < 32000  # node1's NodeAddr
     srun = run.argv_of("srun")[0]
     assert srun[:5] == ["--kill-on-bad-exit=1", "--nodes=2", "--ntasks-per-node=2", "--distribution=block:block",
                         "--cpus-per-task=8"]
-    assert "--cpu-bind=cores" in srun
+    assert "--cpu-bind=cores" in srun and "--gpus-per-task=1" in srun  # one GPU per rank
+
+
+def test_master_addr_falls_back_to_the_node_name(tmp_path: Path, bin_dir: Path) -> None:
+    """No NodeAddr from `scontrol show node` (here: the node is unknown): the host name is the address."""
+    run, _ = _run(tmp_path, bin_dir, STUB_NODE_ADDR="")
+    assert run.returncode == 0 and run.runtime_env["MASTER_ADDR"] == "node1"
+
+
+@pytest.mark.parametrize("array", [None, "0-3%2"])
+def test_each_rank_logs_to_its_own_file_per_attempt(tmp_path: Path, bin_dir: Path, array: str | None) -> None:
+    """srun writes logs/rank-%t.attempt-A.log (stderr too), the names hpctrain.launch.logs reads."""
+    from hpctrain.launch.logs import parse_log_name
+
+    run, task_dir = _run(tmp_path, bin_dir, array=array, SLURM_RESTART_COUNT="2", SLURM_ARRAY_JOB_ID="4240",
+                         SLURM_ARRAY_TASK_ID="2")
+    assert run.returncode == 0 and (task_dir / "logs").is_dir()
+    [srun] = run.argv_of("srun")
+    pattern = f"{task_dir}/logs/rank-%t.attempt-2.log"
+    assert f"--output={pattern}" in srun and f"--error={pattern}" in srun and "--open-mode=append" in srun
+    assert parse_log_name(pattern.rsplit("/", 1)[1].replace("%t", "3")) == (3, 2)
+
+
+def test_cpu_jobs_bind_no_gpu(tmp_path: Path, bin_dir: Path) -> None:
+    data = copy.deepcopy(BASE_JOB)
+    data["monitor"] = {}
+    data["cluster"]["gpu"] = "cpu"
+    data["slurm"]["setup"] = []
+    (tmp_path / "run").mkdir()
+    run = run_script(render_script(job_from_dict(data), run_dir=str(tmp_path / "run")), bin_dir=bin_dir,
+                     work=tmp_path)
+    [srun] = run.argv_of("srun")
+    assert run.returncode == 0 and not [a for a in srun if a.startswith("--gpu")]
 
 
 def test_master_port_depends_on_job_and_attempt(tmp_path: Path, bin_dir: Path) -> None:

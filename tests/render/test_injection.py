@@ -55,17 +55,22 @@ def test_hostile_value_runs_nothing_and_arrives_intact(value: str, tmp_path: Pat
     script, run_dir = _render(value, tmp_path)
     run = run_script(script, bin_dir=bin_dir, work=tmp_path, env={"STUB_WAIT_FOR": "py-spy nvidia-smi"})
     assert run.returncode == 0, run.stderr.decode(errors="replace")[-2000:]
-    # Nothing ran that the user did not write: exactly these programs, once each (srun: 3 steps).
+    # Nothing ran that the user did not write: exactly these programs, once each (srun: 3 steps; scontrol:
+    # the host names, then the first one's NodeAddr).
     assert not (run.log / "PWNED").exists() and "pwned" not in run.programs
-    assert run.programs == sorted(["user-setup", "scontrol", "srun", "srun", "srun", "nvidia-smi", "sleep", "pgrep",
-                                   "py-spy", "singularity", "nsys", "python3"])
+    assert run.programs == sorted(["user-setup", "scontrol", "scontrol", "srun", "srun", "srun", "nvidia-smi",
+                                   "sleep", "pgrep", "py-spy", "singularity", "nsys", "python3"])
     assert run.argv_of("user-setup") == [["arg one"]]
-    assert run.argv_of("scontrol") == [["show", "hostnames", "node[1-2]"]]
+    assert run.argv_of("scontrol") == [["show", "hostnames", "node[1-2]"], ["-o", "show", "node", "node1"]]
     # argv carries every value byte-for-byte.
     assert run.argv_of("singularity") == [_expected_rank_command(value, run_dir, str(tmp_path))]
     assert run.argv_of("python3") == [_expected_rank_command(value, run_dir, str(tmp_path))[-4:]]
     assert run.argv_of("nvidia-smi") == [[f"--query-gpu={NVIDIA_SMI_FIELDS}", "--format=csv", "-l", "5"]]
     assert run.argv_of("py-spy") == [["dump", "--pid", "12345"]]
+    [ranks] = [argv for argv in run.argv_of("srun") if "--kill-on-bad-exit=1" in argv]
+    rank_log = f"{run_dir.replace('%', '%%')}/logs/rank-%t.attempt-0.log"  # srun's pattern keeps a % as %%
+    assert f"--output={rank_log}" in ranks and f"--error={rank_log}" in ranks
+    assert (Path(run_dir) / "logs").is_dir()
     assert run.argv_of("sleep") == [[str(3600 - 60)]]
     assert list(Path(run_dir).glob("nvidia-smi-*.csv")) and list(Path(run_dir).glob("py-spy-*.txt"))
     # The environment the ranks see.
@@ -74,7 +79,7 @@ def test_hostile_value_runs_nothing_and_arrives_intact(value: str, tmp_path: Pat
         assert env[name] == value, name
     assert env["HPCTRAIN_REQUEUE_MARKER"] == f"{run_dir}/requeue-requested"
     assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == f"{run_dir}/nccl-flight-recorder-rank-"
-    assert env["MASTER_ADDR"] == "node1" and env["OMP_NUM_THREADS"] == "8"
+    assert env["MASTER_ADDR"] == "10.0.0.1" and env["OMP_NUM_THREADS"] == "8"
     # The name, printed by the script.
     assert f"hpctrain: job {value}, attempt 0, nodes node[1-2]\n".encode() in run.stdout
     # The #SBATCH lines, read as sbatch reads them.
