@@ -27,6 +27,7 @@ import random
 import re
 import shutil
 import sys
+import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -158,6 +159,8 @@ class _Pending:
     final: str
     body: dict[str, Any]
     future: Any
+    started: float  # time.perf_counter() when the save began
+    blocking_s: float = 0.0  # how long training stood still for it
 
 
 class Checkpointer:
@@ -199,6 +202,7 @@ class Checkpointer:
         if not (force or self.should_save(step)) or step == self.last_saved_step:
             return False
         self.wait()
+        started = time.perf_counter()
         final = os.path.join(self.folder, f"step-{step}")
         if _is_complete(final):  # e.g. the run resumed from this very step
             return False
@@ -218,10 +222,11 @@ class Checkpointer:
         state = self._merge(self._per_part())
         if self.async_mode:
             future = dcp.async_save(state, checkpoint_id=partial, process_group=self._async_group)
-            self.pending = _Pending(step, partial, final, full_body, future)
+            self.pending = _Pending(step, partial, final, full_body, future, started,
+                                    time.perf_counter() - started)
         else:
             dcp.save(state, checkpoint_id=partial)
-            self._finalize(_Pending(step, partial, final, full_body, None))
+            self._finalize(_Pending(step, partial, final, full_body, None, started))
         self.last_saved_step = step
         return True
 
@@ -229,7 +234,9 @@ class Checkpointer:
         """Finish an async save (every rank calls this at the same point)."""
         if self.pending is not None:
             pending, self.pending = self.pending, None
+            waited = time.perf_counter()
             pending.future.result()
+            pending.blocking_s += time.perf_counter() - waited
             self._finalize(pending)
 
     def _finalize(self, pending: _Pending) -> None:
@@ -238,7 +245,11 @@ class Checkpointer:
             write_metadata(pending.partial, pending.body)
             os.replace(pending.partial, pending.final)
             _fsync_dir(self.folder)
-            self.event("checkpoint saved", step=pending.step, path=pending.final)
+            total_s = round(time.perf_counter() - pending.started, 4)
+            # sync: training stood still for the whole save; async: only for staging and the final wait
+            timing = ({"blocking_s": round(pending.blocking_s, 4), "finalized_after_s": total_s} if self.async_mode
+                      else {"blocking_s": total_s})
+            self.event("checkpoint saved", step=pending.step, path=pending.final, **timing)
             self._prune(pending.step)
         barrier()
 

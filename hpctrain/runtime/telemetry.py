@@ -19,6 +19,7 @@ Fields of a metrics line, and where each comes from:
 | time_comm_exposed_s, time_bubble_s | measured host-blocked time (comm_timing.py), mean per step |
 | time_compute_s | derived: step_time_s - time_comm_exposed_s - time_bubble_s |
 | attempt | SLURM_RESTART_COUNT (0 when not under Slurm) |
+| time | Unix time when the line was written (wall-clock progress, gaps between attempts) |
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import os
 import resource
 import socket
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -224,7 +226,7 @@ class Telemetry:
             "peak_memory_bytes": self.memory.peak_bytes(),
             "time_compute_s": max(0.0, step_s - comm_s - bubble_s),
             "time_comm_exposed_s": comm_s, "time_bubble_s": bubble_s,
-            "attempt": self.attempt, **extra,
+            "attempt": self.attempt, "time": time.time(), **extra,
         }
         self.interval = StepTimes()
         if self.rank == 0:

@@ -23,6 +23,9 @@ from hpctrain.runtime.parallelize import build_training
 from hpctrain.runtime.precision import local_tensor
 from hpctrain.runtime.telemetry import MemoryTracker, Telemetry, Throughput
 
+# Benchmarks set this to "0" to skip the checkpoint at the end of training (a 1B model writes ~15 GB).
+FINAL_CHECKPOINT_ENV = "HPCTRAIN_FINAL_CHECKPOINT"
+
 
 class Trainer:
     """One rank's training run in `run_dir`, from scratch or from the newest complete checkpoint."""
@@ -117,7 +120,8 @@ class Trainer:
                 self._log(loss, grad_norm, lr)
             if self.checkpointer.save(self.step, self.train_state()):
                 self.telemetry.write_rank_summary(self.state_bytes(), "running")
-        self.checkpointer.save(self.step, self.train_state(), force=True)  # the end, or a stop request
+        if os.environ.get(FINAL_CHECKPOINT_ENV, "1") != "0":  # the end, or a stop request
+            self.checkpointer.save(self.step, self.train_state(), force=True)
         self.checkpointer.wait()
         stopped = self.step < self.job.train.steps
         self.telemetry.write_rank_summary(self.state_bytes(), "stopped" if stopped else "finished")
