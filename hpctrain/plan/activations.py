@@ -32,11 +32,16 @@ INDEX_BYTES = 8  # int64 token ids saved by the embedding for its backward
 class Dtypes:
     """Bytes per element of the tensors a layer saves, for one precision mode."""
 
-    residual: int  # the residual stream (block inputs/outputs)
-    normed: int  # RMSNorm's internal normalised x (its composite upcasts 16-bit input)
+    stream: int  # the residual stream (block inputs/outputs, what checkpointing keeps)
+    norm_out: int  # RMSNorm's output (the linears' input unless autocast casts it)
     matmul: int  # matmul outputs, attention tensors, FFN intermediates
     casts_inputs: bool  # autocast: each linear saves its own 16-bit copy of its input
     casts_weights: bool  # autocast: each linear saves a 16-bit copy of its weight
+
+
+# RMSNorm's composite (torch.nn.functional.rms_norm on CPU and in eager) upcasts its input to fp32
+# and saves that fp32 input, the fp32 normalised x_hat and the fp32 rstd, whatever the dtype.
+NORM_SAVED_BYTES_PER_HIDDEN = 2 * FP32_BYTES
 
 
 def precision_mode(precision: str, fsdp: bool) -> str:
@@ -52,7 +57,7 @@ def dtypes(mode: str) -> Dtypes:
     if mode == "autocast":
         return Dtypes(FP32_BYTES, FP32_BYTES, HALF_BYTES, True, True)
     if mode == "fsdp-mp":
-        return Dtypes(HALF_BYTES, FP32_BYTES, HALF_BYTES, False, False)
+        return Dtypes(HALF_BYTES, HALF_BYTES, HALF_BYTES, False, False)
     raise ValueError(f"unknown precision mode {mode!r}")
 
 
@@ -85,10 +90,9 @@ def layer_saved_bytes_per_token_no_ac(model: Any, tp: int, sp: bool, mode: str) 
     d = dtypes(mode)
     hidden, q_width, repeated, _, ffn = _widths(model, tp)
     seq_split = tp if sp else 1
-    norm = ((d.residual + d.normed) * hidden + FP32_BYTES) / seq_split
-    linear_groups = (3, 3 if model.activation == "swiglu" else 2) if d.casts_inputs else (1, 1)
-    inputs = (linear_groups[0] + linear_groups[1]) * d.matmul * hidden if d.casts_inputs \
-        else 2 * d.residual * hidden
+    norm = (NORM_SAVED_BYTES_PER_HIDDEN * hidden + FP32_BYTES) / seq_split
+    casts = 3 + (2 if model.activation == "swiglu" else 1)  # q, k, v; w1 (and w3)
+    inputs = casts * d.matmul * hidden if d.casts_inputs else 2 * d.norm_out * hidden
     attention = d.matmul * (2 * q_width + 2 * repeated) + FP32_BYTES * model.heads / tp
     ffn_saved = (4 if model.activation == "swiglu" else 2) * d.matmul * ffn
     return 2 * norm + inputs + attention + ffn_saved
@@ -99,12 +103,20 @@ def layer_saved_bytes_per_token_selective(model: Any, tp: int, sp: bool, mode: s
     outputs of every matmul and of SDPA (output + log-sum-exp); everything else is recomputed."""
     d = dtypes(mode)
     hidden, q_width, _, kv_width, ffn = _widths(model, tp)
-    block_input = d.residual * hidden / (tp if sp else 1)
+    block_input = d.stream * hidden / (tp if sp else 1)
     qkv = d.matmul * (q_width + 2 * kv_width)
     sdpa = d.matmul * q_width + FP32_BYTES * model.heads / tp
     projections = 2 * d.matmul * hidden  # wo and w2 outputs (partial sums before the TP reduce)
     ffn_out = (2 if model.activation == "swiglu" else 1) * d.matmul * ffn
-    return block_input + qkv + sdpa + projections + ffn_out
+    # The policy also saves collective outputs: under TP the two all-reduced projections; under
+    # sequence parallelism instead their reduce-scatters (1/tp) and the all-gathered norm outputs
+    # that feed attention and the FFN.
+    collectives = 0.0
+    if tp > 1 and sp:
+        collectives = 2 * d.matmul * hidden / tp + 2 * d.norm_out * hidden
+    elif tp > 1:
+        collectives = 2 * d.matmul * hidden
+    return block_input + qkv + sdpa + projections + ffn_out + collectives
 
 
 def layer_activations(model: Any, tokens: int, tp: int, sp: bool, ac: str, mode: str) -> LayerActivations:
@@ -116,7 +128,7 @@ def layer_activations(model: Any, tokens: int, tp: int, sp: bool, ac: str, mode:
         kept = layer_saved_bytes_per_token_selective(model, tp, sp, mode) * tokens
         return LayerActivations(kept, max(full - kept, 0.0))
     if ac == "full":
-        kept = dtypes(mode).residual * model.hidden / (tp if sp else 1) * tokens
+        kept = dtypes(mode).stream * model.hidden / (tp if sp else 1) * tokens
         return LayerActivations(kept, full)
     raise ValueError(f"unknown activation checkpointing mode {ac!r}")
 
@@ -146,21 +158,37 @@ class HeadActivations:
 def head_activations(model: Any, tokens: int, tp: int, sp: bool, mode: str) -> HeadActivations:
     """Final RMSNorm (x, x_hat), the head's input, then the loss on fp32 logits.
 
-    cross_entropy_loss upcasts the logits to fp32 and log_softmax saves its fp32 output; the
-    16-bit logits live until the loss has read them; backward briefly holds two fp32
-    logit-sized gradients (Korthikanti et al. 2022 count the same 4 bytes/logit for the loss).
+    cross_entropy_loss upcasts the logits to fp32 and log_softmax saves its fp32 output; its
+    backward briefly holds two fp32 logit-sized gradients, which outweighs the 16-bit logits +
+    fp32 copy of the forward (Korthikanti et al. 2022 count the same 4 bytes/logit for the loss).
     """
     d = dtypes(mode)
     vocab = model.vocab / tp
     hidden = float(model.hidden)
-    norm = ((d.residual + d.normed) * hidden + FP32_BYTES) / (tp if sp else 1)
-    head_input = (d.matmul if d.casts_inputs else d.residual) * hidden
+    norm = (NORM_SAVED_BYTES_PER_HIDDEN * hidden + FP32_BYTES) / (tp if sp else 1)
+    head_input = (d.matmul if d.casts_inputs else d.norm_out) * hidden
     log_softmax = FP32_BYTES * vocab
-    logits = d.matmul * vocab if d.matmul != FP32_BYTES else 0.0
     saved = (norm + head_input + log_softmax) * tokens
-    transient = (logits + 2 * FP32_BYTES * vocab) * tokens
+    # Loss parallel (tp > 1) computes the cross-entropy on vocab shards with one more buffer.
+    transient = (2 if tp == 1 else 3) * FP32_BYTES * vocab * tokens
     copy = HALF_BYTES * model.vocab * model.hidden / tp if d.casts_weights else 0.0
     return HeadActivations(saved, transient, copy)
+
+
+def backward_transient_bytes(model: Any, tokens: int, tp: int, sp: bool, mode: str) -> float:
+    """Gradient buffers alive inside one layer's FFN backward, its largest moment: the incoming
+    and outgoing residual-stream gradients, plus for swiglu the gradients of the product and of
+    both factors (gelu: of the activation output and input) — counted from the autograd graph
+    of runtime/model.py's FeedForward."""
+    d = dtypes(mode)
+    ffn_grads = 3 if model.activation == "swiglu" else 2
+    stream = 2 * d.stream * model.hidden / (tp if sp else 1)
+    return tokens * (ffn_grads * d.matmul * model.ffn_hidden / tp + stream)
+
+
+def ffn_output_input_bytes(model: Any, tokens: int, tp: int, mode: str) -> float:
+    """The input of the FFN's output projection (w2), freed first in the layer's backward."""
+    return tokens * dtypes(mode).matmul * model.ffn_hidden / tp
 
 
 def embedding_saved_bytes(tokens: int) -> float:

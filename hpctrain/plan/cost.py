@@ -25,9 +25,16 @@ from hpctrain.plan.model_stats import (
 )
 
 NVLINK_EFFICIENCY = 0.80  # NCCL bus bandwidth / NVLink line rate on DGX A100/H100 (nccl-tests)
-# Element-wise traffic: each saved tensor is written in forward, read in backward, and its
-# gradient written and read once more (a lower bound for unfused eager kernels).
-ELEMENTWISE_PASSES = 4.0
+HBM_EFFICIENCY = 0.80  # achievable fraction of HBM bandwidth for streaming kernels (STREAM-like copies)
+# Element-wise traffic in eager PyTorch: each RMSNorm, RoPE, activation and residual add is several
+# unfused kernels (RMSNorm alone: upcast, pow, mean, rsqrt, two muls, downcast), each reading and
+# writing its tensors, about twice as much again in backward. Counted as passes over the bytes a
+# layer saves: ~2.5 passes forward and ~5.5 backward (counted from the runtime model's ops).
+ELEMENTWISE_PASSES = 8.0
+ELEMENTWISE_FORWARD_PASSES = 2.5  # what a recomputed forward re-streams
+# Causal attention: flash kernels skip the masked upper triangle, so they execute half of the
+# full-matrix FLOPs that flops_per_token counts (the PaLM/Megatron convention).
+CAUSAL_ATTENTION_WORK = 0.5
 GEMM_SIZE_KNEE = 128.0  # GEMM efficiency falls as d / (d + 128) for small widths (tile quantisation)
 # AdamW step + grad-norm: read p, g, m, v and write p, m, v in fp32, plus one read of g for the norm.
 OPTIMIZER_BYTES_PER_PARAM = 32.0
@@ -86,14 +93,15 @@ def layer_time_per_token_s(model: Any, hw: Hardware, tp: int, ac: str, precision
     gemm_rate = peak * hw.gpu.gemm_efficiency * _gemm_size_factor(width)
     attention_rate = peak * hw.gpu.attention_efficiency
     matmul_fwd = 2.0 * (attention_params(model) + ffn_params(model)) / tp / gemm_rate
-    attention_fwd = attention_core_forward_flops_per_token(model) / tp / attention_rate
+    attention_fwd = CAUSAL_ATTENTION_WORK * attention_core_forward_flops_per_token(model) / tp / attention_rate
     mode = "fp32" if precision == "fp32" else "fsdp-mp"
-    elementwise_fwd = layer_saved_bytes_per_token_no_ac(model, tp, False, mode) / hw.gpu.hbm_bytes_per_s
+    hbm = hw.gpu.hbm_bytes_per_s * HBM_EFFICIENCY
+    elementwise_fwd = layer_saved_bytes_per_token_no_ac(model, tp, False, mode) / hbm
     total = 3.0 * (matmul_fwd + attention_fwd) + ELEMENTWISE_PASSES * elementwise_fwd
     if ac == "full":
-        total += matmul_fwd + attention_fwd + elementwise_fwd
+        total += matmul_fwd + attention_fwd + ELEMENTWISE_FORWARD_PASSES * elementwise_fwd
     elif ac == "selective":  # the runtime's op policy saves matmul/SDPA outputs, recomputes the rest
-        total += elementwise_fwd
+        total += ELEMENTWISE_FORWARD_PASSES * elementwise_fwd
     return total
 
 
@@ -101,8 +109,8 @@ def head_time_per_token_s(model: Any, hw: Hardware, tp: int, precision: str) -> 
     """Head matmul forward + backward and the fp32 loss over the vocabulary, per token."""
     peak = hw.gpu.peak_flops_per_s(precision)
     gemm = 3.0 * head_forward_flops_per_token(model) / tp / (peak * hw.gpu.gemm_efficiency)
-    loss_bytes = 4 * 4.0 * model.vocab / tp  # fp32 logits written, log-softmax, gradient in and out
-    return gemm + loss_bytes / hw.gpu.hbm_bytes_per_s
+    loss_bytes = 8 * 4.0 * model.vocab / tp  # fp32 upcast, log-softmax (max, exp, sum), NLL, grads in/out
+    return gemm + loss_bytes / (hw.gpu.hbm_bytes_per_s * HBM_EFFICIENCY)
 
 
 def ring_time_s(message_bytes: float, ranks: int, bandwidth_bytes_per_s: float, latency_s: float,

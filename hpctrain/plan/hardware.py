@@ -30,11 +30,11 @@ class Gpu:
     hbm_bytes_per_s: float
     nvlink_bytes_per_s: float  # per GPU, one direction; 0 = no NVLink (PCIe only)
     pcie_bytes_per_s: float  # host link, one direction
-    # Achievable fractions of the dense peak (cost.py): large 16-bit GEMMs through cuBLAS, and
-    # flash attention forward + backward. Defaults are A100 figures: cuBLAS reaches ~80 % of peak
-    # on large GEMMs (NVIDIA "Matrix Multiplication Background" guide, figure 5); FlashAttention-2
-    # reaches 50-73 % forward and 40-63 % backward (Dao 2023, section 4.1).
-    gemm_efficiency: float = 0.80
+    # Achievable fractions of the dense peak (cost.py): 16-bit GEMMs of training shapes through
+    # cuBLAS, and flash attention forward + backward. Defaults are A100 figures: cuBLAS reaches
+    # 75-85 % of peak on large GEMMs (NVIDIA "Matrix Multiplication Background" user guide, figure
+    # 5); FlashAttention-2 reaches 50-73 % forward and 40-63 % backward (Dao 2023, section 4.1).
+    gemm_efficiency: float = 0.75
     attention_efficiency: float = 0.50
 
     def peak_flops_per_s(self, precision: str) -> float:
@@ -43,11 +43,12 @@ class Gpu:
                 "fp32": self.fp32_flops_per_s}[precision]
 
 
-# Hopper sustains ~70 % of its dense bf16 peak in cuBLAS GEMMs at 700 W (the peak assumes boost
-# clocks it throttles from), and FlashAttention-2 reaches ~35-40 % of it (Shah et al. 2024,
-# "FlashAttention-3", section 4.1: FA2 at 35 % utilisation on H100); PyTorch's SDPA uses cuDNN/FA2.
-H100_GEMM_EFFICIENCY = 0.70
-H100_ATTENTION_EFFICIENCY = 0.40
+# Hopper sustains ~60-65 % of its dense bf16 peak in cuBLAS GEMMs of training shapes at 700 W
+# (the datasheet peak assumes boost clocks it throttles from under sustained load; Meta reports
+# 38-43 % end-to-end MFU for Llama 3 405B on H100, Dubey et al. 2024, table 4), and
+# FlashAttention-2 reaches ~35 % of it (Shah et al. 2024, "FlashAttention-3", section 1).
+H100_GEMM_EFFICIENCY = 0.62
+H100_ATTENTION_EFFICIENCY = 0.35
 
 # PCIe host links: Gen3 x16 ~16 GB/s, Gen4 x16 ~32 GB/s, Gen5 x16 ~64 GB/s per direction (PCI-SIG).
 GPUS: dict[str, Gpu] = {

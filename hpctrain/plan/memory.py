@@ -15,12 +15,16 @@ torch.cuda.max_memory_allocated sees.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from hpctrain.plan.activations import (
     FP32_BYTES,
     HALF_BYTES,
+    backward_transient_bytes,
+    dtypes,
+    ffn_output_input_bytes,
     embedding_saved_bytes,
     head_activations,
     in_flight_micro_batches,
@@ -28,7 +32,7 @@ from hpctrain.plan.activations import (
     precision_mode,
     weight_copy_bytes_per_layer,
 )
-from hpctrain.plan.model_stats import largest_layer_param_count, layer_param_count, stage_param_count
+from hpctrain.plan.model_stats import embedding_param_count, layer_param_count, stage_param_count
 
 GIB = 2**30
 # CUDA context + cuBLAS/cuDNN workspaces + NCCL buffers + allocator fragmentation, per GPU, when the
@@ -131,65 +135,172 @@ def _rank_params(model: Any, stage_layers: list[tuple[int, int]], setup: RankSet
     return params, layers
 
 
-def rank_memory(model: Any, stage_layers: list[tuple[int, int]], setup: RankSetup, pp_rank: int) -> MemoryBreakdown:
-    """Peak memory of pipeline rank `pp_rank` (any of its tp x dp replicas), with its breakdown."""
-    s = setup
-    fsdp = s.dp > 1 or s.offload_optimizer
-    mode = precision_mode(s.precision, fsdp)
+# Item names of the breakdown, with the component each belongs to.
+ITEM_COMPONENTS: dict[str, str] = {
+    "fp32 master weights": "weights",
+    "unsharded compute weights (FSDP)": "weights",
+    "RoPE tables": "weights",
+    "gradients": "grads",
+    "unsharded fp32 gradient accumulation (FSDP, deferred reduce-scatter)": "grads",
+    "optimizer states": "optimizer",
+    "saved activations": "activations",
+    "autocast weight copies": "activations",
+    "pipeline stage buffers": "activations",
+    "recompute of one layer (activation checkpointing)": "activations",
+    "loss gradient buffers": "other",
+    "backward gradient buffers": "other",
+    "gradient reduce-scatter buffer (FSDP)": "other",
+    "foreach optimizer temporary": "other",
+    "runtime overhead (CUDA context, allocator)": "other",
+}
+
+
+@dataclass(frozen=True)
+class _States:
+    """Parameter-sized buffers of one rank (bytes)."""
+
+    master: float
+    rope: float
+    unsharded_forward: float
+    unsharded_backward: float
+    optimizer: float
+    grads_sharded: float
+    grads_held: float  # gradients present while a micro-batch runs (accumulated from earlier ones)
+    grads_fresh_at_end: float  # in the backward of the rank's last-processed layer, one micro-batch
+    accumulation: float
+    reduce_buffer: float
+
+
+def _states(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, pp_rank: int, fsdp: bool, mode: str) -> _States:
     params, layers = _rank_params(model, stage_layers, s, pp_rank)
-    first, last = pp_rank == 0, pp_rank == s.pp - 1
     shard = s.dp if fsdp else 1
     on_gpu = 0.0 if s.offload_optimizer else 1.0
+    layer_params = layer_param_count(model) / s.tp
     compute_bytes = HALF_BYTES if mode == "fsdp-mp" else FP32_BYTES
-
-    master = FP32_BYTES * params / shard * on_gpu
-    if not fsdp:
-        unsharded = 0.0
-    elif s.zero >= 3 and s.pp == 1:
-        # Resharded after forward except the last block; in backward one block ahead is prefetched.
-        extra = (params - layers * layer_param_count(model) / s.tp) if (first or last) else 0.0
-        unsharded = compute_bytes * (2 * layer_param_count(model) / s.tp + extra)
-    else:
-        unsharded = compute_bytes * params
-    optimizer = optimizer_bytes_per_param(s.optimizer) * params / shard * on_gpu
-    grads_final = FP32_BYTES * params / shard * on_gpu
-    # Unsharded fp32 gradients accumulate over micro-batches when the reduce-scatter is deferred
-    # (zero 0/1, or any zero under pipelining: torch's schedule syncs on the last micro-batch only).
+    unsharded_fwd = unsharded_bwd = 0.0
+    if fsdp and s.zero >= 3 and s.pp == 1:
+        # reshard_after_forward: only the last block stays gathered after forward; in the last
+        # block's backward the root (embedding, norm, head) and that block are gathered.
+        unsharded_fwd = compute_bytes * layer_params
+        unsharded_bwd = compute_bytes * (params - (layers - 1) * layer_params)
+    elif fsdp:
+        unsharded_fwd = unsharded_bwd = compute_bytes * params
+    grads_sharded = FP32_BYTES * params / shard * on_gpu
+    accumulating = s.micro_batches > 1 or s.pp > 1
     deferred = fsdp and (s.zero <= 1 or s.pp > 1) and s.micro_batches > 1
-    grads_accumulated = FP32_BYTES * params if deferred else (grads_final if s.micro_batches > 1 or s.pp > 1 else 0.0)
+    # The backward peak of the last-processed layer (the rank's first) is in its FFN backward:
+    # every other gradient exists except the embedding's and that layer's, but for w2's.
+    w2_params = model.hidden * model.ffn_hidden / s.tp
+    embedding = embedding_param_count(model) / s.tp if pp_rank == 0 else 0.0
+    fresh = FP32_BYTES * (params - embedding - layer_params + w2_params) / shard * on_gpu
+    held = 0.0 if (not accumulating or deferred) else grads_sharded
+    return _States(
+        master=FP32_BYTES * params / shard * on_gpu,
+        rope=2.0 * FP32_BYTES * model.seq_len * (model.hidden // model.heads) * stage_layers_on_rank(stage_layers, s.pp, pp_rank),
+        unsharded_forward=unsharded_fwd, unsharded_backward=unsharded_bwd,
+        optimizer=optimizer_bytes_per_param(s.optimizer) * params / shard * on_gpu,
+        grads_sharded=grads_sharded, grads_held=held, grads_fresh_at_end=0.0 if deferred else fresh,
+        accumulation=FP32_BYTES * params if deferred else 0.0,
+        # FSDP2 reduce-scatters each block's gradient from an fp32 copy of its unsharded gradient.
+        reduce_buffer=(FP32_BYTES + compute_bytes) * layer_params if fsdp else 0.0,
+    )
 
+
+def _phase_items(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, pp_rank: int) -> dict[str, dict[str, float]]:
+    """Bytes per item at each phase's peak: the loss (end of forward, every activation alive),
+    the start of backward (the oldest micro-batch's last layer), the end of backward (the rank's
+    first layer, where full recompute peaks as gradients pile up) and the optimizer step."""
+    fsdp = s.dp > 1 or s.offload_optimizer
+    mode = precision_mode(s.precision, fsdp)
+    st = _states(model, stage_layers, s, pp_rank, fsdp, mode)
+    _, layers = _rank_params(model, stage_layers, s, pp_rank)
+    first, last = pp_rank == 0, pp_rank == s.pp - 1
     tokens = s.micro_batch * model.seq_len
     layer = layer_activations(model, tokens, s.tp, s.sequence_parallel, s.ac, mode)
     head = head_activations(model, tokens, s.tp, s.sequence_parallel, mode)
     in_flight = in_flight_micro_batches(s.schedule, s.pp, pp_rank, s.micro_batches, s.virtual_stages)
-    weight_copies = layers * weight_copy_bytes_per_layer(model, s.tp, mode) + (head.weight_copy_bytes if last else 0.0)
-    saved = in_flight * (layers * layer.saved_bytes + (embedding_saved_bytes(tokens) if first else 0.0))
-    head_saved = head.saved_bytes if last else 0.0
-    loss_transient = head.loss_transient_bytes if last else 0.0
-    # Gradient reduce-scatter input (fp32, one block) in flight beside the backward (FSDP2).
-    comm = FP32_BYTES * largest_layer_param_count(model) / s.tp if fsdp else 0.0
+    copies = layers * weight_copy_bytes_per_layer(model, s.tp, mode) + (head.weight_copy_bytes if last else 0.0)
+    per_micro_batch = layers * layer.saved_bytes + (embedding_saved_bytes(tokens) if first else 0.0)
+    pipeline = pipeline_buffer_bytes(model, s, pp_rank, tokens, in_flight, mode)
+    recompute = layer.recompute_peak_bytes - ffn_output_input_bytes(model, tokens, s.tp, mode)
+    if s.ac == "full":
+        # Measured against MemTracker at the FFN backward of a recomputed block: with an fp32
+        # stream (fp32, autocast) the recomputed RMSNorm saves the kept block input itself and a
+        # second stream-sized tensor is already gone; with a 16-bit stream (fsdp-mp) one more
+        # stream-sized tensor is alive. Each correction is one [tokens, hidden] stream tensor.
+        stream = dtypes(mode).stream * model.hidden / (s.tp if s.sequence_parallel else 1) * tokens
+        recompute += stream if mode == "fsdp-mp" else -layer.saved_bytes - stream
+    recompute = max(recompute, 0.0)
+    transient = backward_transient_bytes(model, tokens, s.tp, s.sequence_parallel, mode)
+    common = {"fp32 master weights": st.master, "RoPE tables": st.rope, "optimizer states": st.optimizer,
+              "autocast weight copies": copies, "pipeline stage buffers": pipeline}
+    phases: dict[str, dict[str, float]] = {}
+    # Gradients exist once a micro-batch has run backward. Before the first backward the most
+    # micro-batches are in flight with no gradient; afterwards 1F1B keeps as many in flight (if
+    # there are more micro-batches than that), GPipe one fewer with each backward.
+    steady = in_flight if (s.schedule != "gpipe" and s.micro_batches > in_flight) else in_flight - 1
+    for label, count, grads, accumulation in (("first micro-batches", in_flight, 0.0, 0.0),
+                                              ("steady state", steady, st.grads_held, st.accumulation)):
+        if count <= 0 or (label == "steady state" and not (s.micro_batches > 1 or s.pp > 1)):
+            continue
+        saved = count * per_micro_batch
+        base = {**common, "gradients": grads,
+                "unsharded fp32 gradient accumulation (FSDP, deferred reduce-scatter)": accumulation}
+        phases[f"loss, {label}"] = {**base, "unsharded compute weights (FSDP)": st.unsharded_forward,
+                                    "saved activations": saved + (head.saved_bytes if last else 0.0),
+                                    "loss gradient buffers": head.loss_transient_bytes if last else 0.0}
+        backward = {**base, "unsharded compute weights (FSDP)": st.unsharded_backward,
+                    "recompute of one layer (activation checkpointing)": recompute,
+                    "backward gradient buffers": transient, "gradient reduce-scatter buffer (FSDP)": st.reduce_buffer}
+        phases[f"backward start, {label}"] = {**backward, "saved activations": saved}
+        # In the backward of the rank's first layer, the micro-batch's other layers are freed.
+        phases[f"backward end, {label}"] = {**backward, "saved activations": saved - (layers - 1) * layer.saved_bytes,
+                                            "gradients": grads if grads else st.grads_fresh_at_end}
+    phases["optimizer step"] = {
+        "fp32 master weights": st.master, "RoPE tables": st.rope, "optimizer states": st.optimizer,
+        "gradients": st.grads_sharded,
+        "foreach optimizer temporary": st.grads_sharded if s.foreach and s.optimizer == "adamw" else 0.0}
+    return phases
 
-    phases = {
-        "forward": (master + unsharded, grads_accumulated, optimizer,
-                    saved + head_saved + weight_copies, loss_transient + comm),
-        "backward": (master + unsharded, grads_accumulated, optimizer,
-                     saved + weight_copies + layer.recompute_peak_bytes, comm),
-        "optimizer": (master, grads_final, optimizer, 0.0,
-                      FP32_BYTES * params / shard * on_gpu if s.foreach and s.optimizer == "adamw" else 0.0),
-    }
-    name, (w, g, o, a, other) = max(phases.items(), key=lambda kv: sum(kv[1]))
-    items = (
-        ("fp32 master weights", master), ("unsharded 16-bit compute weights", unsharded if name != "optimizer" else 0.0),
-        ("gradients", g), ("optimizer states", o),
-        ("saved activations", saved + (head_saved if name == "forward" else 0.0)),
-        ("autocast weight copies", weight_copies if name != "optimizer" else 0.0),
-        ("recompute transient", layer.recompute_peak_bytes if name == "backward" else 0.0),
-        ("logits and loss buffers", loss_transient if name == "forward" else 0.0),
-        ("communication buckets", comm if name != "optimizer" else 0.0),
-        ("foreach optimizer temporary", other if name == "optimizer" else 0.0),
-        ("runtime overhead (CUDA context, allocator)", s.overhead_bytes),
-    )
-    return MemoryBreakdown(w, g, o, a, other + s.overhead_bytes, name, tuple((k, v) for k, v in items if v))
+
+def pipeline_buffer_bytes(model: Any, s: RankSetup, pp_rank: int, tokens: int, in_flight: float, mode: str) -> float:
+    """What torch.distributed.pipelining keeps beside the model, per model chunk on this rank: a
+    non-last chunk keeps the output of each in-flight micro-batch for its backward; the last
+    chunk keeps every micro-batch's logits until the step returns (the schedule merges them); a
+    non-first chunk has one receive buffer per micro-batch, of which the in-flight ones are the
+    very tensors its first RMSNorm saves (except under fsdp-mp, where the norm saves an fp32 copy)."""
+    if s.pp == 1:
+        return 0.0
+    d = dtypes(mode)
+    stages = s.pp * s.virtual_stages
+    hidden_bytes = tokens * d.stream * model.hidden / (s.tp if s.sequence_parallel else 1)
+    shared = 0 if mode == "fsdp-mp" else math.ceil(in_flight)
+    total = 0.0
+    for stage in range(pp_rank, stages, s.pp):
+        if stage == stages - 1:
+            total += s.micro_batches * tokens * d.matmul * model.vocab / s.tp
+        else:
+            total += in_flight * hidden_bytes
+        if stage > 0:
+            total += max(s.micro_batches - shared, 0) * hidden_bytes
+    return total
+
+
+def stage_layers_on_rank(stage_layers: list[tuple[int, int]], pp: int, pp_rank: int) -> int:
+    """How many model parts (virtual stages) a pipeline rank holds: each has its own RoPE tables."""
+    return len(range(pp_rank, len(stage_layers), pp))
+
+
+def rank_memory(model: Any, stage_layers: list[tuple[int, int]], setup: RankSetup, pp_rank: int) -> MemoryBreakdown:
+    """Peak memory of pipeline rank `pp_rank` (any of its tp x dp replicas), with its breakdown."""
+    phases = _phase_items(model, stage_layers, setup, pp_rank)
+    name, items = max(phases.items(), key=lambda kv: sum(kv[1].values()))
+    items = {**items, "runtime overhead (CUDA context, allocator)": setup.overhead_bytes}
+    parts = {"weights": 0.0, "grads": 0.0, "optimizer": 0.0, "activations": 0.0, "other": 0.0}
+    for item, value in items.items():
+        parts[ITEM_COMPONENTS[item]] += value
+    return MemoryBreakdown(parts["weights"], parts["grads"], parts["optimizer"], parts["activations"],
+                           parts["other"], name, tuple((k, v) for k, v in items.items() if v))
 
 
 def peak_rank_memory(model: Any, stage_layers: list[tuple[int, int]], setup: RankSetup) -> tuple[int, MemoryBreakdown]:

@@ -169,15 +169,15 @@ def recompute_flops_per_token(model: Any, ac_mode: str) -> float:
     """Extra forward FLOPs per token that activation checkpointing re-runs in the backward pass.
 
     full: every layer's forward again (Narayanan et al. 2021: 4x instead of 3x forward);
-    selective: only the attention core (Korthikanti et al. 2022, section 5);
+    selective: the runtime's op-level policy (runtime/activation_checkpoint.py) saves the outputs
+    of every matmul and of attention and recomputes only element-wise ops, so no matmul FLOPs
+    (Korthikanti et al. 2022's selective recompute of the attention core is not needed: flash
+    attention keeps no seq x seq matrix);
     none: nothing. The head and the loss are never recomputed.
     """
-    layers = int(model.layers)
     if ac_mode == "full":
-        return layers * layer_forward_flops_per_token(model)
-    if ac_mode == "selective":
-        return layers * attention_core_forward_flops_per_token(model)
-    if ac_mode == "none":
+        return int(model.layers) * layer_forward_flops_per_token(model)
+    if ac_mode in ("selective", "none"):
         return 0.0
     raise ValueError(f"unknown activation checkpointing mode {ac_mode!r}; expected one of {AC_MODES}")
 

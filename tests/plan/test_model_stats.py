@@ -72,6 +72,6 @@ def test_flops_match_megatron_formula_with_full_recompute():
 
 def test_recompute_order():
     m = LLAMA3_8B
-    assert flops_per_token(m, "none") < flops_per_token(m, "selective") < flops_per_token(m, "full")
+    assert flops_per_token(m, "none") == flops_per_token(m, "selective") < flops_per_token(m, "full")
     with pytest.raises(ValueError):
         flops_per_token(m, "sometimes")

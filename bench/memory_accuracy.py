@@ -1,0 +1,351 @@
+"""Planner memory vs what PyTorch's MemTracker measures for one training step of the runtime.
+
+    python bench/memory_accuracy.py            # all configurations, a table, exit 1 if any is off
+    python bench/memory_accuracy.py --quick    # a few of each kind
+
+Each configuration builds the rank's model with `hpctrain.runtime.parallelize.build_training`,
+runs a step of `Training.train_step` + AdamW after a warm-up step (foreach=False: the foreach temporary is modelled
+analytically, and fake tensors over-count it under FSDP) under
+`torch.distributed._tools.mem_tracker.MemTracker`, and compares the peak snapshot, category by
+category, with `hpctrain.plan.memory.rank_memory` for that rank.
+
+How each kind runs (facts measured on torch 2.13 CPU):
+- "fake": FakeTensorMode (no memory used, 1B-parameter models in seconds); FSDP2 over the fake
+  process group of torch.testing._internal.distributed.fake_pg.
+- "real": real tensors on a small model over the fake process group (tensor parallelism fails
+  under FakeTensorMode).
+- "gloo": real tensors, one process per rank over gloo (pipelining exchanges shapes through
+  point-to-point messages, which neither fake tensors nor the fake group can answer).
+
+The planner's items map onto MemTracker's categories by ITEM_CATEGORY; components smaller than
+SMALL_SHARE of the total are held to SMALL_SHARE of the total instead of TOLERANCE of themselves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import multiprocessing as mp
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+TOLERANCE = 0.05
+SMALL_SHARE = 0.01
+CATEGORIES = ("PARAM", "GRAD", "OPT", "ACT", "TEMP")
+ITEM_CATEGORY = {
+    "fp32 master weights": "PARAM", "unsharded compute weights (FSDP)": "PARAM", "RoPE tables": "PARAM",
+    "gradients": "GRAD", "optimizer states": "OPT",
+    "saved activations": "ACT", "autocast weight copies": "ACT", "pipeline stage buffers": "ACT", "recompute of one layer (activation checkpointing)": "ACT",
+    # MemTracker files these under Temp: FSDP's unsharded accumulation lives outside .grad.
+    "unsharded fp32 gradient accumulation (FSDP, deferred reduce-scatter)": "TEMP",
+    "loss gradient buffers": "TEMP", "backward gradient buffers": "TEMP",
+    "gradient reduce-scatter buffer (FSDP)": "TEMP", "foreach optimizer temporary": "TEMP",
+}
+BIG = dict(layers=16, hidden=2048, heads=16, kv_heads=4, ffn_hidden=8192, vocab=32000, seq_len=2048,
+           activation="swiglu")  # 1.1B parameters
+BIG_GELU = dict(BIG, activation="gelu", kv_heads=16, tie_embeddings=True)
+SMALL = dict(layers=4, hidden=256, heads=8, kv_heads=4, ffn_hidden=704, vocab=2048, seq_len=256, activation="swiglu")
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str
+    kind: str  # "fake" | "real" | "gloo"
+    model: dict[str, Any]
+    parallel: dict[str, Any] = field(default_factory=dict)
+    train: dict[str, Any] = field(default_factory=dict)
+    pp_rank: int = 0
+
+    def job(self) -> Any:
+        from hpctrain.config import job_from_dict
+
+        par = {"tp": 1, "pp": 1, "dp": 1, "schedule": "1f1b", "virtual_stages": 1, "zero": 0,
+               "sequence_parallel": False, "offload_optimizer": False, **self.parallel}
+        train = {"global_batch": 2, "micro_batch": 2, "precision": "bf16", "activation_checkpointing": "none",
+                 "optimizer": {"name": "adamw"}, **self.train}
+        world = par["tp"] * par["pp"] * par["dp"]
+        return job_from_dict({"name": self.name, "model": {"preset": None, **self.model}, "train": train,
+                              "parallel": par, "cluster": {"executor": "local", "nodes": 1, "gpus_per_node": world}})
+
+
+def _c(name: str, kind: str, model: dict, pp_rank: int = 0, **kw: Any) -> Config:
+    par = {k: v for k, v in kw.items() if k in ("tp", "pp", "dp", "schedule", "virtual_stages", "zero",
+                                                 "sequence_parallel")}
+    train = {k: v for k, v in kw.items() if k not in par}
+    return Config(name, kind, model, par, train, pp_rank)
+
+
+CONFIGS: list[Config] = [
+    _c("1 GPU fp32", "fake", BIG, precision="fp32"),
+    _c("1 GPU bf16", "fake", BIG),
+    _c("1 GPU bf16 selective", "fake", BIG, activation_checkpointing="selective"),
+    _c("1 GPU bf16 full", "fake", BIG, activation_checkpointing="full"),
+    _c("1 GPU bf16 2 micro-batches", "fake", BIG, micro_batch=1),
+    _c("1 GPU gelu tied fp32 selective", "fake", BIG_GELU, precision="fp32", activation_checkpointing="selective"),
+    _c("dp8 zero1 bf16", "fake", BIG, dp=8, zero=1, global_batch=16),
+    _c("dp8 zero1 bf16 2 micro-batches", "fake", BIG, dp=8, zero=1, global_batch=16, micro_batch=1),
+    _c("dp8 zero2 bf16 selective", "fake", BIG, dp=8, zero=2, global_batch=16, activation_checkpointing="selective"),
+    _c("dp8 zero2 fp32 2 micro-batches", "fake", BIG, dp=8, zero=2, global_batch=16, micro_batch=1, precision="fp32"),
+    _c("dp8 zero3 bf16", "fake", BIG, dp=8, zero=3, global_batch=16),
+    _c("dp8 zero3 bf16 full", "fake", BIG, dp=8, zero=3, global_batch=16, activation_checkpointing="full"),
+    _c("dp8 zero3 gelu fp32", "fake", BIG_GELU, dp=8, zero=3, global_batch=16, precision="fp32"),
+    _c("tp2 fp32", "real", SMALL, tp=2, precision="fp32"),
+    _c("tp2 bf16 selective", "real", SMALL, tp=2, activation_checkpointing="selective"),
+    _c("tp2 sp bf16", "real", SMALL, tp=2, sequence_parallel=True),
+    _c("tp2 sp fp32 selective", "real", SMALL, tp=2, sequence_parallel=True, precision="fp32",
+       activation_checkpointing="selective"),
+    _c("tp2 bf16 full", "real", SMALL, tp=2, activation_checkpointing="full"),
+    _c("tp2 dp2 zero2 bf16", "real", SMALL, tp=2, dp=2, zero=2, global_batch=4),
+    _c("pp2 1f1b fp32 first stage", "gloo", SMALL, pp=2, global_batch=4, micro_batch=1, precision="fp32"),
+    _c("pp2 1f1b fp32 last stage", "gloo", SMALL, pp_rank=1, pp=2, global_batch=4, micro_batch=1, precision="fp32"),
+    _c("pp2 gpipe bf16 first stage", "gloo", SMALL, pp=2, schedule="gpipe", global_batch=4, micro_batch=1),
+    _c("pp2 interleaved v2 bf16 first stage", "gloo", SMALL, pp=2, schedule="interleaved-1f1b", virtual_stages=2,
+       global_batch=4, micro_batch=1),
+    _c("pp2 1f1b bf16 selective last stage", "gloo", SMALL, pp_rank=1, pp=2, global_batch=4, micro_batch=1,
+       activation_checkpointing="selective"),
+]
+
+
+def predict(cfg: Config) -> dict[str, float]:
+    """The planner's bytes per MemTracker category for the configuration's rank."""
+    from hpctrain.plan.memory import RankSetup, rank_memory
+    from hpctrain.plan.stages import balanced_stage_split
+
+    job = cfg.job()
+    p, t = job.parallel, job.train
+    setup = RankSetup(tp=p.tp, pp=p.pp, dp=p.dp, micro_batch=t.micro_batch,
+                      micro_batches=t.global_batch // p.dp // t.micro_batch,
+                      schedule=p.schedule if p.pp > 1 else "none", virtual_stages=p.virtual_stages,
+                      ac=t.activation_checkpointing, zero=p.zero, offload_optimizer=p.offload_optimizer,
+                      sequence_parallel=p.sequence_parallel, precision=t.precision, optimizer="adamw",
+                      foreach=False, overhead_bytes=0.0)
+    memory = rank_memory(job.model, balanced_stage_split(job.model, p.pp, p.virtual_stages), setup, cfg.pp_rank)
+    out = dict.fromkeys(CATEGORIES, 0.0)
+    for item, value in memory.items:
+        out[ITEM_CATEGORY[item]] += value
+    out["Total"] = sum(out[c] for c in CATEGORIES)
+    return out
+
+
+# ----------------------------------------------------------------------------------- measuring
+@contextlib.contextmanager
+def _fake_friendly_runtime(fake: bool) -> Any:
+    """Let build_training run under FakeTensorMode: build on the (fake) CPU instead of meta, skip
+    to_empty (the parameters already exist), keep make_stage's copies in the same fake mode, and
+    return no float loss. Each patch is undone on exit."""
+    import torch
+
+    import hpctrain.runtime.parallelize as parallelize
+    from hpctrain.runtime.model import Transformer
+
+    def build(args: Any) -> Any:
+        model = Transformer(args)
+        for name in ("rope_cos", "rope_sin"):
+            model.register_buffer(name, torch.empty(getattr(model, name).shape), persistent=False)
+        return model
+
+    saved = (parallelize.build_model, Transformer.to_empty, getattr(Transformer, "__deepcopy__", None),
+             parallelize.Training._global_mean)
+    if fake:
+        parallelize.build_model = build
+        Transformer.to_empty = lambda self, *, device, recurse=True: self  # type: ignore[method-assign]
+        Transformer.__deepcopy__ = lambda self, memo: build(self.args)  # type: ignore[attr-defined]
+        parallelize.Training._global_mean = lambda self, loss: 0.0  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        parallelize.build_model, Transformer.to_empty = saved[0], saved[1]
+        parallelize.Training._global_mean = saved[3]
+        if saved[2] is None:
+            if "__deepcopy__" in Transformer.__dict__:
+                del Transformer.__deepcopy__
+        else:
+            Transformer.__deepcopy__ = saved[2]
+
+
+def _step_tracker() -> Any:
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    class StepTracker(MemTracker):
+        """MemTracker that accepts the root module running once per micro-batch."""
+
+        def _pre_fw_hook(self, module: Any, inputs: Any) -> None:
+            name = self._mod_tracker.get_known_fqn(module)
+            if module in self.memory_tracking and not self._mod_tracker.is_bw:
+                if set(self._mod_tracker.parents) - {name} == {"Global"}:
+                    # Forget this root's per-module stats only (other pipeline chunks keep theirs).
+                    for sub in module.modules():
+                        self.memory_tracking.pop(sub, None)
+            super()._pre_fw_hook(module, inputs)
+
+    return StepTracker()
+
+
+def _measure_here(cfg: Config, fake: bool) -> dict[str, float]:
+    """Two steps on this process's rank; the peak snapshot per category (bytes)."""
+    import torch
+    import torch.distributed as dist
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from hpctrain.runtime.parallel_dims import ParallelDims
+    from hpctrain.runtime.parallelize import build_training
+
+    job = cfg.job()
+    original_mesh = ParallelDims.build_mesh
+    if dist.is_initialized() and fake:
+        mesh = original_mesh(ParallelDims.from_job(job, dist.get_world_size()), "cpu")
+        ParallelDims.build_mesh = lambda self, device_type: mesh  # type: ignore[method-assign]
+    try:
+        with _fake_friendly_runtime(fake), (FakeTensorMode() if fake else contextlib.nullcontext()):
+            training = build_training(job, torch.device("cpu"))
+            optimizer = torch.optim.AdamW(training.parameters(), lr=1e-4, foreach=False)
+            local = job.train.global_batch // job.parallel.dp
+
+            def step() -> None:
+                tokens = torch.randint(0, job.model.vocab, (local, job.model.seq_len))
+                training.train_step(tokens, tokens)
+                training.optimizer_step(optimizer)
+                optimizer.zero_grad(set_to_none=True)
+
+            # The first step creates the optimizer states and lets the pipeline schedule infer its
+            # shapes (its autograd.grad probe clashes with MemTracker's hooks); the second is measured.
+            step()
+            tracker = _step_tracker()
+            tracker.track_external(*training.model_parts, optimizer)
+            with tracker:
+                step()
+            snapshot = next(iter(tracker.get_tracker_snapshot("peak").values()))
+    finally:
+        ParallelDims.build_mesh = original_mesh  # type: ignore[method-assign]
+    named = {str(getattr(key, "name", key)): float(value) for key, value in snapshot.items()}
+    out = {c: named.get(c, 0.0) for c in CATEGORIES}
+    out["PARAM"] += named.get("BUFFER", 0.0)
+    out["TEMP"] += named.get("OTH", 0.0)
+    out["Total"] = sum(out[c] for c in CATEGORIES)
+    return out
+
+
+def _with_fake_group(world: int, fn: Any) -> Any:
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if world == 1:
+        return fn()
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    try:
+        return fn()
+    finally:
+        dist.destroy_process_group()
+
+
+def _gloo_worker(rank: int, world: int, port: int, configs: list[Config], results: Any) -> None:
+    os.environ.update(OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    import torch
+    import torch.distributed as dist
+
+    import traceback
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        for index, cfg in enumerate(configs):
+            measured = _measure_here(cfg, fake=False)
+            ranks_per_stage = world // cfg.job().parallel.pp
+            if rank // ranks_per_stage == cfg.pp_rank and rank % ranks_per_stage == 0:
+                results.put((index, measured))
+            dist.barrier()
+    except BaseException:
+        results.put((-1, traceback.format_exc()))
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def _measure_gloo(configs: list[Config]) -> list[dict[str, float]]:
+    import socket
+
+    worlds = {c.job().parallel.pp * c.job().parallel.tp * c.job().parallel.dp for c in configs}
+    if len(worlds) != 1:
+        raise ValueError("gloo configurations must share one world size")
+    world = worlds.pop()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_gloo_worker, args=(r, world, port, configs, results)) for r in range(world)]
+    for proc in procs:
+        proc.start()
+    found: dict[int, Any] = {}
+    try:
+        while len(found) < len(configs):
+            index, value = results.get(timeout=600)
+            if index < 0:
+                raise RuntimeError(f"a gloo rank failed:\n{value}")
+            found[index] = value
+    finally:
+        for proc in procs:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+    return [found[i] for i in range(len(configs))]
+
+
+def measure_all(configs: list[Config]) -> list[dict[str, float]]:
+    """Measured bytes per category for each configuration (in order)."""
+    out: dict[int, dict[str, float]] = {}
+    for index, cfg in enumerate(configs):
+        if cfg.kind in ("fake", "real"):
+            job = cfg.job()
+            world = job.parallel.tp * job.parallel.pp * job.parallel.dp
+            out[index] = _with_fake_group(world, lambda: _measure_here(cfg, fake=cfg.kind == "fake"))
+    gloo = [i for i, cfg in enumerate(configs) if cfg.kind == "gloo"]
+    if gloo:
+        for index, value in zip(gloo, _measure_gloo([configs[i] for i in gloo])):
+            out[index] = value
+    return [out[i] for i in range(len(configs))]
+
+
+def check(predicted: dict[str, float], measured: dict[str, float]) -> dict[str, tuple[float, bool]]:
+    """Per category and total: (relative error, within tolerance). The allowed error is
+    TOLERANCE of the measured value, but at least SMALL_SHARE of the measured total."""
+    total = measured["Total"]
+    out = {}
+    for key in (*CATEGORIES, "Total"):
+        allowed = max(TOLERANCE * measured[key], SMALL_SHARE * total)
+        diff = predicted[key] - measured[key]
+        relative = diff / measured[key] if measured[key] else (0.0 if not diff else float("inf"))
+        out[key] = (relative, abs(diff) <= allowed)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    from tabulate import tabulate
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="two configurations of each kind")
+    args = parser.parse_args(argv)
+    configs = CONFIGS
+    if args.quick:
+        configs = [c for kind in ("fake", "real", "gloo") for c in [x for x in CONFIGS if x.kind == kind][:2]]
+    measured = measure_all(configs)
+    rows, failures = [], 0
+    for cfg, meas in zip(configs, measured):
+        result = check(predict(cfg), meas)
+        pred = predict(cfg)
+        failures += sum(not ok for _, ok in result.values())
+        rows.append([cfg.name] + [f"{pred[k] / 2**20:,.1f} / {meas[k] / 2**20:,.1f} ({result[k][0]:+.1%})"
+                                  + ("" if result[k][1] else " !") for k in (*CATEGORIES, "Total")])
+    print(tabulate(rows, headers=["planner / MemTracker MiB (error)", *CATEGORIES, "Total"]))
+    print(f"\n{len(configs)} configurations, {failures} values outside tolerance (!): +-{TOLERANCE:.0%} of the "
+          f"measured value, at least +-{SMALL_SHARE:.0%} of the measured total")
+    return 0 if failures == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

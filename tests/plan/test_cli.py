@@ -1,0 +1,107 @@
+"""`hpctrain plan` and `hpctrain topo` end to end (argparse, handlers, exit codes, output)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpctrain import cli
+from hpctrain.plan.cli_commands import register
+
+ROOT = Path(__file__).resolve().parents[2]
+TOPO = Path(__file__).parent / "data" / "topo"
+
+
+def run(argv: list[str], capsys) -> tuple[int, str, str]:
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    if "plan" not in sub.choices:  # until hpctrain/cli.py lists hpctrain.plan.cli_commands
+        register(sub)
+    original = cli.build_parser
+    cli.build_parser = lambda: parser
+    try:
+        code = cli.main(argv)
+    finally:
+        cli.build_parser = original
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_plan_gpt3_prints_table_walls_and_reasons(capsys):
+    code, out, err = run(["plan", str(ROOT / "examples" / "gpt3-175b.yaml"), "--top", "3"], capsys)
+    assert code == 0, err
+    assert "tokens/s" in out and "MFU" in out
+    for wall in ("memory wall:", "compute wall:", "communication wall:"):
+        assert wall in out
+    assert "rejected:" in out and "memory over budget" in out
+    families = [line for line in out.splitlines() if line.startswith("  tp=")]
+    assert families and all(("fits" in line) or ("rejected, " in line) for line in families)
+
+
+def test_plan_json(capsys):
+    code, out, _ = run(["plan", str(ROOT / "examples" / "gpt3-175b.yaml"), "--json", "--top", "2",
+                        "--set", "train.micro_batch=1"], capsys)
+    assert code == 0
+    data = json.loads(out)
+    assert len(data["layouts"]) == 2 and all(lay["micro_batch"] == 1 for lay in data["layouts"])
+    assert data["placement"]["stage_layers"]
+
+
+def test_plan_nothing_fits_is_one_error_block_exit_2(tmp_path, capsys):
+    job = tmp_path / "job.yaml"
+    job.write_text("name: big\nmodel: {preset: llama3-70b}\nparallel: {tp: 1, pp: 1}\n"
+                   "cluster: {nodes: 1, gpus_per_node: 1, gpu: a100-40gb}\n")
+    code, out, err = run(["plan", str(job)], capsys)
+    assert code == 2 and "Traceback" not in err and "no layout" in err and "memory over budget" in err
+
+
+def test_plan_unknown_gpu_did_you_mean(tmp_path, capsys):
+    job = tmp_path / "job.yaml"
+    job.write_text("name: t\nmodel: {preset: tiny}\ncluster: {gpu: h100-80g}\n")
+    code, _, err = run(["plan", str(job)], capsys)
+    assert code == 2 and "did you mean 'h100-80gb'" in err
+
+
+def test_plan_with_topology_files(tmp_path, capsys):
+    job = tmp_path / "job.yaml"
+    job.write_text(f"name: t\nmodel: {{preset: llama3-8b}}\ntrain: {{global_batch: 64}}\n"
+                   f"cluster: {{nodes: 2, gpus_per_node: 8, gpu: a100-80gb, topology: "
+                   f"{{nvidia_smi: {TOPO / 'pcie-nvlink-pairs.txt'}, slurm_topology: {TOPO / 'tree.conf'}}}}}\n")
+    code, out, err = run(["plan", str(job), "--json"], capsys)
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["cluster"]["nvlink_island_gpus"] == 2
+    assert all(lay["tp"] <= 2 for lay in data["layouts"])
+    assert data["placement"]["switches"] == 1
+
+
+def test_topo_prints_islands_and_leaves(capsys):
+    code, out, _ = run(["topo", str(TOPO / "dgx1-v100.txt"), str(TOPO / "tree.conf")], capsys)
+    assert code == 0
+    assert "[0 1 2 3], [4 5 6 7]" in out and "3 leaf switches" in out
+
+
+def test_topo_bad_file_exit_2(tmp_path, capsys):
+    bad = tmp_path / "topology.conf"
+    bad.write_text("SwitchName=s1\n")
+    code, _, err = run(["topo", str(bad), str(tmp_path / "missing")], capsys)
+    assert code == 2 and "neither Nodes=" in err and "cannot read" in err
+
+
+def test_planner_never_imports_torch():
+    code = ("import sys; from hpctrain.config import load_job; from hpctrain.plan import resolve_job; "
+            f"resolve_job(load_job({str(ROOT / 'examples' / 'gpt3-175b.yaml')!r})); "
+            "from hpctrain.plan import report; assert 'torch' not in sys.modules, 'torch imported'")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("bad", ["0", "-1"])
+def test_top_must_be_positive(bad, capsys):
+    code, _, err = run(["plan", str(ROOT / "examples" / "quickstart.yaml"), "--top", bad], capsys)
+    assert code == 2 and "--top" in err
