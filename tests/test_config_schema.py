@@ -117,3 +117,14 @@ def test_version_and_help() -> None:
     assert out.returncode == 0 and out.stdout.startswith("hpctrain ")
     out = subprocess.run([sys.executable, "-m", "hpctrain", "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "validate" in out.stdout and "schema" in out.stdout
+
+
+def test_absolute_paths_resolve_against_the_submit_directory() -> None:
+    from hpctrain.config.paths import absolute_paths
+
+    job = job_from_dict({"name": "p", "model": {"preset": "tiny"}, "train": {"data": "data/t.bin"},
+                         "checkpoint": {"dir": "../ck"}, "container": {"image": "/abs/i.sif"}})
+    out = absolute_paths(job, "/home/u/proj")
+    assert out.train.data == "/home/u/proj/data/t.bin" and out.checkpoint.dir == "/home/u/ck"
+    assert out.container.image == "/abs/i.sif" and out.runs_dir == "/home/u/proj/runs"
+    assert absolute_paths(job_from_dict({"name": "p", "model": {"preset": "tiny"}}), "/x").train.data == "synthetic"

@@ -98,10 +98,11 @@ def _wait_timeout_s(job: Any) -> float:
 
 def run_submit(args: argparse.Namespace) -> int:
     from hpctrain.config import load_job
+    from hpctrain.config.paths import absolute_paths
     from hpctrain.launch.follow import follow
     from hpctrain.launch.submit import submit_job
 
-    job = load_job(args.job, args.overrides)
+    job = absolute_paths(load_job(args.job, args.overrides))
     submission = submit_job(job, dry_run=args.dry_run)
     _print_submission(submission, args.dry_run)
     if args.wait and not args.dry_run:
@@ -116,9 +117,10 @@ def run_sweep(args: argparse.Namespace) -> int:
     import sys
 
     from hpctrain.config import load_job
+    from hpctrain.config.paths import absolute_paths
     from hpctrain.launch.sweep import point_label, submit_sweep
 
-    job = load_job(args.job, args.overrides)
+    job = absolute_paths(load_job(args.job, args.overrides))
     submission, sweep = submit_sweep(job, args.grid, max_parallel=args.max_parallel, dry_run=args.dry_run)
     for skipped in sweep["skipped"]:
         reason = " ".join(line.strip() for line in skipped["reason"].splitlines())

@@ -44,10 +44,11 @@ def _check_inputs(paths: Sequence[str], output: str) -> None:
         elif os.path.abspath(path) == os.path.abspath(output):
             problems.append(f"{path}: is also the output file; choose another -o")
     out_dir = os.path.dirname(os.path.abspath(output))
-    if not os.path.isdir(out_dir):
-        problems.append(f"-o {output}: the folder {out_dir} does not exist; create it first")
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        problems.append(f"-o {output}: {out_dir} is not a folder; choose another -o")
     if problems:
         raise ConfigError(problems)
+    os.makedirs(out_dir, exist_ok=True)  # like `mkdir -p`: nothing is written before the inputs are checked
 
 
 def prepare(paths: Sequence[str], output: str) -> Prepared:

@@ -83,8 +83,9 @@ def test_prepare_rejects_bad_inputs(tmp_path) -> None:
     with pytest.raises(ConfigError, match="no such file"):
         prepare([str(tmp_path / "missing.txt")], str(tmp_path / "t.bin"))
     (tmp_path / "a.txt").write_text("x")
-    with pytest.raises(ConfigError, match="does not exist"):
-        prepare([str(tmp_path / "a.txt")], str(tmp_path / "no" / "t.bin"))
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigError, match="is not a folder"):
+        prepare([str(tmp_path / "a.txt")], str(tmp_path / "file" / "t.bin"))
     with pytest.raises(ConfigError, match="at least 2 tokens"):
         prepare([str(tmp_path / "a.txt")], str(tmp_path / "t.bin"))
     assert not os.path.exists(tmp_path / "t.bin")
