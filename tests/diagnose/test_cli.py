@@ -1,4 +1,4 @@
-"""`explain_walls` (the plan's three walls), the doctor/report CLI, and the login-path import rule."""
+"""The doctor/report CLI and the login-path import rule. (The plan's three walls: tests/plan/test_cli.py.)"""
 
 from __future__ import annotations
 
@@ -7,37 +7,11 @@ import json
 import subprocess
 import sys
 
-from hpctrain.config import job_from_dict, load_job
+from hpctrain.config import job_from_dict
 from hpctrain.diagnose.commands import register
-from hpctrain.diagnose.walls import explain_walls
 from hpctrain.plan.planner import plan_job
 
 from ._runs import gpu_job, healthy_telemetry, make_run, metrics_lines
-
-
-def test_walls_for_gpt3_on_1024_gpus():
-    job = load_job("examples/gpt3-175b.yaml")
-    result = plan_job(job)
-    lines = explain_walls(job, result.best, result.budget_bytes)
-    assert [line.split(":")[0] for line in lines] == ["memory wall", "compute wall", "communication wall"]
-    assert "GiB per GPU" in lines[0] and "dominate" in lines[0]
-    assert "TFLOP per GPU per step" in lines[1] and "MFU" in lines[1]
-    assert "% of the step is exposed communication" in lines[2]
-
-
-def test_walls_from_a_plan_json_layout():
-    layout = {"tp": 2, "pp": 2, "dp": 2, "micro_batch": 1, "ac": "full", "zero": 1,
-              "memory_gib": {"weights": 4.0, "grads": 2.0, "optimizer": 16.0, "activations": 10.0, "other": 2.0,
-                             "total": 34.0},
-              "step_time_s": 2.0, "compute_s": 1.4, "tp_comm_s": 0.2, "pp_comm_s": 0.05, "dp_comm_exposed_s": 0.05,
-              "bubble_s": 0.3, "tokens_per_s": 1000.0, "tflops_per_gpu": 120.0, "mfu": 0.38, "comm_share": 0.15}
-    job = job_from_dict(gpu_job(parallel={"tp": 2, "pp": 2, "dp": 2, "schedule": "1f1b", "virtual_stages": 1}))
-    memory, compute, comm = explain_walls(job, layout, budget_bytes=80 * 2**30)
-    assert memory.startswith("memory wall: 34.0 of 80.0 GiB per GPU (42 %); optimizer states dominate (16.0 GiB, 47 %")
-    assert "zero 1+ shards them" in memory
-    assert "compute is 70 % of the 2.000 s step" in compute and "recompute full" in compute
-    assert comm == ("communication wall: 15 % of the step is exposed communication — TP 10 % (tp=2), PP 2 % (pp=2), "
-                    "DP 2 % (dp=2 zero 1), bubble 15 %; bubble is the largest")
 
 
 def _cli(*argv):
@@ -68,8 +42,8 @@ def test_report_cli_tables_only(tmp_path, capsys):
 
 
 def test_login_path_imports_no_torch_and_no_matplotlib():
-    code = ("import sys, hpctrain.diagnose.commands, hpctrain.diagnose.doctor, hpctrain.diagnose.report, "
-            "hpctrain.diagnose.walls; print('torch' in sys.modules, 'matplotlib' in sys.modules)")
+    code = ("import sys, hpctrain.diagnose.commands, hpctrain.diagnose.doctor, hpctrain.diagnose.report; "
+            "print('torch' in sys.modules, 'matplotlib' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
 
