@@ -39,6 +39,7 @@ GIB = 2**30
 # job does not set cluster.runtime_overhead_gib: a CUDA 12 context with NCCL on 8 GPUs takes
 # 0.5-1 GiB (nvidia-smi on an idle initialised process); fragmentation adds a few percent.
 DEFAULT_RUNTIME_OVERHEAD_BYTES = 2 * GIB
+CPU_RUNTIME_OVERHEAD_BYTES = GIB // 4  # a local CPU process: the interpreter, torch and gloo buffers
 
 
 def model_states_bytes(

@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 from hpctrain.errors import PlanError
 from hpctrain.plan.hardware import Hardware, check_catalog_names, resolve_hardware
-from hpctrain.plan.memory import DEFAULT_RUNTIME_OVERHEAD_BYTES, GIB
+from hpctrain.plan.memory import CPU_RUNTIME_OVERHEAD_BYTES, DEFAULT_RUNTIME_OVERHEAD_BYTES, GIB
 from hpctrain.plan.model_stats import flops_per_token, model_flops_per_token, param_count
 from hpctrain.plan.placement import PlacementPlan, local_gpu_order, rank_order, switches_request
 from hpctrain.plan.search import Layout, SearchSettings, optimizer_kind, search
@@ -110,7 +110,8 @@ def plan_job(job: Any) -> PlanResult:
         raise PlanError(f"train.precision: {hw.gpu.name} has no {precision} tensor cores (got {precision!r}); "
                         "use fp16 (or fp32) on this GPU")
     overhead_gib = job.cluster.runtime_overhead_gib
-    overhead = DEFAULT_RUNTIME_OVERHEAD_BYTES if overhead_gib is None else overhead_gib * GIB
+    default = CPU_RUNTIME_OVERHEAD_BYTES if hw.gpu.name == "cpu" else DEFAULT_RUNTIME_OVERHEAD_BYTES
+    overhead = default if overhead_gib is None else overhead_gib * GIB
     settings = SearchSettings(global_batch=job.train.global_batch, precision=precision, optimizer=optimizer_kind(job),
                               budget_bytes=float(hw.gpu.memory_bytes), overhead_bytes=overhead)
     layouts, rejected, evaluated = search(job.model, hw, Choices.from_job(job), settings)

@@ -83,7 +83,7 @@ class _StageCache:
         return self._splits[key]
 
 
-def _busiest_rank(model: Any, stage_layers: StageLayers, pp: int, tp: int) -> tuple[int, bool, float]:
+def busiest_rank(model: Any, stage_layers: StageLayers, pp: int, tp: int) -> tuple[int, bool, float]:
     """(layers, holds the head, parameters on one TP rank) of the pipeline rank with the most layers."""
     sizes = [0] * pp
     for index, (a, b) in enumerate(stage_layers):
@@ -140,7 +140,7 @@ def _search_family(model: Any, hw: Hardware, choices: Choices, settings: SearchS
         if imbalance > MAX_STAGE_IMBALANCE:
             rejected.add("stages_imbalanced", f"{tag} v={v}: imbalance {imbalance:.0%}", family)
             continue
-        busiest_layers, busiest_head, busiest_params = _busiest_rank(model, stage_layers, pp, tp)
+        busiest_layers, busiest_head, busiest_params = busiest_rank(model, stage_layers, pp, tp)
         for mb in choices.micro_batches(local_batch):
             if local_batch % mb:
                 rejected.add("global_batch_not_divisible", f"{tag} mb={mb}: local batch {local_batch}", family)

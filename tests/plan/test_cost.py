@@ -1,0 +1,62 @@
+"""Cost model against published runs (physics, not a fit: the tolerances say how close it gets)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpctrain.config import job_from_dict
+from hpctrain.plan import plan_job
+from hpctrain.plan.cost import CostSetup, ring_time_s, step_cost
+from hpctrain.plan.hardware import resolve_hardware
+from hpctrain.plan.search import busiest_rank
+from hpctrain.plan.stages import balanced_stage_split
+
+
+def test_megatron_1t_on_3072_a100():
+    # Narayanan et al. 2021, table 1: 1T parameters, TP 8, PP 64, DP 6, batch 3072, full recompute:
+    # 163 TFLOP/s per A100 (52 % of peak, recompute FLOPs counted). Costed directly: with 512
+    # micro-batches torch's pipelining keeps per-micro-batch buffers that do not fit (memory.py),
+    # which Megatron does not.
+    model = job_from_dict({"name": "1t", "model": {"layers": 128, "hidden": 25600, "heads": 160, "ffn_hidden": 102400,
+                                                   "vocab": 51200, "seq_len": 2048, "activation": "gelu",
+                                                   "tie_embeddings": True}}).model
+    job = job_from_dict({"name": "1t", "model": {"preset": "tiny"},
+                         "cluster": {"nodes": 384, "gpus_per_node": 8, "gpu": "a100-80gb", "node": "dgx-a100",
+                                     "fabric": "ib-hdr200"}})
+    split = balanced_stage_split(model, 64, 1)
+    layers, has_head, params = busiest_rank(model, split, 64, 8)
+    cost = step_cost(model, resolve_hardware(job), CostSetup(
+        tp=8, pp=64, dp=6, micro_batch=1, micro_batches=512, virtual_stages=1, ac="full", zero=1,
+        offload_optimizer=False, precision="bf16", max_rank_layers=layers, max_rank_has_head=has_head,
+        rank_params=params), global_batch=3072)
+    assert cost.tflops_per_gpu == pytest.approx(163, rel=0.15)
+
+
+def test_torchtitan_llama3_8b_on_8_h100():
+    # torchtitan (Liang et al. 2024, table): Llama 3 8B, FSDP on 8 H100, 5,762 tokens/s per GPU. The
+    # model over-predicts eager PyTorch here (FSDP collectives share SMs with compute; launch gaps):
+    # held to +60 % and asserted not to under-predict.
+    job = job_from_dict({
+        "name": "8b", "model": {"preset": "llama3-8b"},
+        "train": {"global_batch": 8, "micro_batch": 1, "activation_checkpointing": "selective"},
+        "parallel": {"tp": 1, "pp": 1, "dp": 8, "zero": 3},
+        "cluster": {"nodes": 1, "gpus_per_node": 8, "gpu": "h100-80gb", "node": "dgx-h100", "fabric": "ib-ndr400"}})
+    per_gpu = plan_job(job).best.cost.tokens_per_s / 8
+    assert 5762 * 0.9 < per_gpu < 5762 * 1.6
+
+
+def test_ring_collective_factors():
+    assert ring_time_s(1e9, 1, 1e9, 0.0, all_reduce=True) == 0.0
+    assert ring_time_s(1e9, 8, 1e9, 0.0, all_reduce=True) == pytest.approx(2 * 7 / 8)
+    assert ring_time_s(1e9, 8, 1e9, 0.0, all_reduce=False) == pytest.approx(7 / 8)
+
+
+def test_shares_and_throughput_are_consistent():
+    job = job_from_dict({"name": "t", "model": {"preset": "gpt3-13b"}, "train": {"global_batch": 256},
+                         "cluster": {"nodes": 4, "gpus_per_node": 8, "gpu": "a100-80gb", "node": "dgx-a100"}})
+    for lay in plan_job(job).layouts[:20]:
+        c = lay.cost
+        assert 0 <= c.comm_share < 1 and 0 <= c.bubble_share < 1 and 0 < c.mfu < 1
+        assert c.tokens_per_s == pytest.approx(256 * 2048 / c.step_time_s)
+        parts = c.compute_s + c.tp_comm_s + c.pp_comm_s + c.dp_comm_exposed_s + c.bubble_s + c.optimizer_s
+        assert parts == pytest.approx(c.step_time_s)
