@@ -149,23 +149,26 @@ def _fake_friendly_runtime(fake: bool) -> Any:
             model.register_buffer(name, torch.empty(getattr(model, name).shape), persistent=False)
         return model
 
-    saved = (parallelize.build_model, Transformer.to_empty, getattr(Transformer, "__deepcopy__", None),
-             parallelize.Training._global_mean)
+    patches = {
+        (parallelize, "build_model"): build,
+        (Transformer, "to_empty"): lambda self, *, device, recurse=True: self,
+        (Transformer, "__deepcopy__"): lambda self, memo: build(self.args),
+        (parallelize.Training, "_global_mean"): lambda self, local_loss: 0.0,
+    }
+    missing = object()
+    saved = {key: key[0].__dict__.get(key[1], missing) for key in patches}
     if fake:
-        parallelize.build_model = build
-        Transformer.to_empty = lambda self, *, device, recurse=True: self  # type: ignore[method-assign]
-        Transformer.__deepcopy__ = lambda self, memo: build(self.args)  # type: ignore[attr-defined]
-        parallelize.Training._global_mean = lambda self, loss: 0.0  # type: ignore[method-assign]
+        for (owner, name), value in patches.items():
+            setattr(owner, name, value)
     try:
         yield
     finally:
-        parallelize.build_model, Transformer.to_empty = saved[0], saved[1]
-        parallelize.Training._global_mean = saved[3]
-        if saved[2] is None:
-            if "__deepcopy__" in Transformer.__dict__:
-                del Transformer.__deepcopy__
-        else:
-            Transformer.__deepcopy__ = saved[2]
+        for (owner, name), value in saved.items():
+            if value is missing:
+                if name in owner.__dict__:
+                    delattr(owner, name)
+            else:
+                setattr(owner, name, value)
 
 
 def _step_tracker() -> Any:
@@ -199,7 +202,7 @@ def _measure_here(cfg: Config, fake: bool) -> dict[str, float]:
     original_mesh = ParallelDims.build_mesh
     if dist.is_initialized() and fake:
         mesh = original_mesh(ParallelDims.from_job(job, dist.get_world_size()), "cpu")
-        ParallelDims.build_mesh = lambda self, device_type: mesh  # type: ignore[method-assign]
+        setattr(ParallelDims, "build_mesh", lambda self, device_type: mesh)
     try:
         with _fake_friendly_runtime(fake), (FakeTensorMode() if fake else contextlib.nullcontext()):
             training = build_training(job, torch.device("cpu"))
@@ -221,7 +224,7 @@ def _measure_here(cfg: Config, fake: bool) -> dict[str, float]:
                 step()
             snapshot = next(iter(tracker.get_tracker_snapshot("peak").values()))
     finally:
-        ParallelDims.build_mesh = original_mesh  # type: ignore[method-assign]
+        setattr(ParallelDims, "build_mesh", original_mesh)
     named = {str(getattr(key, "name", key)): float(value) for key, value in snapshot.items()}
     out = {c: named.get(c, 0.0) for c in CATEGORIES}
     out["PARAM"] += named.get("BUFFER", 0.0)

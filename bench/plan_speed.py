@@ -28,20 +28,6 @@ train: {global_batch: 3072, micro_batch: auto, activation_checkpointing: auto}
 parallel: {tp: auto, pp: auto, dp: auto, schedule: auto, virtual_stages: auto, zero: auto, sequence_parallel: true}
 cluster: {nodes: 512, gpus_per_node: 8, gpu: a100-80gb, node: dgx-a100, fabric: ib-ndr400}
 """
-# Used only while `plan` is not yet registered in hpctrain/cli.py: the same parser and handler.
-RUNNER = """\
-import argparse, sys
-from hpctrain import cli
-from hpctrain.plan.cli_commands import register
-parser = cli.build_parser()
-sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-if "plan" not in sub.choices:
-    register(sub)
-cli.build_parser = lambda: parser
-sys.exit(cli.main(sys.argv[1:]))
-"""
-
-
 def _median_wall_s(command: list[str], runs: int) -> float:
     times = []
     for _ in range(runs):
@@ -61,25 +47,21 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "gpt-1t.yaml"
         path.write_text(JOB)
-        from hpctrain.cli import build_parser
-
-        registered = "plan" in build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
-        command = ([sys.executable, "-m", "hpctrain", "plan", str(path)] if registered
-                   else [sys.executable, "-c", RUNNER, "plan", str(path)])
+        command = [sys.executable, "-m", "hpctrain", "plan", str(path)]
         baseline = _median_wall_s([sys.executable, "-c", "pass"], args.runs)
         wall = _median_wall_s(command, args.runs)
 
         from hpctrain.config import load_job
         from hpctrain.plan import plan_job
 
-        job = load_job(path)
+        job = load_job(str(path))
         searches = []
         for _ in range(args.runs):
             result = plan_job(job)
             searches.append(result.elapsed_s)
     search_s = statistics.median(searches)
     print(f"hpctrain plan (1T parameters, 4096 x a100-80gb): median {wall:.3f} s over {args.runs} runs "
-          f"(python -c pass: {baseline:.3f} s){'' if registered else ' [plan not yet in cli.py: same handler via -c]'}")
+          f"(python -c pass: {baseline:.3f} s)")
     print(f"search: {result.evaluated} candidates, {len(result.layouts)} fit, median {search_s * 1000:.0f} ms "
           f"= {result.evaluated / search_s:,.0f} candidates/s; best: {result.best.label()}")
     ok = wall < GOAL_S

@@ -172,7 +172,8 @@ def check_catalog_names(job: Any) -> list[str]:
     """Problems with the catalog names in job.cluster, one line each, with did-you-mean."""
     cluster, problems = job.cluster, []
     spec = getattr(cluster, "gpu_spec", None)
-    checks = [("cluster.gpu", cluster.gpu, GPUS, spec is not None), ("cluster.fabric", cluster.fabric, FABRICS, False)]
+    checks: list[tuple[str, str, dict[str, Any], bool]] = [
+        ("cluster.gpu", cluster.gpu, GPUS, spec is not None), ("cluster.fabric", cluster.fabric, FABRICS, False)]
     if cluster.node is not None:
         checks.append(("cluster.node", cluster.node, NODES, False))
     for path, name, table, custom in checks:

@@ -172,8 +172,8 @@ class _States:
     reduce_buffer: float
 
 
-def _states(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, pp_rank: int, fsdp: bool, mode: str) -> _States:
-    params, layers = _rank_params(model, stage_layers, s, pp_rank)
+def _states(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, pp_rank: int, fsdp: bool, mode: str,
+            params: int, layers: int) -> _States:
     shard = s.dp if fsdp else 1
     on_gpu = 0.0 if s.offload_optimizer else 1.0
     layer_params = layer_param_count(model) / s.tp
@@ -213,8 +213,8 @@ def _phase_items(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, 
     first layer, where full recompute peaks as gradients pile up) and the optimizer step."""
     fsdp = s.dp > 1 or s.offload_optimizer
     mode = precision_mode(s.precision, fsdp)
-    st = _states(model, stage_layers, s, pp_rank, fsdp, mode)
-    _, layers = _rank_params(model, stage_layers, s, pp_rank)
+    params, layers = _rank_params(model, stage_layers, s, pp_rank)
+    st = _states(model, stage_layers, s, pp_rank, fsdp, mode, params, layers)
     first, last = pp_rank == 0, pp_rank == s.pp - 1
     tokens = s.micro_batch * model.seq_len
     layer = layer_activations(model, tokens, s.tp, s.sequence_parallel, s.ac, mode)

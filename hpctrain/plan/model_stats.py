@@ -117,18 +117,32 @@ def stage_param_count(
     model split over several stages keeps a head copy on the last stage (Megatron keeps a copy and
     all-reduces its gradient with the embedding's), so `has_head` counts [hidden, vocab] then too.
     """
-    hidden, vocab = int(model.hidden), int(model.vocab)
-    sharded = attention_params(model) + ffn_params(model)
-    per_layer = sharded // tp + layer_norm_params(model)
+    per_layer, vocab_params, norm = _tp_shard_sizes(model, tp)
     count = (last_layer - first_layer) * per_layer
-    vocab_rows = _ceil_div(vocab, tp)
     if has_embedding:
-        count += vocab_rows * hidden
+        count += vocab_params
     if has_head:
-        count += final_norm_param_count(model)
+        count += norm
         if not model.tie_embeddings or not has_embedding:
-            count += vocab_rows * hidden
+            count += vocab_params
     return count
+
+
+_SHARD_CACHE: dict[tuple[Any, ...], tuple[int, int, int]] = {}
+
+
+def _tp_shard_sizes(model: Any, tp: int) -> tuple[int, int, int]:
+    """(one layer's parameters on a TP rank, the vocab-parallel embedding/head shard, the final
+    norm), cached per shape: the search asks for them thousands of times."""
+    key = (model.layers, model.hidden, model.heads, model.kv_heads, model.ffn_hidden, model.vocab,
+           model.activation, tp)
+    sizes = _SHARD_CACHE.get(key)
+    if sizes is None:
+        sharded = attention_params(model) + ffn_params(model)
+        sizes = (sharded // tp + layer_norm_params(model), _ceil_div(int(model.vocab), tp) * int(model.hidden),
+                 final_norm_param_count(model))
+        _SHARD_CACHE[key] = sizes
+    return sizes
 
 
 def largest_layer_param_count(model: Any) -> int:

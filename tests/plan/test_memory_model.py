@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from hpctrain.plan.activations import in_flight_micro_batches
@@ -34,7 +36,7 @@ def test_deepspeed_zero3_estimator(gpus, offload_optimizer, offload_params, gib)
 
 
 def setup(**kw) -> RankSetup:
-    base = dict(tp=1, pp=1, dp=1, micro_batch=1, micro_batches=1, schedule="none", virtual_stages=1, ac="none",
+    base: dict[str, Any] = dict(tp=1, pp=1, dp=1, micro_batch=1, micro_batches=1, schedule="none", virtual_stages=1, ac="none",
                 zero=0, offload_optimizer=False, sequence_parallel=False, precision="bf16", optimizer="adamw",
                 overhead_bytes=0.0)
     base.update(kw)

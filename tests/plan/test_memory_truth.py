@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("torch")
+pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
 # Imported by name from bench/ (on sys.path, which spawned gloo workers inherit) so that its
 # worker function and configurations pickle.
