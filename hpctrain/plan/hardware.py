@@ -89,6 +89,7 @@ class Fabric:
     latency_s: float  # one small message, end to end
     efficiency: float
     nccl_profile: str
+    nics_per_node: int = 0  # without a node profile: NICs per node; 0 = one per GPU (HPC GPU nodes)
 
 
 FABRICS: dict[str, Fabric] = {
@@ -98,9 +99,9 @@ FABRICS: dict[str, Fabric] = {
     # NVIDIA ConnectX-7 / Quantum-2 NDR: 400 Gb/s per port.
     "ib-ndr400": Fabric("ib-ndr400", 400e9 / 8, 5e-6, 0.90, "ib"),
     # RoCE v2 over 200 GbE (ConnectX-6 Dx / Spectrum): same links, less efficient congestion control.
-    "roce": Fabric("roce", 200e9 / 8, 8e-6, 0.80, "roce"),
+    "roce": Fabric("roce", 200e9 / 8, 8e-6, 0.80, "roce", nics_per_node=2),
     # Plain TCP over 100 GbE: NCCL's socket transport rarely exceeds ~60 % of line rate.
-    "ethernet": Fabric("ethernet", 100e9 / 8, 30e-6, 0.60, "ethernet"),
+    "ethernet": Fabric("ethernet", 100e9 / 8, 30e-6, 0.60, "ethernet", nics_per_node=1),
 }
 
 
@@ -212,7 +213,7 @@ def resolve_hardware(job: Any, nvlink_island_gpus: Optional[int] = None) -> Hard
         else:
             # Without a profile or a topology file: NVSwitch-class GPUs share one island per node.
             nvlink_island_gpus = cluster.gpus_per_node if gpu.nvlink_bytes_per_s > 0 else 1
-    nics = profile.nics_per_node if profile is not None else max(1, cluster.gpus_per_node)
+    nics = profile.nics_per_node if profile is not None else (fabric.nics_per_node or cluster.gpus_per_node)
     return Hardware(gpu=gpu, fabric=fabric, nodes=cluster.nodes, gpus_per_node=cluster.gpus_per_node,
                     nvlink_island_gpus=min(nvlink_island_gpus, cluster.gpus_per_node), nics_per_node=nics,
                     node_profile=profile.name if profile else None)
