@@ -89,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     default_omp_threads()  # before torch is imported
     from hpctrain.errors import ConfigError
-    from hpctrain.runtime.distributed import check_env, detect_env
+    from hpctrain.runtime.distributed import check_env, detect_env, place_rank
 
     rank = 0
     try:
@@ -97,6 +97,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         rank = env.rank
         check_env(env)
         job = _load(args)
+        env = place_rank(env, job.placement.rank_order if job.placement else None, job.cluster.gpus_per_node)
+        rank = env.rank
     except ConfigError as exc:
         return _user_error(exc, rank)
     return _run(job, env, args)

@@ -18,11 +18,12 @@ joins the process group: NCCL on GPUs, gloo on CPU. Nothing here imports torch a
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 from hpctrain.errors import ConfigError
 
@@ -109,6 +110,25 @@ def detect_env(environ: Mapping[str, str] | None = None) -> DistEnv:
         )
     return DistEnv(rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1", master_port=0,
                    launcher="single", attempt=attempt)
+
+
+def place_rank(env: DistEnv, rank_order: Optional[list[int]], gpus_per_node: int) -> DistEnv:
+    """The global rank this process takes: rank_order[slot] from the planner's placement.
+
+    The launcher's rank is the slot (SLURM_PROCID = node * gpus_per_node + local GPU); the planner
+    orders slots so that TP peers share an NVLink island and pipelines stay on few nodes
+    (plan/placement.py). The mesh itself stays `arange(world).view(pp, dp, tp)`: c10d sorts the
+    ranks of every subgroup, so permuting the mesh instead would hand DTensor the wrong shards.
+    Rank 0 must stay on the first node, where MASTER_ADDR points.
+    """
+    if not rank_order or env.world_size == 1:
+        return env
+    if sorted(rank_order) != list(range(env.world_size)):
+        raise ConfigError(f"placement.rank_order: not a permutation of the {env.world_size} ranks "
+                          f"(got {len(rank_order)} entries); re-render the job")
+    if rank_order.index(0) // gpus_per_node != 0:
+        raise ConfigError("placement.rank_order: rank 0 must run on the first node (MASTER_ADDR); re-render the job")
+    return dataclasses.replace(env, rank=rank_order[env.rank])
 
 
 def check_env(env: DistEnv) -> None:

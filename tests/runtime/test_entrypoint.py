@@ -132,3 +132,20 @@ def test_two_ranks_from_slurm_variables(tmp_path) -> None:
     started = events(str(run))[0]
     assert started["event"] == "started" and started["launcher"] == "slurm" and started["world_size"] == 2
     assert [m["attempt"] for m in metrics(str(run))] == [1, 1]
+
+
+def test_rank_order_maps_slots_to_global_ranks() -> None:
+    from hpctrain.errors import ConfigError
+    from hpctrain.plan.placement import rank_order
+    from hpctrain.runtime.distributed import DistEnv, place_rank
+
+    order = rank_order(tp=2, pp=2, dp=2, gpus_per_node=4)
+    assert order is not None and order[0] == 0
+    base = DistEnv(rank=0, world_size=8, local_rank=0, master_addr="n1", master_port=1, launcher="slurm", attempt=0)
+    import dataclasses
+
+    ranks = [place_rank(dataclasses.replace(base, rank=slot), order, 4).rank for slot in range(8)]
+    assert sorted(ranks) == list(range(8)) and ranks == order
+    assert place_rank(base, None, 4) is base
+    with pytest.raises(ConfigError, match="first node"):
+        place_rank(base, [4, 1, 2, 3, 0, 5, 6, 7], 4)
