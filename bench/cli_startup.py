@@ -2,7 +2,8 @@
 
     python bench/cli_startup.py [--runs 15]
 
-Goals (issue 2 and 5): each command under 0.4 s median and under 6x `python -c pass`.
+Goals: `validate` under 0.4 s median and under 6x `python -c pass` (issue 2); `render` under 0.4 s
+median (issue 5). Neither may import torch. The machine is shared: run it when it is quiet.
 """
 
 from __future__ import annotations
@@ -59,10 +60,12 @@ def main() -> int:
             base2 = median_time([sys.executable, "-c", "pass"], opts.runs)
             ratio = took / ((baseline + base2) / 2)
             clean = torch_free(args)
-            verdict = "ok" if took < 0.4 and ratio < 6 and clean else "MISSED"
+            ratio_goal = 6 if name == "validate" else float("inf")
+            verdict = "ok" if took < 0.4 and ratio < ratio_goal and clean else "MISSED"
             ok = ok and verdict == "ok"
             print(f"hpctrain {name:<14} median {took * 1000:7.1f} ms  = {ratio:4.1f}x python -c pass  "
-                  f"torch imported: {'no' if clean else 'YES'}  [{verdict}: goal < 400 ms and < 6x]")
+                  f"torch imported: {'no' if clean else 'YES'}  [{verdict}: goal < 400 ms"
+                  f"{' and < 6x' if ratio_goal < 100 else ''}]")
     return 0 if ok else 1
 
 

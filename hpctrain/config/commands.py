@@ -45,7 +45,7 @@ def run_validate(args: argparse.Namespace) -> int:
 def _catalog_problems(job: object) -> list[str]:
     """Names that must exist in the planner's hardware catalog (when the planner provides the check)."""
     try:
-        from hpctrain.plan import check_catalog_names  # type: ignore[attr-defined]
+        from hpctrain.plan.hardware import check_catalog_names
     except ImportError:
         return []
     return list(check_catalog_names(job))

@@ -7,10 +7,28 @@
 The FLOP formula the runtime's MFU uses is `hpctrain.plan.model_stats.flops_per_token`.
 """
 
-from hpctrain.plan.hardware import check_catalog_names
-from hpctrain.plan.model_stats import flops_per_token, model_flops_per_token, param_count
-from hpctrain.plan.planner import PlanResult, plan_job, resolve_job
-from hpctrain.plan.stages import balanced_stage_split, stage_imbalance
+from typing import Any
 
-__all__ = ["PlanResult", "balanced_stage_split", "check_catalog_names", "flops_per_token", "model_flops_per_token",
-           "param_count", "plan_job", "resolve_job", "stage_imbalance"]
+# Names -> defining module. Loaded on first use (PEP 562) so that `hpctrain validate`, which needs only
+# the catalog, does not pay for the search and cost models.
+_EXPORTS = {
+    "check_catalog_names": "hpctrain.plan.hardware",
+    "flops_per_token": "hpctrain.plan.model_stats",
+    "model_flops_per_token": "hpctrain.plan.model_stats",
+    "param_count": "hpctrain.plan.model_stats",
+    "PlanResult": "hpctrain.plan.planner",
+    "plan_job": "hpctrain.plan.planner",
+    "resolve_job": "hpctrain.plan.planner",
+    "balanced_stage_split": "hpctrain.plan.stages",
+    "stage_imbalance": "hpctrain.plan.stages",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'hpctrain.plan' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(_EXPORTS[name]), name)
