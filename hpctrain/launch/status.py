@@ -16,8 +16,9 @@ from hpctrain.launch.slurm_commands import SlurmCommands
 
 ACTIVE = parsers.ACTIVE_STATES | {"SUBMITTED"}
 # Events shown as the restart history (written by the launcher and the runtime).
-HISTORY_EVENTS = ("submitted", "resubmitted", "started", "signal", "signal_received", "requeued", "preempted",
-                  "stopped", "finished", "failed", "ended", "cancel_requested", "resume_requested")
+HISTORY_EVENTS = ("submitted", "resubmitted", "started", "resumed", "signal", "signal_received", "time limit near",
+                  "requeue requested", "requeued", "not_requeued", "preempted", "stopped", "finished", "failed",
+                  "ended", "cancel_requested", "resume_requested")
 
 
 def last_metrics(run_dir: Path, tail_bytes: int = 65536) -> Optional[dict[str, Any]]:

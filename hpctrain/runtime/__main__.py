@@ -1,7 +1,8 @@
 """`python -m hpctrain.runtime --job RESOLVED.yaml --run-dir DIR [--resume-from CKPT]`
 
 One process per GPU (srun, torchrun, or a single process). Exit codes (ARCHITECTURE.md 4):
-0 trained (or stopped cleanly after a checkpoint), 1 this rank failed, 2 the job, the run dir,
+0 trained (or stopped cleanly after a checkpoint on slurm.signal / SIGTERM / a near time limit, having
+asked for the requeue: requeue.py), 1 this rank failed, 2 the job, the run dir,
 the checkpoint or the launcher's variables are wrong (one line per problem, no traceback).
 Without --resume-from the run continues from the newest complete checkpoint in its checkpoint
 folder, if there is one, so a requeued job picks up where it left.
@@ -124,6 +125,11 @@ def _run(job: Any, env: Any, args: argparse.Namespace) -> int:
             append_line(os.path.join(args.run_dir, EVENTS_FILE),
                         {"time": now, "event": name, "attempt": env.attempt, **fields})
 
+    from hpctrain.runtime.requeue import FLAG
+
+    # Before the slow start-up (a signal then is kept for the first step boundary), and never removed: a
+    # signal after the last step (a late preemption) must not kill a rank that is exiting 0.
+    FLAG.install(job.slurm.signal)
     trainer = None
     try:
         device = init_distributed(env, need_group=bool(job.parallel.offload_optimizer))

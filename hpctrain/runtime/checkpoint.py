@@ -176,6 +176,7 @@ class Checkpointer:
         self.event = event or (lambda name, **fields: None)
         self.pending: _Pending | None = None
         self.last_saved_step: int | None = None
+        self.last_save_s: float | None = None  # how long the last save took to complete
         self._async_group = None
         if self.async_mode and dist.is_initialized():
             self._async_group = dist.new_group(backend="gloo")  # keep DCP off the training group
@@ -246,12 +247,17 @@ class Checkpointer:
             os.replace(pending.partial, pending.final)
             _fsync_dir(self.folder)
             total_s = round(time.perf_counter() - pending.started, 4)
-            # sync: training stood still for the whole save; async: only for staging and the final wait
-            timing = ({"blocking_s": round(pending.blocking_s, 4), "finalized_after_s": total_s} if self.async_mode
-                      else {"blocking_s": total_s})
-            self.event("checkpoint saved", step=pending.step, path=pending.final, **timing)
+            # sync: training stood still for the whole save; async: only for staging and the final wait.
+            # duration_s is that blocking time (what `hpctrain doctor` weighs against interruptions).
+            blocking_s = round(pending.blocking_s, 4) if self.async_mode else total_s
+            timing = ({"blocking_s": blocking_s, "finalized_after_s": total_s} if self.async_mode
+                      else {"blocking_s": blocking_s})
+            self.event("checkpoint saved", step=pending.step, path=pending.final, duration_s=blocking_s, **timing)
             self._prune(pending.step)
         barrier()
+        # Start to complete (async: overlapped steps included, an upper bound): the time-limit safety
+        # keeps twice this in hand (requeue.py).
+        self.last_save_s = time.perf_counter() - pending.started
 
     def _prune(self, newest_step: int) -> None:
         found = scan(self.folder)

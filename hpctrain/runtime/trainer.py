@@ -3,8 +3,8 @@
 The loop delegates: `Training.train_step` (forward/backward over the micro-batches and the
 pipeline; returns the global-batch mean loss, identical on every rank), `clip_grad_norm_` (the
 norm over DTensor shards, stages and tied copies), `optimizer_step` (skips on fp16 overflow),
-`Checkpointer.save(step)` and `should_continue()`. A stop request (`request_stop`, e.g. from a
-signal handler that only sets a flag) ends the loop at the next step boundary with a checkpoint.
+`Checkpointer.save(step)` and `should_continue()`. A signal or a near time limit, agreed by all
+ranks at a step boundary (requeue.py), ends the loop with a checkpoint and then asks for the requeue.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from hpctrain.runtime.distributed import DistEnv
 from hpctrain.runtime.optim import build_optimizers
 from hpctrain.runtime.parallelize import build_training
 from hpctrain.runtime.precision import local_tensor
+from hpctrain.runtime.requeue import RequeueController
 from hpctrain.runtime.telemetry import MemoryTracker, Telemetry, Throughput
 
 # Benchmarks set this to "0" to skip the checkpoint at the end of training (a 1B model writes ~15 GB).
@@ -49,6 +50,7 @@ class Trainer:
                                          self.telemetry.event)
         self.step = 0
         self.stop_requested: Callable[[], bool] = lambda: False
+        self.requeue = RequeueController(job, env, device, self.telemetry.event)
         self.resume_from = resume_from
         self.last_metrics: dict[str, Any] = {}
 
@@ -92,7 +94,11 @@ class Trainer:
 
     # -- loop ------------------------------------------------------------------------------------
     def should_continue(self) -> bool:
-        return self.step < self.job.train.steps and not self.stop_requested()
+        if self.step >= self.job.train.steps:
+            return False
+        # A collective: every rank joins it at every step boundary (signal or time limit -> all stop together).
+        stop = self.requeue.should_stop(self.step, self.checkpointer.last_save_s)
+        return not stop and not self.stop_requested()
 
     def train_step(self) -> tuple[float, float, float]:
         inputs, labels = (torch.from_numpy(a) for a in self.data.next_batch())
@@ -123,6 +129,7 @@ class Trainer:
         if os.environ.get(FINAL_CHECKPOINT_ENV, "1") != "0":  # the end, or a stop request
             self.checkpointer.save(self.step, self.train_state(), force=True)
         self.checkpointer.wait()
+        self.requeue.finish(self.step, saved=self.checkpointer.last_saved_step == self.step)
         stopped = self.step < self.job.train.steps
         self.telemetry.write_rank_summary(self.state_bytes(), "stopped" if stopped else "finished")
         return {"step": self.step, "resumed_from": resumed, "stopped": stopped, **self.last_metrics}

@@ -174,21 +174,28 @@ def test_missing_sbatch_is_a_user_error(tmp_path: Path) -> None:
 
 
 def test_resume_local_onto_another_layout(tmp_path: Path) -> None:
-    """Resubmit a finished run from its newest complete checkpoint with more steps and dp 2 -> 1."""
+    """Resubmit a run from its newest complete checkpoint with more steps and dp 2 -> 1: the loss curve
+    continues within 1e-5 of what the first layout computed for the same steps."""
+    import shutil
+
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env["PATH"] = os.path.dirname(sys.executable)
-    job = tiny_job("again", gpus_per_node=2, steps=2, checkpoint={"every_steps": 2})
+    job = tiny_job("again", gpus_per_node=2, steps=4, checkpoint={"every_steps": 2})
     first = _submit(tmp_path, env, job, "--wait", "--timeout", "120")
     run_dir = run_dir_of(first)
     assert first.returncode == 0, f"{first.stderr}\n{log_tail(run_dir)}"
-    again = run_cli(["resume", str(run_dir), "--set", "train.steps=3", "--set", "cluster.gpus_per_node=1"],
+    before = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    shutil.rmtree(run_dir / "checkpoints" / "step-4")  # as if stopped before its last save: steps 3-4 run again
+    again = run_cli(["resume", str(run_dir), "--set", "train.steps=5", "--set", "cluster.gpus_per_node=1"],
                     cwd=tmp_path, env=env, timeout_s=120)
     assert again.returncode == 0, again.stderr
     assert f"resuming from {run_dir / 'checkpoints' / 'step-2'}" in again.stdout
     status = wait_status(run_dir, env, lambda s: s["state"] in TERMINAL, 120, "the resumed run to end")
-    assert (status["state"], status["step"]) == ("COMPLETED", 3), log_tail(run_dir)
-    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert steps == [1, 2, 3]  # each step once: the resumed run continued at 3
+    assert (status["state"], status["step"]) == ("COMPLETED", 5), log_tail(run_dir)
+    after = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in after] == [1, 2, 3, 4, 5]  # each step once: the resumed run continued at 3
+    for old, new in zip(before[2:], after[2:4]):  # steps 3 and 4: dp 2 first, dp 1 after the resume
+        assert abs(new["loss"] - old["loss"]) <= 1e-5, (old["step"], old["loss"], new["loss"])
     assert yaml.safe_load((run_dir / "job.resolved.yaml").read_text())["parallel"]["dp"] == 1
     assert (run_dir / "submit" / "previous-1" / "job.resolved.yaml").is_file()  # the first layout is kept
 

@@ -130,3 +130,45 @@ def test_metadata_checksum_and_scan(tmp_path) -> None:
     found = scan(str(tmp_path))
     assert found.newest == (7, str(folder))
     assert [os.path.basename(p) for p, _ in found.rejected] == ["step-3.partial", "step-9"]
+
+
+# Runs the entry point with write_metadata wrapped: once the step-KILL_STEP metadata is in its .partial
+# folder (every rank's DCP shards written, the rename not done yet), the process SIGKILLs itself.
+_KILL_IN_SAVE = """
+import os, signal, sys
+import hpctrain.runtime.checkpoint as checkpoint
+original = checkpoint.write_metadata
+def write_then_die(folder, body):
+    original(folder, body)
+    if body["step"] == int(os.environ["KILL_STEP"]):
+        os.kill(os.getpid(), signal.SIGKILL)
+checkpoint.write_metadata = write_then_die
+from hpctrain.runtime.__main__ import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_kill_between_dcp_write_and_rename_loads_the_previous_checkpoint(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    from ._entry import REPO
+
+    job = write_job(make_job(train={"steps": 6}, checkpoint={"every_steps": 2, "keep_last": 5}),
+                    str(tmp_path / "job.yaml"))
+    run = str(tmp_path / "run")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE") and not k.startswith("SLURM_")}
+    killed = subprocess.run([sys.executable, "-c", _KILL_IN_SAVE, "--job", job, "--run-dir", run], cwd=REPO,
+                            env={**env, "KILL_STEP": "4"}, capture_output=True, text=True, timeout=120)
+    assert killed.returncode == -9, killed.stderr
+    assert _ckpts(run) == ["step-2", "step-4.partial"]  # DCP data and metadata there, never renamed
+    before = metrics(run)
+    assert [m["step"] for m in before] == [1, 2, 3, 4]
+    proc = run_module(["--job", job, "--run-dir", run])
+    assert proc.returncode == 0, proc.stderr
+    assert "step-4.partial: partial: the save was interrupted before its rename" in proc.stderr
+    assert [e["step"] for e in events(run) if e["event"] == "resumed"] == [2]
+    after = metrics(run)
+    assert [m["step"] for m in after] == [1, 2, 3, 4, 5, 6]
+    assert [(m["loss"], m["grad_norm"]) for m in after[:4]] == [(m["loss"], m["grad_norm"]) for m in before]
+    assert _ckpts(run) == ["step-2", "step-4", "step-6"]  # step 4 saved again, complete this time
