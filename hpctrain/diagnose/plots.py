@@ -116,9 +116,14 @@ def plot_memory(rows: list[tuple[str, Optional[float], Optional[float]]], summar
                         (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                         ha="center", va="bottom", fontsize=7)
     pred = summary.prediction
+    tallest_gib = max(planned + measured + [0.0])
     if pred is not None and pred.budget_bytes:
-        ax.axhline(pred.budget_bytes / 2**30, color=RESTART, linestyle="--", linewidth=1,
-                   label=f"budget {pred.budget_bytes / 2**30:.0f} GiB")
+        budget_gib = pred.budget_bytes / 2**30
+        if tallest_gib >= 0.1 * budget_gib:  # a far-away budget line would flatten every bar to nothing
+            ax.axhline(budget_gib, color=RESTART, linestyle="--", linewidth=1, label=f"budget {budget_gib:.0f} GiB")
+        else:
+            ax.plot([], [], " ", label=f"budget {budget_gib:.0f} GiB (off scale: peak uses "
+                                       f"{tallest_gib / budget_gib:.1%})")
     ax.set_xticks(x)
     ax.set_xticklabels(names)
     ax.set_ylabel("GiB per GPU (most loaded rank)")
