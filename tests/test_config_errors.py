@@ -112,6 +112,9 @@ CASES = [
     ("sweep-empty-grid", GOOD + "sweep:\n  grid: {}\n", [], ["sweep.grid"]),
     ("name-empty", GOOD.replace("name: ok", "name: ''"), [], ["t.yaml:1:", "name", "empty"]),
     ("name-nul", GOOD.replace("name: ok", 'name: "a\\0b"'), [], ["t.yaml:1:", "NUL"]),
+    ("deep-nesting", "name: " + "[" * 3000 + "]" * 3000 + "\n", [], ["t.yaml:1:", "nested"]),
+    ("set-new-nested-key", GOOD, ["model.x.y=1"], ["--set model.x.y=1", "model.x", "unknown key"]),
+    ("unknown-gpu", GOOD.replace("gpu: cpu", "gpu: a100-80g"), [], ["cluster.gpu", "a100-80gb"]),
     ("monitor-nsys-steps", GOOD + "monitor:\n  nsys_steps: [5, 2]\n", [], ["monitor.nsys_steps"]),
 ]
 
@@ -171,6 +174,14 @@ def test_every_problem_is_listed(tmp_path: Path, capsys: pytest.CaptureFixture[s
     code, out = _run(tmp_path, text, [], capsys)
     assert code == 2
     assert [line.split(":")[1] for line in out.strip().splitlines()] == ["4", "5", "15"]
+
+
+def test_valid_files_are_reported_beside_bad_ones(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "bad.yaml").write_text("name: x\n")
+    (tmp_path / "good.yaml").write_text(GOOD)
+    assert main(["validate", str(tmp_path / "bad.yaml"), str(tmp_path / "good.yaml")]) == 2
+    out = capsys.readouterr()
+    assert "good.yaml: valid" in out.out and "bad.yaml:" in out.err
 
 
 def test_subprocess_exit_code_and_no_traceback(tmp_path: Path) -> None:

@@ -24,18 +24,18 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
 
 
 def run_validate(args: argparse.Namespace) -> int:
-    from hpctrain.config import load_job
+    from hpctrain.config.loader import load_job_with_source, locate_problem
     from hpctrain.errors import ConfigError
 
     problems: list[str] = []
     for path in args.files:
         try:
-            job = load_job(path, args.overrides)
-            problems += _catalog_problems(job)
+            job, source = load_job_with_source(path, args.overrides)
+            found = [locate_problem(line, source) for line in _catalog_problems(job)]
         except ConfigError as exc:
-            problems += exc.problems
-            continue
-        if not problems:
+            found = exc.problems
+        problems += found
+        if not found:
             print(f"{path}: valid (job {job.name!r}, {job.cluster.nodes} node(s) x {job.cluster.gpus_per_node} GPUs)")
     if problems:
         raise ConfigError(problems)
@@ -43,11 +43,9 @@ def run_validate(args: argparse.Namespace) -> int:
 
 
 def _catalog_problems(job: object) -> list[str]:
-    """Names that must exist in the planner's hardware catalog (when the planner provides the check)."""
-    try:
-        from hpctrain.plan.hardware import check_catalog_names
-    except ImportError:
-        return []
+    """GPU, node and fabric names must exist in the planner's hardware catalog (with did-you-mean)."""
+    from hpctrain.plan.hardware import check_catalog_names
+
     return list(check_catalog_names(job))
 
 

@@ -128,9 +128,20 @@ def validate_data(data: dict[str, Any], source: Source) -> Job:
 
 def load_job(path: str, overrides: Sequence[str] = ()) -> Job:
     """Read job.yaml, apply `--set` overrides, validate. Raises ConfigError (exit 2) listing every problem."""
+    return load_job_with_source(path, overrides)[0]
+
+
+def load_job_with_source(path: str, overrides: Sequence[str] = ()) -> tuple[Job, Source]:
+    """load_job, plus where each value came from (to place later checks' messages at a line)."""
     data, source = read_yaml_file(path)
     apply_overrides(data, list(overrides), source)
-    return validate_data(data, source)
+    return validate_data(data, source), source
+
+
+def locate_problem(line: str, source: Source) -> str:
+    """Prefix a `dotted.path: message` line from a later stage with its FILE:LINE (or --set)."""
+    dotted = line.split(":", 1)[0]
+    return f"{source.locate(tuple(dotted.split('.')))}: {line}"
 
 
 def job_from_dict(data: dict[str, Any], overrides: Sequence[str] = (), origin: str = "<dict>") -> Job:

@@ -18,6 +18,7 @@ from hpctrain.errors import ConfigError
 
 MAX_FILE_BYTES = 1 << 20  # a job file is a page of YAML; 1 MiB leaves plenty of room
 MAX_VALUES = 50_000  # values built, counting every expansion of an alias
+MAX_DEPTH = 64  # a job is 4 levels deep; anything far deeper is a mistake or an attack
 
 Path = tuple[str, ...]
 
@@ -48,6 +49,10 @@ class Source:
 
     def locate(self, path: Path) -> str:
         """`FILE:LINE` (or `--set k=v`) for the deepest known prefix of path."""
+        if path and path not in self.lines:  # a key that only an override wrote, e.g. --set model.x.y=1
+            for key, text in self.overrides.items():
+                if key[: len(path)] == path:
+                    return f"--set {text}"
         for end in range(len(path), -1, -1):
             prefix = path[:end]
             if prefix in self.overrides:
@@ -67,6 +72,9 @@ class _Builder:
         self.count = 0
 
     def build(self, node: yaml.Node, path: Path) -> Any:
+        if len(path) > MAX_DEPTH:
+            raise _fail(self.source.filename, node.start_mark.line + 1,
+                        f"{_dotted(path[:3])}...: nested more than {MAX_DEPTH} levels; a job is a few levels deep")
         self.count += 1
         if self.count > MAX_VALUES:
             raise _fail(self.source.filename, node.start_mark.line + 1,
@@ -112,6 +120,24 @@ def _dotted(path: Path) -> str:
     return ".".join(path) if path else "(document)"
 
 
+_OPEN = (yaml.FlowSequenceStartToken, yaml.FlowMappingStartToken, yaml.BlockSequenceStartToken,
+         yaml.BlockMappingStartToken)
+_CLOSE = (yaml.FlowSequenceEndToken, yaml.FlowMappingEndToken, yaml.BlockEndToken)
+
+
+def _check_depth(text: str, filename: str) -> None:
+    """Refuse deep nesting before composing: the composer recurses (the C one can crash the process)."""
+    depth = 0
+    for token in yaml.scan(text, Loader=_Loader):
+        if isinstance(token, _OPEN):
+            depth += 1
+            if depth > 2 * MAX_DEPTH:  # a mapping level can take two tokens (indentless sequences)
+                raise _fail(filename, token.start_mark.line + 1, f"(document): nested more than {MAX_DEPTH} "
+                            "levels; a job is a few levels deep")
+        elif isinstance(token, _CLOSE):
+            depth -= 1
+
+
 def parse_yaml(text: str, filename: str) -> tuple[Any, Source]:
     """Parse one YAML document into plain values and a Source with the line of every key."""
     source = Source(filename)
@@ -119,6 +145,7 @@ def parse_yaml(text: str, filename: str) -> tuple[Any, Source]:
         raise _fail(filename, 1, f"(document): file is larger than {MAX_FILE_BYTES} bytes; a job file is a short "
                     "YAML mapping")
     try:
+        _check_depth(text, filename)
         nodes = list(yaml.compose_all(text, Loader=_Loader))
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
@@ -127,6 +154,8 @@ def parse_yaml(text: str, filename: str) -> tuple[Any, Source]:
         raise _fail(filename, line, f"(document): YAML syntax error: {what}; fix the YAML at this line") from None
     except yaml.YAMLError as exc:
         raise _fail(filename, 1, f"(document): YAML error: {str(exc).splitlines()[0]}; fix the file") from None
+    except RecursionError:
+        raise _fail(filename, 1, "(document): nested too deeply to read; a job is a few levels deep") from None
     if len(nodes) > 1:
         raise _fail(filename, nodes[1].start_mark.line + 1, "(document): more than one YAML document (---); "
                     "keep one job per file")

@@ -19,9 +19,11 @@ from typing import Any, Callable, Optional
 
 import yaml
 
+from hpctrain.launch.parsers import ACTIVE_STATES
+
 LOG_NAME = re.compile(r"^rank-(\d+)\.attempt-(\d+)\.log$")
 # What the run dir calls a still-running job (events) and what Slurm / the local executor call it.
-ACTIVE_SCHEDULER_STATES = frozenset({"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "SUSPENDED"})
+ACTIVE_SCHEDULER_STATES = ACTIVE_STATES  # one list of Slurm's live states, kept by the launch stage's parsers
 SchedulerQuery = Callable[[str], list[Any]]  # job id -> launch.parsers.JobRecord list
 
 

@@ -65,11 +65,15 @@ def _postfix(status: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
+MAX_POLL_S = 10.0
+
+
 def follow(run_dir: Path, timeout_s: float, *, commands: Optional[SlurmCommands] = None,
            interval_s: float = 1.0, stream: TextIO = sys.stderr,
            on_poll: Optional[Callable[[], object]] = None) -> dict[str, Any]:
     """Poll until the job (every task of a sweep) has ended; raise JobFailedError unless all COMPLETED."""
     deadline = time.monotonic() + timeout_s
+    wait_s = interval_s
     status = run_status(run_dir, commands)
     bar = _bar(status.get("steps"), stream) if status["kind"] == "job" else None
     try:
@@ -84,8 +88,13 @@ def follow(run_dir: Path, timeout_s: float, *, commands: Optional[SlurmCommands]
                 raise HpctrainError(f"timed out after {timeout_s:g} s waiting for {run_dir.name} (state "
                                     f"{status['state']}); it keeps running: follow it with `hpctrain status "
                                     f"{run_dir}` or stop it with `hpctrain cancel {run_dir}`")
-            time.sleep(interval_s)
+            # Each poll may ask the scheduler (scontrol/sacct): back off to at most MAX_POLL_S while nothing
+            # changes, and look again soon after something did.
+            time.sleep(wait_s)
+            previous = (status.get("state"), status.get("step"))
             status = run_status(run_dir, commands)
+            changed = (status.get("state"), status.get("step")) != previous
+            wait_s = interval_s if changed else min(wait_s * 1.5, max(interval_s, MAX_POLL_S))
     finally:
         if bar is not None:
             bar.close()

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from hpctrain.config import load_job
+from hpctrain.config.paths import absolute_paths
 from hpctrain.errors import ConfigError
 from hpctrain.launch import rundir, stages
 from hpctrain.launch.slurm_commands import SlurmCommands
@@ -50,7 +51,7 @@ def resume_run(run_dir: Path, overrides: Sequence[str] = (), *, dry_run: bool = 
                           f"`hpctrain cancel {run_dir}` first")
     if not (run_dir / "job.yaml").is_file():
         raise ConfigError(f"RUN: {run_dir} has no job.yaml; it is not a run directory")
-    job = load_job(str(run_dir / "job.yaml"), overrides)
+    job = absolute_paths(load_job(str(run_dir / "job.yaml"), overrides))  # --set paths: from where the user is
     checkpoint, rejected = stages.newest_complete_checkpoint(checkpoint_dir(run_dir, job.checkpoint.dir))
     if checkpoint is None:
         skipped = f" (skipped: {'; '.join(rejected)})" if rejected else ""

@@ -129,15 +129,17 @@ def task_dirs(sweep_dir: Path) -> list[Path]:
 
 
 def find_run(spec: str, runs_dir: str = "runs") -> Path:
-    """A run directory from a path, or the newest run in runs_dir whose name starts with spec."""
+    """A run directory from a path, or the newest run in runs_dir named spec or <spec>-<timestamp>."""
     path = Path(spec)
     if path.is_dir() and ((path / EVENTS).exists() or (path / "job.yaml").exists() or is_sweep(path)):
         return path.resolve()
     root = Path(runs_dir)
     candidates = []
     if root.is_dir() and "/" not in spec:
-        prefix = slugify(spec) if spec else ""
-        candidates = [p for p in root.iterdir() if p.is_dir() and (p.name == spec or p.name.startswith(prefix))]
+        # A run is <slug>-YYYYMMDD-HHMMSS (plus -N on a clash): a bare prefix must not pick another job's run.
+        named = re.compile(re.escape(slugify(spec)) + r"-\d{8}-\d{6}(-\d+)?") if spec else None
+        candidates = [p for p in root.iterdir()
+                      if p.is_dir() and (p.name == spec or (named is not None and named.fullmatch(p.name)))]
     if not candidates:
         known = sorted(p.name for p in root.iterdir() if p.is_dir())[-5:] if root.is_dir() else []
         hint = f"recent runs in {runs_dir}/: {', '.join(known)}" if known else f"no runs in {runs_dir}/"

@@ -99,6 +99,8 @@ def submit_sweep(job: Job, grid_options: Sequence[str] = (), *, max_parallel: Op
     if not feasible:
         raise ConfigError([f"sweep: no feasible point in the grid ({len(skipped)} tried); fix the grid or the job:"]
                           + [f"  {point_label(s['point'])}: {s['reason']}" for s in skipped])
+    if max_parallel is not None and max_parallel < 1:
+        raise ConfigError(f"--max-parallel: must be >= 1 (got {max_parallel}); it is the %K of --array")
     parallel = max_parallel or (job.sweep.max_parallel if job.sweep else 4)
     array = f"0-{len(feasible) - 1}%{min(parallel, len(feasible))}"
     root = create_run_dir(job.runs_dir, job.name)

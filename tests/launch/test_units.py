@@ -117,3 +117,15 @@ def test_login_path_never_imports_torch(tmp_path: Path) -> None:
                             text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert '"state": "DRY_RUN"' in result.stdout
+
+
+def test_find_run_matches_whole_names_only(tmp_path) -> None:
+    from hpctrain.errors import ConfigError
+    from hpctrain.launch.rundir import find_run
+
+    (tmp_path / "tiny-20261130-101010").mkdir()
+    (tmp_path / "t-20261130-101011").mkdir()
+    assert find_run("tiny", str(tmp_path)).name == "tiny-20261130-101010"
+    assert find_run("t", str(tmp_path)).name == "t-20261130-101011"
+    with pytest.raises(ConfigError, match="no run directory"):
+        find_run("ti", str(tmp_path))
