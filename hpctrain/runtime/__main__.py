@@ -144,6 +144,12 @@ def _run(job: Any, env: Any, args: argparse.Namespace) -> int:
               loss=result.get("loss"), resumed_from=result["resumed_from"])
         trainer.close()
         shutdown()
+        # Stopped early and nothing will bring it back (budget spent, scontrol failed, no checkpoint): the job
+        # did not do its work, so it must not end COMPLETED (exit codes: ARCHITECTURE.md section 4). A local
+        # run that was cancelled (not under Slurm) saved and says `hpctrain resume`: that is a clean exit.
+        if result["stopped"] and result.get("requeue") == "not-requeued" \
+                and result.get("requeue_why_not") != "not-under-slurm":
+            return 1
         return 0
     except ConfigError as exc:
         event("failed", reason=str(exc).splitlines()[0], exit_code=2)

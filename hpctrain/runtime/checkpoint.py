@@ -87,6 +87,10 @@ def read_metadata(folder: str) -> dict[str, Any]:
         raise InvalidCheckpoint(f"{METADATA_FILE} checksum mismatch (corrupted or edited)")
     if not os.path.exists(os.path.join(folder, DCP_METADATA_FILE)):
         raise InvalidCheckpoint(f"the DCP index {DCP_METADATA_FILE} is missing")
+    for name in body.get("rng_files", []):
+        rng_path = os.path.join(folder, name)
+        if not os.path.isfile(rng_path) or os.path.getsize(rng_path) == 0:
+            raise InvalidCheckpoint(f"the RNG state {name} is missing or empty")
     return body
 
 
@@ -128,20 +132,24 @@ def scan(folder: str) -> Scan:
     return out
 
 
-def rng_state() -> dict[str, Any]:
+def rng_state(device_index: int | None = None) -> dict[str, Any]:
+    """This rank's RNG states; on a GPU only its own device's (a resumed rank may see other GPUs)."""
     state: dict[str, Any] = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
                              "python": random.getstate()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if device_index is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state(device_index)
     return state
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
+def set_rng_state(state: dict[str, Any], device_index: int | None = None) -> None:
     torch.set_rng_state(state["torch"])
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if "cuda" in state and device_index is not None and torch.cuda.is_available():
+        cuda_state = state["cuda"]
+        if isinstance(cuda_state, list):  # written by an older hpctrain: one state per visible GPU
+            cuda_state = cuda_state[min(device_index, len(cuda_state) - 1)]
+        torch.cuda.set_rng_state(cuda_state, device_index)
 
 
 def _rank() -> tuple[int, int]:
@@ -177,6 +185,9 @@ class Checkpointer:
         self.pending: _Pending | None = None
         self.last_saved_step: int | None = None
         self.last_save_s: float | None = None  # how long the last save took to complete
+        # This rank's GPU (init_distributed set it), whose RNG stream is saved with the checkpoint.
+        self.device_index = (torch.cuda.current_device()
+                             if torch.cuda.is_available() and torch.cuda.is_initialized() else None)
         self._async_group = None
         if self.async_mode and dist.is_initialized():
             self._async_group = dist.new_group(backend="gloo")  # keep DCP off the training group
@@ -205,8 +216,6 @@ class Checkpointer:
         self.wait()
         started = time.perf_counter()
         final = os.path.join(self.folder, f"step-{step}")
-        if _is_complete(final):  # e.g. the run resumed from this very step
-            return False
         barrier()  # every rank has looked before rank 0 clears anything
         partial = final + ".partial"
         if self.rank == 0:
@@ -215,7 +224,10 @@ class Checkpointer:
             shutil.rmtree(final, ignore_errors=True)  # a folder without valid metadata
             os.makedirs(os.path.join(partial, "rng"))
         barrier()
-        torch.save(rng_state(), os.path.join(partial, "rng", f"rank-{self.rank}.pt"))
+        with open(os.path.join(partial, "rng", f"rank-{self.rank}.pt"), "wb") as handle:
+            torch.save(rng_state(self.device_index), handle)
+            handle.flush()
+            os.fsync(handle.fileno())  # the metadata that lists it is written (and trusted) after this
         full_body = {**body, "format": FORMAT, "step": step, "world_size": self.world_size,
                      "rng_files": [f"rng/rank-{r}.pt" for r in range(self.world_size)],
                      "versions": {"hpctrain": hpctrain.__version__, "torch": torch.__version__,
@@ -243,7 +255,9 @@ class Checkpointer:
     def _finalize(self, pending: _Pending) -> None:
         barrier()  # every rank's shards and RNG file are on disk
         if self.rank == 0:
+            _fsync_dir(os.path.join(pending.partial, "rng"))
             write_metadata(pending.partial, pending.body)
+            _fsync_dir(pending.partial)
             os.replace(pending.partial, pending.final)
             _fsync_dir(self.folder)
             total_s = round(time.perf_counter() - pending.started, 4)
@@ -274,6 +288,8 @@ class Checkpointer:
         choice: list[Any] = [None]
         if self.rank == 0:
             choice[0] = self._choose(resume_from)
+            if resume_from is not None and isinstance(choice[0], str):
+                self._set_aside_newer(int(read_metadata(choice[0])["step"]))
         if dist.is_available() and dist.is_initialized() and self.world_size > 1:
             dist.broadcast_object_list(choice, src=0)
         if isinstance(choice[0], ConfigError):
@@ -296,6 +312,18 @@ class Checkpointer:
         found = self._report(scan(self.folder))
         return found.newest[1] if found.newest else None
 
+    def _set_aside_newer(self, step: int) -> None:
+        """Resuming from an older step starts a new timeline: move this run's later checkpoints aside
+        (step-N.superseded), so that pruning keeps the new saves and a requeue resumes from them."""
+        for newer_step, path in scan(self.folder).complete:
+            if newer_step > step:
+                target = f"{path}.superseded"
+                shutil.rmtree(target, ignore_errors=True)
+                os.replace(path, target)
+                print(f"hpctrain.runtime: resuming from step {step}: moved the later checkpoint {path} to "
+                      f"{target}", file=sys.stderr, flush=True)
+                self.event("checkpoint superseded", path=target, step=newer_step, resumed_step=step)
+
     def _report(self, found: Scan) -> Scan:
         for path, reason in found.rejected:
             print(f"hpctrain.runtime: skipping checkpoint {path}: {reason}", file=sys.stderr, flush=True)
@@ -313,9 +341,9 @@ class Checkpointer:
                            optim_state_dict={k: state["optim"][k] for k in o}, options=OPTIONS)
         rng_file = os.path.join(path, "rng", f"rank-{self.rank}.pt")
         if os.path.exists(rng_file):
-            set_rng_state(torch.load(rng_file, weights_only=False))
-        elif self.rank == 0:
-            print(f"hpctrain.runtime: {path} has no RNG state for rank {self.rank} "
+            set_rng_state(torch.load(rng_file, weights_only=False), self.device_index)
+        else:  # a resume onto more ranks than saved: say so on the rank concerned
+            print(f"hpctrain.runtime [rank {self.rank}]: {path} has no RNG state for rank {self.rank} "
                   f"(saved with {body.get('world_size')} ranks); continuing with fresh RNG", file=sys.stderr)
         self.last_saved_step = int(body["step"])
         return body

@@ -131,6 +131,18 @@ def place_rank(env: DistEnv, rank_order: Optional[list[int]], gpus_per_node: int
     return dataclasses.replace(env, rank=rank_order[env.rank])
 
 
+def _gpu_index(local_rank: int, visible: int) -> int:
+    """This rank's GPU: its own when the launcher bound one GPU per task (srun --gpus-per-task=1),
+    else the local_rank-th visible one; never two ranks on one GPU by wrap-around."""
+    if visible == 1:
+        return 0
+    if local_rank >= visible:
+        raise ConfigError(f"environment: local rank {local_rank} but only {visible} GPU(s) visible "
+                          f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); "
+                          "start one task per GPU (cluster.gpus_per_node)")
+    return local_rank
+
+
 def check_env(env: DistEnv) -> None:
     """Reject impossible launcher values with a message naming them."""
     if env.world_size < 1 or not 0 <= env.rank < env.world_size:
@@ -158,7 +170,7 @@ def init_distributed(env: DistEnv, need_group: bool = False) -> Any:
     import torch.distributed as dist
 
     if torch.cuda.is_available():
-        device = torch.device("cuda", env.local_rank % torch.cuda.device_count())
+        device = torch.device("cuda", _gpu_index(env.local_rank, torch.cuda.device_count()))
         torch.cuda.set_device(device)
         backend = "nccl"
     else:

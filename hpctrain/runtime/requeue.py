@@ -178,6 +178,7 @@ class RequeueController:
         self.job_id = self.environ.get("SLURM_JOB_ID")
         self.target = requeue_target(self.environ)
         self.decision = Decision(False)
+        self.why_not: Optional[str] = None  # why a stop did not lead to a requeue (finish())
         self.save_s: Optional[float] = None  # the last save's duration
         self._last_boundary_s: Optional[float] = None
         self.end_time_s: Optional[float] = None
@@ -263,6 +264,7 @@ class RequeueController:
         if not saved:
             print(f"hpctrain.runtime: NOT requeueing: no complete checkpoint at step {step} ({reason})",
                   file=sys.stderr, flush=True)
+            self.why_not = "no-checkpoint"
             self.event("not_requeued", reason=reason, why_not="no-checkpoint", step=step)
             return "not-requeued"
         if self.environ.get(REQUEUE_BY_ENV) == "batch-script":
@@ -274,6 +276,7 @@ class RequeueController:
         if not marker:
             print(f"hpctrain.runtime: NOT requeued: {REQUEUE_BY_ENV}=batch-script but {MARKER_ENV} is unset; "
                   f"the batch script cannot see the request ({reason})", file=sys.stderr, flush=True)
+            self.why_not = "no-marker-path"
             self.event("not_requeued", reason=reason, why_not="no-marker-path", step=step)
             return "not-requeued"
         write_marker(marker, reason)
@@ -286,12 +289,14 @@ class RequeueController:
         if not self.target:
             print(f"hpctrain.runtime: stopped after saving step {step} ({reason}); not under Slurm, so nothing "
                   "requeues it: continue with `hpctrain resume RUN`", file=sys.stderr, flush=True)
+            self.why_not = "not-under-slurm"
             self.event("not_requeued", reason=reason, why_not="not-under-slurm", step=step)
             return "not-requeued"
         allowed, why_not = requeue_allowed(self.env.attempt, self.max_requeues, self.requeue_enabled)
         if not allowed:
             print(f"hpctrain.runtime: NOT requeued ({why_not}: attempt {self.env.attempt}, slurm.max_requeues="
                   f"{self.max_requeues}, slurm.requeue={self.requeue_enabled}); {reason}", file=sys.stderr, flush=True)
+            self.why_not = why_not
             self.event("not_requeued", reason=reason, why_not=why_not, step=step)
             return "not-requeued"
         try:
@@ -301,6 +306,7 @@ class RequeueController:
             print(f"hpctrain.runtime: NOT requeued: `scontrol` is not on PATH here (inside a container?); "
                   f"run `scontrol requeue {self.target}` on the host, or launch with the rendered batch script, "
                   f"which requeues from outside the container ({reason})", file=sys.stderr, flush=True)
+            self.why_not = "scontrol-missing"
             self.event("not_requeued", reason=reason, why_not="scontrol-missing", step=step, job_id=self.target)
             return "not-requeued"
         except subprocess.TimeoutExpired:
@@ -309,6 +315,7 @@ class RequeueController:
             message = (out.stderr or out.stdout).strip().splitlines()
             print(f"hpctrain.runtime: NOT requeued: scontrol requeue {self.target} exited {out.returncode}: "
                   f"{message[-1] if message else ''} ({reason})", file=sys.stderr, flush=True)
+            self.why_not = "scontrol-failed"
             self.event("not_requeued", reason=reason, why_not="scontrol-failed", step=step, job_id=self.target)
             return "not-requeued"
         print(f"hpctrain.runtime: requeued job {self.target} after saving step {step} ({reason})", flush=True)

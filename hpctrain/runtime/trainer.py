@@ -126,13 +126,15 @@ class Trainer:
                 self._log(loss, grad_norm, lr)
             if self.checkpointer.save(self.step, self.train_state()):
                 self.telemetry.write_rank_summary(self.state_bytes(), "running")
-        if os.environ.get(FINAL_CHECKPOINT_ENV, "1") != "0":  # the end, or a stop request
+        stopped = self.step < self.job.train.steps
+        # A stop request always saves (the requeue resumes from it); the benches may skip the final save.
+        if stopped or os.environ.get(FINAL_CHECKPOINT_ENV, "1") != "0":
             self.checkpointer.save(self.step, self.train_state(), force=True)
         self.checkpointer.wait()
-        self.requeue.finish(self.step, saved=self.checkpointer.last_saved_step == self.step)
-        stopped = self.step < self.job.train.steps
+        outcome = self.requeue.finish(self.step, saved=self.checkpointer.last_saved_step == self.step)
         self.telemetry.write_rank_summary(self.state_bytes(), "stopped" if stopped else "finished")
-        return {"step": self.step, "resumed_from": resumed, "stopped": stopped, **self.last_metrics}
+        return {"step": self.step, "resumed_from": resumed, "stopped": stopped, "requeue": outcome,
+                "requeue_why_not": self.requeue.why_not, **self.last_metrics}
 
     def _log(self, loss: float, grad_norm: float, lr: float) -> None:
         extra: dict[str, Any] = {}

@@ -172,3 +172,38 @@ def test_kill_between_dcp_write_and_rename_loads_the_previous_checkpoint(tmp_pat
     assert [m["step"] for m in after] == [1, 2, 3, 4, 5, 6]
     assert [(m["loss"], m["grad_norm"]) for m in after[:4]] == [(m["loss"], m["grad_norm"]) for m in before]
     assert _ckpts(run) == ["step-2", "step-4", "step-6"]  # step 4 saved again, complete this time
+
+
+def test_resuming_an_older_step_sets_later_checkpoints_aside(tmp_path) -> None:
+    run = str(tmp_path / "run")
+    job = make_job(train={"steps": 6}, checkpoint={"every_steps": 2, "keep_last": 2})
+    assert run_entry(job, run) == [0]
+    assert _ckpts(run) == ["step-4", "step-6"]
+    # Back to step 4 in the same run: step-6 belongs to the abandoned timeline and must not be resumed from
+    # (or keep the new saves from being kept).
+    job["train"]["steps"] = 7
+    assert run_entry(job, run, None, "--resume-from", os.path.join(run, "checkpoints", "step-4")) == [0]
+    complete = [os.path.basename(path) for _, path in scan(os.path.join(run, "checkpoints")).complete]
+    assert complete == ["step-6", "step-7"]  # the NEW step-6 and step-7
+    assert os.path.isdir(os.path.join(run, "checkpoints", "step-6.superseded"))
+    assert [e["step"] for e in events(run) if e["event"] == "checkpoint superseded"] == [6]
+
+
+def test_a_missing_rng_file_makes_the_checkpoint_incomplete(tmp_path) -> None:
+    run = str(tmp_path / "run")
+    assert run_entry(make_job(train={"steps": 2}, checkpoint={"every_steps": 2}), run) == [0]
+    folder = os.path.join(run, "checkpoints", "step-2")
+    read_metadata(folder)
+    open(os.path.join(folder, "rng", "rank-0.pt"), "wb").close()  # emptied, as by a crash before fsync
+    with pytest.raises(InvalidCheckpoint, match="RNG state rng/rank-0.pt"):
+        read_metadata(folder)
+
+
+def test_gpu_index_never_wraps_two_ranks_onto_one_gpu() -> None:
+    from hpctrain.errors import ConfigError
+    from hpctrain.runtime.distributed import _gpu_index
+
+    assert _gpu_index(3, 1) == 0  # srun --gpus-per-task=1: each task sees only its own GPU
+    assert _gpu_index(3, 8) == 3
+    with pytest.raises(ConfigError, match="local rank 4 but only 2 GPU"):
+        _gpu_index(4, 2)

@@ -218,3 +218,20 @@ def test_one_rank_signalled_all_ranks_save_the_same_step_and_exit_0(tmp_path) ->
     assert marker.read_text() == f"signal USR2 at step {step}\n"
     assert [e["event"] for e in found][-2:] == ["requeue requested", "stopped"]
     assert os.path.isdir(os.path.join(run, "checkpoints", f"step-{step}"))
+
+
+@pytest.mark.dist
+def test_a_stop_that_cannot_be_requeued_exits_1(tmp_path) -> None:
+    """Requeue budget spent: the ranks still save, but the job must not end COMPLETED (exit 1 on rank 0)."""
+    job = make_job(train={"steps": 40, "micro_batch": 1}, checkpoint={"every_steps": 100},
+                   slurm={"max_requeues": 1})
+    run = str(tmp_path / "run")
+    argv = ["--job", write_job(job, str(tmp_path / "job.yaml")), "--run-dir", run]
+    env = {"SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "1", "HPCTRAIN_TEST_STEP_DELAY_S": "0.05"}
+    codes = run_distributed(_signal_one_rank, 1, argv, run, 0, 2, init_process_group=False, env=env, timeout_s=120)
+    assert codes == [1]
+    found = events(run)
+    refused = [e for e in found if e["event"] == "not_requeued"]
+    assert len(refused) == 1 and refused[0]["why_not"] != "not-under-slurm"
+    step = refused[0]["step"]
+    assert os.path.isdir(os.path.join(run, "checkpoints", f"step-{step}"))  # saved all the same
