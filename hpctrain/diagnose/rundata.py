@@ -114,12 +114,6 @@ class RunData:
         seen |= {int(e["attempt"]) for e in self.events if isinstance(e.get("attempt"), int)}
         return sorted(seen) or [0]
 
-    def logs_of_last_attempt(self) -> list[LogFile]:
-        if not self.logs:
-            return []
-        last = max(log.attempt for log in self.logs)
-        return [log for log in self.logs if log.attempt == last]
-
 
 def lifecycle(event: dict[str, Any]) -> dict[str, Any]:
     """`ended` (state COMPLETED / FAILED / CANCELLED / TIMEOUT ...) as finished / failed / cancelled."""

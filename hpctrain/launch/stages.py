@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hpctrain.config import Job
+from hpctrain.render.context import RUNTIME_MODULE  # the one entry point both executors start
 
-RUNTIME_MODULE = "hpctrain.runtime"
 
 
 def resolve(job: Job) -> tuple[Job, dict[str, Any]]:

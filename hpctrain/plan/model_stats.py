@@ -145,11 +145,6 @@ def _tp_shard_sizes(model: Any, tp: int) -> tuple[int, int, int]:
     return sizes
 
 
-def largest_layer_param_count(model: Any) -> int:
-    """The largest single module (a layer, the embedding or the head): what ZeRO-3 gathers at once."""
-    return max(layer_param_count(model), embedding_param_count(model), head_param_count(model))
-
-
 # ---------------------------------------------------------------------------------------------
 # FLOPs. A multiply-add is 2 FLOPs. Forward FLOPs per token of a matmul with P weights = 2P;
 # backward = 2x forward (gradients w.r.t. inputs and weights), so training = 3x forward

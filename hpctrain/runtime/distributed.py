@@ -44,10 +44,6 @@ class DistEnv:
     launcher: str  # "torchrun", "slurm" or "single"
     attempt: int = 0  # SLURM_RESTART_COUNT: how many times Slurm requeued this job
 
-    @property
-    def is_rank0(self) -> bool:
-        return self.rank == 0
-
 
 def _int(environ: Mapping[str, str], name: str) -> int:
     value = environ.get(name, "")

@@ -82,10 +82,6 @@ class Training:
         """Elements this rank stores (its TP/FSDP shards of its pipeline stages)."""
         return sum(local_tensor(p).numel() for p in self.parameters())
 
-    def param_count_unsharded(self) -> int:
-        """Full-size elements of the parameters of this rank's pipeline stages (before TP/FSDP)."""
-        return sum(p.numel() for p in self.parameters())
-
     def param_count_before_dp(self) -> int:
         """Elements this rank holds after TP sharding but before FSDP sharding: the planner's
         per-rank count (`hpctrain.plan.model_stats.stage_param_count`)."""

@@ -63,11 +63,6 @@ class SignalFlag:
             if signum not in self.previous:
                 self.previous[signum] = signal.signal(signum, self.handler)
 
-    def uninstall(self) -> None:
-        for signum, old in self.previous.items():
-            signal.signal(signum, old)
-        self.previous.clear()
-
 
 FLAG = SignalFlag()
 

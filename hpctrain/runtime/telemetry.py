@@ -75,11 +75,6 @@ def truncate_metrics(path: str, step: int) -> int:
     return len(kept)
 
 
-def read_metrics(path: str) -> list[dict[str, Any]]:
-    with open(path, encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle if line.strip()]
-
-
 def _rss_bytes() -> int:
     try:
         with open("/proc/self/statm", encoding="ascii") as handle:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -49,7 +49,6 @@ class Trainer:
         self.checkpointer = Checkpointer(job, run_dir, self.training.model_parts, self.optimizers,
                                          self.telemetry.event)
         self.step = 0
-        self.stop_requested: Callable[[], bool] = lambda: False
         self.requeue = RequeueController(job, env, device, self.telemetry.event)
         self.resume_from = resume_from
         self.last_metrics: dict[str, Any] = {}
@@ -98,7 +97,7 @@ class Trainer:
             return False
         # A collective: every rank joins it at every step boundary (signal or time limit -> all stop together).
         stop = self.requeue.should_stop(self.step, self.checkpointer.last_save_s)
-        return not stop and not self.stop_requested()
+        return not stop
 
     def train_step(self) -> tuple[float, float, float]:
         inputs, labels = (torch.from_numpy(a) for a in self.data.next_batch())
@@ -149,6 +148,3 @@ class Trainer:
     def close(self) -> None:
         self.telemetry.close()
 
-
-def run_dir_ready(run_dir: str) -> None:
-    os.makedirs(run_dir, exist_ok=True)
