@@ -82,6 +82,7 @@ def _print_submission(submission: Any, dry_run: bool) -> None:
     print(submission.executor_note, file=sys.stderr)
     if dry_run:
         where = f"; script {submission.script_path}" if submission.script_path else ""
+        where += f"; recipe {submission.recipe_path}" if submission.recipe_path else ""
         print(f"dry run: nothing submitted{where}")
     else:
         print(f"job {submission.job_id}")

@@ -32,6 +32,13 @@ def render_script(job: Job, run_dir: Path, array: Optional[str] = None) -> str:
     return render.render_script(job, array=array, run_dir=str(run_dir))
 
 
+def render_recipe(job: Job) -> str:
+    """The Singularity/Apptainer recipe for the job's image."""
+    from hpctrain import render
+
+    return render.render_recipe(job)
+
+
 def runtime_command(python: Optional[str] = None) -> list[str]:
     """The runtime entry point each local rank runs (the sbatch script runs the same module under srun)."""
     return [python or sys.executable, "-u", "-m", RUNTIME_MODULE]

@@ -18,6 +18,7 @@ from hpctrain.launch.rundir import append_event, create_run_dir, write_json, wri
 from hpctrain.launch.slurm_commands import SlurmCommands, missing_program_error, sbatch_available
 
 SCRIPT_NAME = "job.sbatch"
+RECIPE_NAME = "recipe.def"
 
 
 @dataclass
@@ -29,12 +30,16 @@ class Submission:
     executor_note: str
     job_id: Optional[str] = None  # None for --dry-run
     script_path: Optional[Path] = None
+    recipe_path: Optional[Path] = None  # written by --dry-run: the image recipe a container job would use
     array: Optional[str] = None
     process: Optional[subprocess.Popen[bytes]] = field(default=None, repr=False)  # local supervisor
 
 
-def choose_executor(job: Job, env: Optional[dict[str, str]] = None) -> tuple[str, str]:
-    """("slurm" | "local", a sentence saying which and why)."""
+def choose_executor(job: Job, env: Optional[dict[str, str]] = None, *, dry_run: bool = False) -> tuple[str, str]:
+    """("slurm" | "local", a sentence saying which and why).
+
+    A dry run submits nothing, so it never needs sbatch: executor slurm renders without it.
+    """
     kind = job.cluster.executor
     sbatch = sbatch_available(env)
     if kind == "auto":
@@ -42,6 +47,8 @@ def choose_executor(job: Job, env: Optional[dict[str, str]] = None) -> tuple[str
             return "slurm", f"executor: slurm (cluster.executor auto, sbatch found at {sbatch})"
         return "local", "executor: local (cluster.executor auto, no sbatch on PATH)"
     if kind == "slurm" and sbatch is None:
+        if dry_run:
+            return kind, "executor: slurm (cluster.executor; dry run: no sbatch on PATH, none needed)"
         raise missing_program_error("sbatch")
     return kind, f"executor: {kind} (cluster.executor)"
 
@@ -66,9 +73,15 @@ def write_script(run_dir: Path, resolved: Job, array: Optional[str] = None) -> t
     return script, path
 
 
+def write_recipe(run_dir: Path, resolved: Job) -> Path:
+    path = run_dir / "submit" / RECIPE_NAME
+    write_text(path, stages.render_recipe(resolved))
+    return path
+
+
 def submit_job(job: Job, *, dry_run: bool = False, commands: Optional[SlurmCommands] = None) -> Submission:
     """Resolve, create the run directory, render and submit one job."""
-    kind, note = choose_executor(job, commands.env if commands else None)
+    kind, note = choose_executor(job, commands.env if commands else None, dry_run=dry_run)
     if kind == "local":
         check_local(job)
     resolved, plan = stages.resolve(job)
@@ -89,9 +102,10 @@ def launch(run_dir: Path, resolved: Job, kind: str, note: str, tasks: list[TaskS
     `resolved` is the job the sbatch script is rendered from (for a sweep, its first point).
     """
     out = Submission(run_dir, kind, note, array=array)
-    if kind == "slurm":
+    if kind == "slurm" or dry_run:  # a dry run shows what Slurm would get whatever the executor
         script, out.script_path = write_script(run_dir, resolved, array)
     if dry_run:
+        out.recipe_path = write_recipe(run_dir, resolved)
         append_event(run_dir, "dry_run", executor=kind)
         return out
     try:

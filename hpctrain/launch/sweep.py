@@ -91,7 +91,7 @@ def _check_one_array(feasible: list[tuple[dict[str, Any], Job, Job, dict[str, An
 def submit_sweep(job: Job, grid_options: Sequence[str] = (), *, max_parallel: Optional[int] = None,
                  dry_run: bool = False, commands: Optional[SlurmCommands] = None) -> tuple[Submission, dict[str, Any]]:
     """Expand, resolve every point, write the task run dirs and submit one array. Returns (submission, sweep.json)."""
-    kind, note = choose_executor(job, commands.env if commands else None)
+    kind, note = choose_executor(job, commands.env if commands else None, dry_run=dry_run)
     if kind == "local":
         check_local(job)
     grid = grid_of(job, grid_options)
