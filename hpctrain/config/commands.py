@@ -11,7 +11,7 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     validate = subparsers.add_parser("validate", help="check job.yaml files against the schema",
                                      description="Exit 0 when every file is valid; else print one line per "
                                                  "problem (FILE:LINE: field: what; fix) and exit 2.")
-    validate.add_argument("files", nargs="+", metavar="JOB.yaml")
+    validate.add_argument("files", nargs="+", metavar="JOB.yaml", help="one or more job files to check")
     add_set_option(validate)
     validate.set_defaults(handler=run_validate)
 

@@ -126,9 +126,14 @@ _CLOSE = (yaml.FlowSequenceEndToken, yaml.FlowMappingEndToken, yaml.BlockEndToke
 
 
 def _check_depth(text: str, filename: str) -> None:
-    """Refuse deep nesting before composing: the composer recurses (the C one can crash the process)."""
+    """Refuse deep nesting before composing: the composer recurses (the C one can crash the process).
+
+    The pure-Python scanner does the counting on purpose: libyaml (bundled with PyYAML >= 6.0.4) has
+    a nesting limit of its own and reads ahead through flow collections, so with the C scanner its
+    error, in its words, would reach the user before ours does.
+    """
     depth = 0
-    for token in yaml.scan(text, Loader=_Loader):
+    for token in yaml.scan(text, Loader=yaml.SafeLoader):
         if isinstance(token, _OPEN):
             depth += 1
             if depth > 2 * MAX_DEPTH:  # a mapping level can take two tokens (indentless sequences)

@@ -25,7 +25,7 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
                                    description="Resolve the job, create runs/<name>-<time>/, render the sbatch script "
                                                "and submit it (or start local processes); prints the job id and the "
                                                "run directory. Exit 2: bad input; 3: the scheduler refused.")
-    submit.add_argument("job", metavar="JOB.yaml")
+    submit.add_argument("job", metavar="JOB.yaml", help="the job file to submit")
     _add_set(submit)
     submit.add_argument("--dry-run", action="store_true", help="write the run directory and script, submit nothing")
     submit.add_argument("--wait", action="store_true", help="follow the job with a progress bar until it ends "
@@ -38,8 +38,8 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     sweep = subparsers.add_parser("sweep", help="submit a grid of jobs as ONE job array",
                                   description="Expand the grid (the job's `sweep:` section and/or --grid), drop "
                                               "infeasible points with the planner's reason, submit one array "
-                                              "(--array=0-N%%K); each task reads its own resolved job.")
-    sweep.add_argument("job", metavar="JOB.yaml")
+                                              "(--array=0-N%K); each task reads its own resolved job.")
+    sweep.add_argument("job", metavar="JOB.yaml", help="the job file whose grid to submit")
     _add_set(sweep)
     sweep.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2,...",
                        help="a grid axis, e.g. --grid parallel.tp=1,2,4 (repeatable; adds to or replaces sweep.grid)")

@@ -15,7 +15,7 @@ def add_plan_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentPar
                     "the others were rejected. GPUs: v100-32gb, a100-40gb, a100-80gb, h100-80gb, h200-141gb, l40s; "
                     "nodes: dgx-a100, dgx-h100, hgx-h200, pcie-l40s, dgx1-v100; fabrics: ib-hdr200, ib-ndr400, "
                     "roce, ethernet.")
-    plan.add_argument("job", metavar="JOB.yaml")
+    plan.add_argument("job", metavar="JOB.yaml", help="the job file to plan")
     plan.add_argument("--top", type=int, default=5, metavar="N", help="layouts to show (default 5)")
     plan.add_argument("--json", action="store_true", help="print the plan as JSON (plan.json's format)")
     add_set_option(plan)
@@ -27,7 +27,7 @@ def add_topo_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentPar
         "topo", help="show the NVLink islands / leaf switches found in topology files",
         description="Each FILE is the saved output of `nvidia-smi topo -m` or a Slurm topology.conf "
                     "(recognised by its content).")
-    topo.add_argument("files", nargs="+", metavar="FILE")
+    topo.add_argument("files", nargs="+", metavar="FILE", help="`nvidia-smi topo -m` output and/or a Slurm topology.conf")
     topo.add_argument("--json", action="store_true", help="print JSON")
     topo.set_defaults(handler=run_topo)
 

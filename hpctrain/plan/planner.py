@@ -13,7 +13,7 @@ from hpctrain.plan.memory import CPU_RUNTIME_OVERHEAD_BYTES, DEFAULT_RUNTIME_OVE
 from hpctrain.plan.model_stats import flops_per_token, model_flops_per_token, param_count
 from hpctrain.plan.placement import PlacementPlan, local_gpu_order, rank_order, switches_request
 from hpctrain.plan.search import Layout, SearchSettings, optimizer_kind, search
-from hpctrain.plan.space import REASONS, Choices, Rejections
+from hpctrain.plan.space import REASON_UNITS, REASONS, Choices, Rejections
 from hpctrain.plan.topology import (
     GpuTopology,
     SwitchTree,
@@ -127,7 +127,7 @@ def _nothing_fits(job: Any, result: PlanResult) -> list[str]:
              f"fits ({result.evaluated} candidates evaluated); reasons:"]
     for reason, count in sorted(result.rejected.counts.items(), key=lambda kv: -kv[1]):
         example = result.rejected.examples[reason][0]
-        lines.append(f"  {REASONS[reason]}: {count} (e.g. {example})")
+        lines.append(f"  {REASONS[reason]}: {count} {REASON_UNITS[reason]} (e.g. {example})")
     if not result.rejected.counts:
         lines.append("  the fixed values in `parallel:` leave no candidate (tp*pp*dp must equal the GPU count)")
     lines.append("  fix: set more of parallel.* / train.micro_batch / train.activation_checkpointing to auto, "

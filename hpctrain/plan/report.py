@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from hpctrain.plan.memory import GIB
-from hpctrain.plan.space import REASONS
+from hpctrain.plan.space import REASON_UNITS, REASONS
 
 if TYPE_CHECKING:
     from hpctrain.plan.planner import PlanResult
@@ -110,7 +110,8 @@ def render_text(result: PlanResult, top: int) -> str:
     hw, best = result.hardware, result.best
     out = [f"{result.job_name}: {hw.world_size} x {hw.gpu.name} ({hw.nodes} nodes x {hw.gpus_per_node}, NVLink islands "
            f"of {hw.nvlink_island_gpus}, {hw.fabric.name}); {len(result.layouts)} of {result.evaluated} candidates fit "
-           f"in {result.budget_bytes / GIB:.1f} GiB; searched in {result.elapsed_s * 1000:.0f} ms", "",
+           f"in {result.budget_bytes / GIB:.1f} GiB ({result.rejected.counts.get('memory_over_budget', 0)} over it); "
+           f"searched in {result.elapsed_s * 1000:.0f} ms", "",
            layouts_table(result, top), "", memory_table(best), ""]
     out += three_walls(result, best)
     placement = result.placement()
@@ -121,7 +122,8 @@ def render_text(result: PlanResult, top: int) -> str:
     if result.rejected.counts:
         out += ["", "rejected:"]
         for reason, count in sorted(result.rejected.counts.items(), key=lambda kv: -kv[1]):
-            out.append(f"  {count:>6}  {REASONS[reason]} (e.g. {result.rejected.examples[reason][0]})")
+            out.append(f"  {count:>6} {REASON_UNITS[reason]}: {REASONS[reason]} "
+                       f"(e.g. {result.rejected.examples[reason][0]})")
     others = alternatives(result, top)
     if others:
         out += ["", "other families:"] + [f"  {line}" for line in others]

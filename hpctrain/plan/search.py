@@ -143,7 +143,7 @@ def _search_family(model: Any, hw: Hardware, choices: Choices, settings: SearchS
         busiest_layers, busiest_head, busiest_params = busiest_rank(model, stage_layers, pp, tp)
         for mb in choices.micro_batches(local_batch):
             if local_batch % mb:
-                rejected.add("global_batch_not_divisible", f"{tag} mb={mb}: local batch {local_batch}", family)
+                rejected.add("local_batch_not_divisible", f"{tag} mb={mb}: local batch {local_batch}", family)
                 continue
             m = local_batch // mb
             if pp > 1 and (m < pp or (schedule == "interleaved-1f1b" and m % pp)):

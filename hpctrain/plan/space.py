@@ -23,10 +23,24 @@ REASONS: dict[str, str] = {
     "pp_exceeds_layers": "more pipeline stages than layers",
     "stages_imbalanced": f"layers not splittable into balanced stages (compute imbalance > "
                          f"{MAX_STAGE_IMBALANCE:.0%}, embedding and head counted)",
-    "global_batch_not_divisible": "global batch not divisible by dp x micro_batch",
+    "global_batch_not_divisible": "global batch not divisible by dp",
+    "local_batch_not_divisible": "local batch (global_batch / dp) not divisible by micro_batch",
     "too_few_micro_batches": "fewer micro-batches than pipeline stages (or not a multiple of pp for interleaving)",
     "memory_over_budget": "memory over budget on the most loaded rank",
-    "precision_unsupported": "the GPU has no tensor cores for this precision",
+}
+
+# What one count of each reason stands for. The search rejects whole (tp, pp) families, pipeline splits
+# and micro-batch sizes before it builds candidates; only the memory check sees single candidates, so
+# `fit + memory_over_budget == evaluated` and the other counts are in their own units.
+REASON_UNITS: dict[str, str] = {
+    "tp_exceeds_nvlink_island": "(tp, pp) families",
+    "tp_does_not_divide_model": "(tp, pp) families",
+    "pp_exceeds_layers": "(tp, pp) families",
+    "global_batch_not_divisible": "(tp, pp) families",
+    "stages_imbalanced": "pipeline splits",
+    "local_batch_not_divisible": "micro-batch sizes",
+    "too_few_micro_batches": "micro-batch sizes",
+    "memory_over_budget": "candidates",
 }
 
 
@@ -133,4 +147,5 @@ class Rejections:
 
     def to_json(self) -> dict[str, Any]:
         return {"counts": dict(sorted(self.counts.items())), "examples": self.examples,
-                "reasons": {key: REASONS[key] for key in sorted(self.counts)}}
+                "reasons": {key: REASONS[key] for key in sorted(self.counts)},
+                "units": {key: REASON_UNITS[key] for key in sorted(self.counts)}}

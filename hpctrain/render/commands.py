@@ -13,7 +13,7 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
         description="Resolve the job (the planner fills every 'auto'), then write job.sbatch, recipe.def and "
                     "job.resolved.yaml to DIR and print their paths. Every job.yaml value is quoted data in "
                     "the script; only slurm.setup lines are shell.")
-    render.add_argument("job", metavar="JOB.yaml")
+    render.add_argument("job", metavar="JOB.yaml", help="the job file to render")
     render.add_argument("-o", "--output-dir", metavar="DIR",
                         help="folder for the files (default: <runs_dir>/<name>-rendered)")
     render.add_argument("--run-dir", metavar="DIR",

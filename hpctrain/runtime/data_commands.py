@@ -15,7 +15,7 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
         description="Concatenate TEXT_FILES, one token per byte (vocabulary 256, no download), into "
                     "OUTPUT as uint16, plus OUTPUT.json describing it. Set train.data: OUTPUT and a "
                     "model.vocab of at least 256 to train on it.")
-    prepare.add_argument("files", nargs="+", metavar="TEXT_FILE")
+    prepare.add_argument("files", nargs="+", metavar="TEXT_FILE", help="text files to turn into tokens")
     prepare.add_argument("-o", "--output", required=True, metavar="OUTPUT", help="token file to write, e.g. tokens.bin")
     prepare.set_defaults(handler=run_prepare)
     data.set_defaults(handler=lambda args: _usage(data))

@@ -43,6 +43,23 @@ def test_plan_gpt3_prints_table_walls_and_reasons(capsys):
     assert families and all(("fits" in line) or ("rejected, " in line) for line in families)
 
 
+def test_plan_counts_add_up(capsys):
+    """Every evaluated candidate either fits or is over the memory budget; the other rejections are
+    counted in their own units (families, pipeline splits, micro-batch sizes) and say so."""
+    import re
+
+    code, out, err = run(["plan", str(ROOT / "examples" / "gpt3-175b.yaml")], capsys)
+    assert code == 0, err
+    fit, evaluated, over = map(int, re.search(r"(\d+) of (\d+) candidates fit in [\d.]+ GiB \((\d+) over it\)",
+                                              out).groups())
+    assert fit + over == evaluated and over > 0
+    listed = re.search(r"^\s+(\d+) candidates: memory over budget", out, re.M)
+    assert listed and int(listed.group(1)) == over
+    rejected = out.split("rejected:\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert rejected and all(re.match(r"\s+\d+ (candidates|\(tp, pp\) families|pipeline splits|micro-batch sizes): ",
+                                     line) for line in rejected), rejected
+
+
 def test_plan_json(capsys):
     code, out, _ = run(["plan", str(ROOT / "examples" / "gpt3-175b.yaml"), "--json", "--top", "2",
                         "--set", "train.micro_batch=1"], capsys)
