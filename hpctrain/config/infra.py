@@ -80,6 +80,14 @@ class ContainerConfig(Section):
     recipe: RecipeConfig = Field(default_factory=RecipeConfig, description="Image recipe options.")
 
 
+class RuntimeConfig(Section):
+    """How each rank's process is started."""
+
+    python: Optional[Text] = Field(None, description="Interpreter the ranks run (`PYTHON -m hpctrain.runtime`). "
+                                   "Default: the one hpctrain was submitted from (sys.executable), or python3 "
+                                   "inside container.image, where a host path means nothing.")
+
+
 class CheckpointConfig(Section):
     """Distributed checkpoints (torch.distributed.checkpoint) in step-N/ folders."""
 

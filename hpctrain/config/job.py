@@ -14,6 +14,7 @@ from hpctrain.config.infra import (
     ContainerConfig,
     MonitorConfig,
     NcclConfig,
+    RuntimeConfig,
     SlurmConfig,
     SweepConfig,
 )
@@ -36,6 +37,7 @@ class Job(Section):
     cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="The machines.")
     slurm: SlurmConfig = Field(default_factory=SlurmConfig, description="sbatch options and requeue policy.")
     container: ContainerConfig = Field(default_factory=ContainerConfig, description="Singularity/Apptainer image.")
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig, description="How the ranks are started.")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoints.")
     nccl: NcclConfig = Field(default_factory=NcclConfig, description="NCCL environment.")
     monitor: MonitorConfig = Field(default_factory=MonitorConfig, description="Optional monitors.")

@@ -7,6 +7,8 @@ typed values (quoting.py); the user's setup lines arrive as ShellByDesign.
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any, Optional
 
 from hpctrain import __version__
@@ -44,21 +46,47 @@ def check_rank_order(job: Any) -> None:
                           "entries); render the job.yaml again so the planner places it for this cluster")
 
 
+def _covered(path: str, binds: list[str]) -> bool:
+    """Whether a bind source already is `path` or a folder above it (then it is visible in the image)."""
+    sources = [b.split(":", 1)[0].rstrip("/") for b in binds]
+    return any(path == src or path.startswith(src + "/") for src in sources if src)
+
+
+def job_folders(job: Any, run_dir: str) -> list[tuple[str, str]]:
+    """(field, absolute folder) the ranks read or write outside the image: the run directory, the folder
+    of train.data and checkpoint.dir. Relative paths are left out (submit makes them absolute first)."""
+    folders = [("run directory", run_dir)]
+    if job.train.data != "synthetic":
+        folders.append(("train.data", os.path.dirname(os.path.normpath(job.train.data))))
+    if job.checkpoint.dir is not None:
+        folders.append(("checkpoint.dir", os.path.normpath(job.checkpoint.dir)))
+    return [(field, path) for field, path in folders if path.startswith("/")]
+
+
 def container_binds(job: Any, run_dir: str) -> list[str]:
-    """container.binds, plus the run directory when it is absolute and no bind already covers it."""
+    """container.binds, plus each folder of job_folders() that no bind already covers."""
     binds = list(job.container.binds)
     for bind in binds:
         if "," in bind:
             raise RenderError(f"container.binds: singularity splits --bind values on ',' and has no escape "
                               f"for it (got {bind!r:.80}); bind a parent folder without a comma")
-    sources = [b.split(":", 1)[0].rstrip("/") for b in binds]
-    covered = any(run_dir == src or run_dir.startswith(src + "/") for src in sources if src)
-    if run_dir.startswith("/") and not covered:
-        if "," in run_dir or ":" in run_dir:
-            raise RenderError(f"run directory: it must be bound into the container, but a --bind spec cannot "
-                              f"carry ',' or ':' (got {run_dir!r:.80}); add a parent folder to container.binds")
-        binds.append(run_dir)
+    for field, path in job_folders(job, run_dir):
+        if _covered(path, binds):
+            continue
+        if "," in path or ":" in path:
+            raise RenderError(f"{field}: its folder must be bound into the container, but a --bind spec cannot "
+                              f"carry ',' or ':' (got {path!r:.80}); add a parent folder to container.binds")
+        binds.append(path)
     return binds
+
+
+def rank_python(job: Any) -> str:
+    """The interpreter each rank runs: runtime.python, else (on the host) the one running hpctrain now,
+    which has hpctrain and its dependencies whatever the job's PATH holds; in an image, its python3."""
+    configured = job.runtime.python
+    if configured is not None:
+        return str(configured)
+    return "python3" if job.container.image is not None else sys.executable
 
 
 def script_context(job: Any, *, run_dir: str, array: Optional[str]) -> dict[str, Any]:
@@ -94,6 +122,10 @@ def script_context(job: Any, *, run_dir: str, array: Optional[str]) -> dict[str,
         "container_command": job.container.runtime,
         "image": image or "",
         "binds": container_binds(job, run_dir) if image is not None else [],
+        # created on the host before the ranks start: singularity cannot bind a folder that does not exist
+        "checkpoint_dir": next((path for field, path in job_folders(job, run_dir) if field == "checkpoint.dir"), "")
+        if image is not None else "",
+        "python": rank_python(job),
         "runtime_module": RUNTIME_MODULE,
         "nvidia_smi": m.nvidia_smi,
         "nvidia_smi_fields": NVIDIA_SMI_FIELDS,

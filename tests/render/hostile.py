@@ -84,6 +84,7 @@ BASE_JOB: dict[str, Any] = {
     "cluster": {"executor": "slurm", "nodes": 2, "gpus_per_node": 2, "gpu": "a100-80gb", "fabric": "ib-hdr200"},
     "slurm": {"time": "01:00:00", "setup": ["user-setup 'arg one'"]},
     "monitor": {"nvidia_smi": True, "py_spy": True, "py_spy_seconds_before_limit": 60, "nsys": True},
+    "runtime": {"python": "python3"},  # the stub python3 on the stubs' PATH plays the runtime (stubs.py)
 }
 
 

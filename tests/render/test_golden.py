@@ -14,6 +14,7 @@ import difflib
 import math
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,12 @@ REPO = Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "golden"
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 REGEN = "HPCTRAIN_REGEN_GOLDEN=1 python -m pytest tests/render/test_golden.py"
+
+
+@pytest.fixture(autouse=True)
+def fixed_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host job's ranks run sys.executable (render.context.rank_python): the same path on every machine."""
+    monkeypatch.setattr(sys, "executable", "/opt/hpctrain/venv/bin/python3")
 
 
 def array_spec(job: Any) -> str | None:
