@@ -18,7 +18,9 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     doctor.add_argument("--stall-minutes", type=float, default=10.0, metavar="N",
                         help="report no progress after N minutes without a metrics line (default 10)")
     doctor.add_argument("--no-scheduler", action="store_true", help="do not ask Slurm (sacct/scontrol) about the job")
-    doctor.set_defaults(handler=run_doctor)
+    # scheduler_query: Slurm's view of the job (sacct), given by cli.py from the launch stage's wrapper
+    # when --no-scheduler is not set; diagnose itself never imports launch (ARCHITECTURE.md section 5).
+    doctor.set_defaults(handler=run_doctor, scheduler_query=None, wants_scheduler_query=True)
 
     report = subparsers.add_parser(
         "report", help="tables and PNG plots of a run or a sweep",
@@ -38,15 +40,14 @@ def run_doctor(args: argparse.Namespace) -> int:
 
     from hpctrain.diagnose.context import Thresholds
     from hpctrain.diagnose.doctor import diagnose_run, format_diagnosis
-    from hpctrain.diagnose.rundata import default_scheduler_query
     from hpctrain.errors import ConfigError
-    from hpctrain.launch.rundir import find_run, is_sweep, task_dirs
+    from hpctrain.rundir.layout import find_run, is_sweep, task_dirs
 
     if args.stall_minutes <= 0:
         raise ConfigError(f"--stall-minutes: must be > 0 (got {args.stall_minutes}); e.g. --stall-minutes 10")
     root = find_run(args.run, args.runs_dir)
     runs = task_dirs(root) if is_sweep(root) else [root]
-    query = None if args.no_scheduler else default_scheduler_query()
+    query = None if args.no_scheduler else args.scheduler_query
     thresholds = Thresholds(stall_minutes=args.stall_minutes)
     results = [diagnose_run(path, thresholds=thresholds, scheduler_query=query) for path in runs]
     if args.json:
@@ -59,7 +60,7 @@ def run_doctor(args: argparse.Namespace) -> int:
 
 def run_report(args: argparse.Namespace) -> int:
     from hpctrain.diagnose.report import write_report
-    from hpctrain.launch.rundir import find_run
+    from hpctrain.rundir.layout import find_run
 
     root = find_run(args.run, args.runs_dir)
     text, files = write_report(root, args.output, plots=not args.no_plots)

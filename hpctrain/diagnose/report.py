@@ -6,7 +6,6 @@ plots (plots.py, matplotlib), so both show the same numbers.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -159,7 +158,10 @@ def sweep_rows(sweep_dir: Path) -> list[SweepRow]:
     """One row per task of sweep.json, ranked by measured tokens/s (unmeasured last)."""
     from hpctrain.diagnose.doctor import run_state
 
-    data = json.loads((sweep_dir / "sweep.json").read_text(encoding="utf-8"))
+    from hpctrain.rundir.layout import SWEEP_FILE
+    from hpctrain.rundir.read import read_json_object
+
+    data = read_json_object(sweep_dir / SWEEP_FILE) or {}
     rows = []
     for task in data.get("tasks", []):
         run = load_run(sweep_dir / task["run_dir"])
@@ -183,7 +185,7 @@ def sweep_table(rows: list[SweepRow]) -> str:
 def write_report(target: str | Path, out_dir: Optional[str | Path] = None,
                  plots: bool = True) -> tuple[str, list[Path]]:
     """Tables (also written to report.txt) and PNGs of a run or a sweep. Returns (text, files)."""
-    from hpctrain.launch.rundir import is_sweep
+    from hpctrain.rundir.layout import is_sweep
 
     root = Path(target)
     out = Path(out_dir) if out_dir else root / "report"

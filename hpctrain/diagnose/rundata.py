@@ -1,14 +1,15 @@
 """Read what a run left behind (ARCHITECTURE.md section 2) into one object the rules share.
 
 Nothing here writes to the run directory, and every file is optional: a run that is still
-pending, crashed before its first step or was written by an older version still loads. Reading
-never imports torch.
+pending, crashed before its first step or was written by an older version still loads. A file
+that is there but damaged (not UTF-8, a wrongly typed field) is a RunDirError, one line and exit 2
+(hpctrain.rundir.read). Reading never imports torch, and never imports the launch stage: Slurm's
+view of the job comes in as a `scheduler_query` from the caller.
 """
 
 from __future__ import annotations
 
 import datetime
-import json
 import re
 import statistics
 import time
@@ -17,14 +18,18 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-import yaml
+from hpctrain.rundir.events import read_jsonl
+from hpctrain.rundir.layout import EVENTS_FILE, JOB_FILE, LOGS_DIR, METRICS_FILE, PLAN_FILE, RESOLVED_FILE
+from hpctrain.rundir.local_state import read_local_state
+from hpctrain.rundir.ranks import RANK_LOG, read_rank_summaries
+from hpctrain.rundir.read import read_json, read_yaml_mapping
+from hpctrain.rundir.states import LIVE_SLURM_STATES
 
-from hpctrain.launch.parsers import ACTIVE_STATES
-
-LOG_NAME = re.compile(r"^rank-(\d+)\.attempt-(\d+)\.log$")
+LOG_NAME = RANK_LOG
 # What the run dir calls a still-running job (events) and what Slurm / the local executor call it.
-ACTIVE_SCHEDULER_STATES = ACTIVE_STATES  # one list of Slurm's live states, kept by the launch stage's parsers
-SchedulerQuery = Callable[[str], list[Any]]  # job id -> launch.parsers.JobRecord list
+ACTIVE_SCHEDULER_STATES = LIVE_SLURM_STATES
+# job id -> records with job_id, state, exit_code, reason, restarts, nodes (launch.parsers.JobRecord)
+SchedulerQuery = Callable[[str], list[Any]]
 
 
 @dataclass(frozen=True)
@@ -59,7 +64,7 @@ class RunData:
         from hpctrain.errors import ConfigError
 
         try:
-            return job_from_dict(self.job_data, origin=str(self.path / "job.resolved.yaml"))
+            return job_from_dict(self.job_data, origin=str(self.path / RESOLVED_FILE))
         except ConfigError:
             return None
 
@@ -145,57 +150,18 @@ def normalize_event(record: dict[str, Any]) -> dict[str, Any]:
     return {**record, "event": name, "t": event_time_s(record.get("time"))}
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return []
-    out = []
-    for line in text.splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue  # a torn last line of a running job
-        if isinstance(record, dict):
-            out.append(record)
-    return out
-
-
-def _read_yaml(path: Path) -> Optional[dict[str, Any]]:
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-
-
 def _list_logs(run_dir: Path) -> list[LogFile]:
-    logs_dir = run_dir / "logs"
+    logs_dir = run_dir / LOGS_DIR
     if not logs_dir.is_dir():
         return []
     found = [LogFile(int(m.group(1)), int(m.group(2)), p) for p in logs_dir.iterdir() if (m := LOG_NAME.match(p.name))]
     return sorted(found, key=lambda log: (log.attempt, log.rank))
 
 
-def _read_ranks(run_dir: Path) -> list[dict[str, Any]]:
-    folder = run_dir / "ranks"
-    if not folder.is_dir():
-        return []
-    out = [data for p in folder.glob("rank-*.json") if isinstance(data := _read_json(p), dict) and "rank" in data]
-    return sorted(out, key=lambda r: int(r["rank"]))
-
-
 def _scheduler_view(run_dir: Path, events: list[dict[str, Any]], query: Optional[SchedulerQuery]) -> dict[str, Any]:
     """The local executor's state file, else Slurm's record of the job (when a query is given)."""
-    local = _read_json(run_dir / "submit" / "local.json")
-    if isinstance(local, dict) and local.get("state"):
+    local = read_local_state(run_dir)
+    if local and local.get("state"):
         return {"state": str(local["state"]).upper(), "exit_codes": local.get("exit_codes") or [],
                 "reason": local.get("reason"), "source": "local executor"}
     submitted = [e for e in events if e["event"] == "submitted" and e.get("job_id")]
@@ -214,29 +180,21 @@ def _scheduler_view(run_dir: Path, events: list[dict[str, Any]], query: Optional
             "reason": record.reason, "restarts": record.restarts, "nodes": record.nodes, "source": "slurm"}
 
 
-def default_scheduler_query() -> Optional[SchedulerQuery]:
-    """Slurm's view through the launch stage's wrapper, when sbatch is on PATH; else None."""
-    from hpctrain.launch.slurm_commands import RetryPolicy, SlurmCommands, sbatch_available
-
-    if sbatch_available() is None:
-        return None
-    return SlurmCommands(RetryPolicy(attempts=2, timeout_s=10.0)).jobs
-
-
 def load_run(path: str | Path, *, scheduler_query: Optional[SchedulerQuery] = None,
              now: Optional[float] = None) -> RunData:
     """Parse a run directory. `scheduler_query` (job id -> records) adds Slurm's state of the job."""
     run_dir = Path(path)
-    events = [normalize_event(e) for e in _read_jsonl(run_dir / "events.jsonl")]
-    metrics_path = run_dir / "metrics.jsonl"
-    metrics = [m for m in _read_jsonl(metrics_path) if isinstance(m.get("step"), int)]
+    events = [normalize_event(e) for e in read_jsonl(run_dir / EVENTS_FILE)]
+    metrics_path = run_dir / METRICS_FILE
+    metrics = [m for m in read_jsonl(metrics_path) if isinstance(m.get("step"), int)]
+    submitted = read_yaml_mapping(run_dir / JOB_FILE)
     return RunData(
         path=run_dir,
-        job_data=_read_yaml(run_dir / "job.resolved.yaml") or _read_yaml(run_dir / "job.yaml"),
-        submitted_data=_read_yaml(run_dir / "job.yaml"),
-        plan=_read_json(run_dir / "plan.json") if (run_dir / "plan.json").is_file() else None,
+        job_data=read_yaml_mapping(run_dir / RESOLVED_FILE) or submitted,
+        submitted_data=submitted,
+        plan=read_json(run_dir / PLAN_FILE),
         metrics=metrics,
-        ranks=_read_ranks(run_dir),
+        ranks=read_rank_summaries(run_dir),
         events=events,
         logs=_list_logs(run_dir),
         scheduler=_scheduler_view(run_dir, events, scheduler_query),

@@ -17,7 +17,8 @@ from typing import Any, Optional
 
 from hpctrain.config import Job
 from hpctrain.launch import local_supervisor as sup
-from hpctrain.launch.rundir import read_json, write_json
+from hpctrain.launch.rundir import write_json
+from hpctrain.rundir.local_state import read_local_state
 from hpctrain.launch.stages import runtime_argv
 
 SUPERVISOR_MODULE = "hpctrain.launch.local_supervisor"
@@ -76,7 +77,7 @@ def _is_our_supervisor(pid: int, patience_s: float = 2.0) -> bool:
 
 def task_record(run_dir: Path, job_id: str) -> dict[str, Any]:
     """{state, attempt, exit_codes, reason, ...} of one local job or task, from its state file."""
-    data = read_json(run_dir / "submit" / sup.STATE_FILE) or {"state": "UNKNOWN"}
+    data = read_local_state(run_dir) or {"state": "UNKNOWN"}
     pid = data.get("pid") or supervisor_pid(job_id)
     if data.get("state") in ("PENDING", "RUNNING") and (pid is None or not _is_our_supervisor(pid)):
         data = {**data, "state": "FAILED", "reason": "the local supervisor process is gone"}

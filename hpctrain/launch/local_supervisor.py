@@ -4,7 +4,9 @@
 
 It plays the part of Slurm for a machine without one: each task's ranks get torchrun's variables
 (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT) and
-OMP_NUM_THREADS=1, log to `logs/rank-R.attempt-A.log`, and are stopped together when one fails
+OMP_NUM_THREADS=1, log to `logs/rank-R.attempt-A.log` (R the global rank: each process starts
+in `logs/task-S.attempt-A.log`, S its slot, and the runtime moves to its rank's log once it knows its
+rank, as under srun; hpctrain/rundir/ranks.py), and are stopped together when one fails
 (srun --kill-on-bad-exit) or when the job is cancelled (SIGTERM, then SIGKILL after a grace
 period, like scancel). At most `max_parallel` tasks run at once (sbatch --array=...%K). The state of
 each task is kept in its `submit/local.json`. Imports no torch: the ranks do.
@@ -14,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -24,12 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from hpctrain.errors import HpctrainError
 from hpctrain.launch.rundir import append_event, read_json, write_json
+from hpctrain.rundir.ranks import ATTEMPT_ENV, LOG_DIR_ENV, global_rank, next_attempt, rank_order_of, task_log_name
 
 STATE_FILE = "local.json"
 SPEC_FILE = "local-spec.json"
 KILL_WAIT_S = 10.0  # between SIGTERM and SIGKILL, as Slurm's KillWait
-_LOG_NAME = re.compile(r"^rank-(\d+)\.attempt-(\d+)\.log$")
 
 
 def free_port() -> int:
@@ -45,12 +47,6 @@ def rank_env(base: dict[str, str], rank: int, world: int, per_node: int, port: i
                LOCAL_WORLD_SIZE=str(min(per_node, world)), GROUP_RANK=str(rank // per_node),
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     return env
-
-
-def next_attempt(logs_dir: Path) -> int:
-    """One more than the newest attempt logged in logs/ (0 for a fresh run)."""
-    attempts = [int(m.group(2)) for p in logs_dir.glob("rank-*.log") if (m := _LOG_NAME.match(p.name))]
-    return max(attempts) + 1 if attempts else 0
 
 
 @dataclass
@@ -77,9 +73,11 @@ class Task:
         logs.mkdir(parents=True, exist_ok=True)
         self.attempt = next_attempt(logs)
         port = free_port()
-        for rank in range(self.world_size):
-            env = rank_env(dict(os.environ), rank, self.world_size, self.gpus_per_node, port)
-            with open(logs / f"rank-{rank}.attempt-{self.attempt}.log", "ab") as log:
+        for slot in range(self.world_size):
+            # RANK is the slot, as SLURM_PROCID is under srun: the runtime maps it through placement.rank_order.
+            env = rank_env(dict(os.environ), slot, self.world_size, self.gpus_per_node, port)
+            env.update({LOG_DIR_ENV: str(logs), ATTEMPT_ENV: str(self.attempt)})
+            with open(logs / task_log_name(slot, self.attempt), "ab") as log:
                 self.procs.append(subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=log,
                                                    stderr=subprocess.STDOUT, env=env, cwd=self.run_dir))
         self.state = "RUNNING"
@@ -91,13 +89,23 @@ class Task:
         failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
         if failed:
             self.stop()
-            rank, code = failed[0]
-            self.finish("FAILED", f"rank {rank} exited with code {code}")
+            slot, code = failed[0]
+            self.finish("FAILED", f"rank {self.rank_of(slot)} exited with code {code}")
             return True
         if all(c == 0 for c in codes):
             self.finish("COMPLETED", None)
             return True
         return False
+
+    def rank_of(self, slot: int) -> int:
+        """The global rank in `slot` (for messages; the runtime itself checks the rank order)."""
+        try:
+            order = rank_order_of(self.run_dir)
+        except HpctrainError:  # a damaged job.resolved.yaml: the rank itself will say so
+            order = None
+        if order is None or len(order) != self.world_size or slot >= len(order):
+            return slot
+        return global_rank(slot, order)
 
     def stop(self) -> None:
         for proc in self.procs:

@@ -9,15 +9,14 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
+from hpctrain.rundir.states import LIVE_SLURM_STATES
+
 # Slurm's job states that will not change any more (sacct / scontrol spelling).
 TERMINAL_STATES = frozenset({
     "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
     "DEADLINE", "PREEMPTED", "SPECIAL_EXIT", "REVOKED",
 })
-ACTIVE_STATES = frozenset({
-    "PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD",
-    "RESIZING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD", "PREEMPTED_HOLD",
-})
+ACTIVE_STATES = LIVE_SLURM_STATES  # kept in hpctrain.rundir.states, shared with diagnose
 
 # Errors after which the same command is worth trying again (slurmctld busy or restarting);
 # submitit issue 1659 is the "Socket timed out" one.

@@ -127,3 +127,10 @@ def missing_program_error(program: str) -> ConfigError:
 def sbatch_available(env: Optional[dict[str, str]] = None) -> Optional[str]:
     """Path of sbatch on PATH, or None."""
     return shutil.which("sbatch", path=(env or os.environ).get("PATH"))
+
+
+def job_query() -> Optional[Callable[[str], list[JobRecord]]]:
+    """job id -> Slurm's records of it (for the doctor), when sbatch is on PATH; else None."""
+    if sbatch_available() is None:
+        return None
+    return SlurmCommands(RetryPolicy(attempts=2, timeout_s=10.0)).jobs

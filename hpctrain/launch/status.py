@@ -13,6 +13,9 @@ from typing import Any, Optional
 from hpctrain.launch import parsers, rundir
 from hpctrain.launch.parsers import JobRecord
 from hpctrain.launch.slurm_commands import SlurmCommands
+from hpctrain.rundir.layout import RESOLVED_FILE
+from hpctrain.rundir.metrics import last_metrics
+from hpctrain.rundir.read import read_yaml_mapping
 
 ACTIVE = parsers.ACTIVE_STATES | {"SUBMITTED"}
 # Events shown as the restart history (written by the launcher and the runtime).
@@ -21,35 +24,11 @@ HISTORY_EVENTS = ("submitted", "resubmitted", "started", "resumed", "signal", "s
                   "ended", "cancel_requested", "resume_requested")
 
 
-def last_metrics(run_dir: Path, tail_bytes: int = 65536) -> Optional[dict[str, Any]]:
-    """The last complete line of metrics.jsonl, reading only the file's tail."""
-    path = run_dir / "metrics.jsonl"
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(0, 2)
-            size = handle.tell()
-            handle.seek(max(0, size - tail_bytes))
-            lines = handle.read().decode("utf-8", errors="replace").splitlines()
-    except OSError:
-        return None
-    for line in reversed(lines):
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            return record
-    return None
-
-
 def total_steps(run_dir: Path) -> Optional[int]:
-    import yaml
-
-    try:
-        data = yaml.safe_load((run_dir / "job.resolved.yaml").read_text())
-        return int(data.get("train", {}).get("steps", 100))
-    except (OSError, ValueError, AttributeError, yaml.YAMLError):
-        return None
+    data = read_yaml_mapping(run_dir / RESOLVED_FILE)
+    train = data.get("train") if data else None
+    steps = train.get("steps", 100) if isinstance(train, dict) else None
+    return steps if isinstance(steps, int) and not isinstance(steps, bool) else None
 
 
 def _since_last_submission(events: list[dict[str, Any]]) -> list[dict[str, Any]]:

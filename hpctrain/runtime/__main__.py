@@ -100,30 +100,66 @@ def main(argv: Sequence[str] | None = None) -> int:
         job = _load(args)
         env = place_rank(env, job.placement.rank_order if job.placement else None, job.cluster.gpus_per_node)
         rank = env.rank
+        _to_rank_log(env.rank)
     except ConfigError as exc:
         return _user_error(exc, rank)
     return _run(job, env, args)
 
 
+def _to_rank_log(rank: int) -> None:
+    """From here on, stdout and stderr (Python's and C's: NCCL, faulthandler) go to logs/rank-R.attempt-A.log,
+    R the GLOBAL rank: the launcher captured this process by slot (srun's %t), which differs from the rank
+    under a placement that reorders ranks (rundir/ranks.py). Only when the launcher asks (HPCTRAIN_LOG_DIR)."""
+    from hpctrain.rundir.ranks import ATTEMPT_ENV, LOG_DIR_ENV, rank_log_name
+
+    folder = os.environ.get(LOG_DIR_ENV)
+    if not folder:
+        return
+    try:
+        attempt = int(os.environ.get(ATTEMPT_ENV, "") or 0)
+    except ValueError:
+        attempt = 0
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd = os.open(os.path.join(folder, rank_log_name(rank, attempt)), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError as exc:  # keep writing to the launcher's capture rather than fail the rank
+        print(f"{PROG} [rank {rank}]: cannot open its log in {folder} ({exc.strerror}); output stays in the "
+              "launcher's task log", file=sys.stderr, flush=True)
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
 def _user_error(exc: Exception, rank: int) -> int:
+    """Exit 2: the job, the run dir or the launcher's variables are wrong. Say so, and tell the batch
+    script (HPCTRAIN_BAD_INPUT_MARKER) that a requeue would fail the same way."""
     prefix = f"{PROG} [rank {rank}]: " if rank else f"{PROG}: "
     for line in str(exc).splitlines():
         print(prefix + line, file=sys.stderr, flush=True)
+    from hpctrain.rundir.layout import BAD_INPUT_MARKER_ENV
+
+    marker = os.environ.get(BAD_INPUT_MARKER_ENV)
+    if marker:
+        first = (str(exc).splitlines() or ["bad input"])[0][:300]
+        try:
+            with open(marker, "a", encoding="utf-8") as handle:
+                handle.write(f"rank {rank}: {first}\n")
+        except OSError:
+            pass  # the exit code 2 still says it; the marker only spares the requeue
     return 2
 
 
 def _run(job: Any, env: Any, args: argparse.Namespace) -> int:
     from hpctrain.errors import ConfigError
     from hpctrain.runtime.distributed import init_distributed, shutdown
-    from hpctrain.runtime.telemetry import EVENTS_FILE, append_line
+    from hpctrain.rundir.events import append_event
 
     def event(name: str, every_rank: bool = False, **fields: Any) -> None:
         if env.rank == 0 or every_rank:
-            import datetime
-
-            now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
-            append_line(os.path.join(args.run_dir, EVENTS_FILE),
-                        {"time": now, "event": name, "attempt": env.attempt, **fields})
+            append_event(args.run_dir, name, attempt=env.attempt, **fields)
 
     from hpctrain.runtime.requeue import FLAG
 

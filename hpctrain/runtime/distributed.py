@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from hpctrain.errors import ConfigError
+from hpctrain.rundir.ports import master_port
+from hpctrain.rundir.ranks import check_rank_order, global_rank
 
-PORT_BASE = 20000
-PORT_SPAN = 40000  # ports PORT_BASE .. PORT_BASE + PORT_SPAN - 1 (below the Linux ephemeral range)
 DEFAULT_TIMEOUT_S = 1800.0
 
 
@@ -55,9 +55,9 @@ def _int(environ: Mapping[str, str], name: str) -> int:
 
 
 def port_for_job(job_id: str, restart_count: int = 0) -> int:
-    """A rendezvous port every rank of a Slurm job derives alike: PORT_BASE + (16*id + restart) mod SPAN."""
-    digits = "".join(ch for ch in job_id if ch.isdigit()) or "0"
-    return PORT_BASE + (int(digits) * 16 + restart_count % 16) % PORT_SPAN
+    """A rendezvous port every rank of a Slurm job derives alike: the one formula, rundir.ports.master_port
+    (the batch script computes the same one)."""
+    return master_port(job_id, restart_count)
 
 
 def first_host(nodelist: str) -> str:
@@ -119,12 +119,8 @@ def place_rank(env: DistEnv, rank_order: Optional[list[int]], gpus_per_node: int
     """
     if not rank_order or env.world_size == 1:
         return env
-    if sorted(rank_order) != list(range(env.world_size)):
-        raise ConfigError(f"placement.rank_order: not a permutation of the {env.world_size} ranks "
-                          f"(got {len(rank_order)} entries); re-render the job")
-    if rank_order.index(0) // gpus_per_node != 0:
-        raise ConfigError("placement.rank_order: rank 0 must run on the first node (MASTER_ADDR); re-render the job")
-    return dataclasses.replace(env, rank=rank_order[env.rank])
+    check_rank_order(rank_order, env.world_size, gpus_per_node)
+    return dataclasses.replace(env, rank=global_rank(env.rank, rank_order))
 
 
 def _gpu_index(local_rank: int, visible: int) -> int:

@@ -24,7 +24,6 @@ Fields of a metrics line, and where each comes from:
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import resource
@@ -36,43 +35,12 @@ from typing import Any
 
 from hpctrain.runtime.comm_timing import COLLECTIVE, P2P, CommTimer
 
-METRICS_FILE = "metrics.jsonl"
-EVENTS_FILE = "events.jsonl"
-RANKS_DIR = "ranks"
+from hpctrain.rundir.events import append_line, now_iso as _now
+from hpctrain.rundir.layout import EVENTS_FILE, METRICS_FILE, RANKS_DIR
+from hpctrain.rundir.metrics import truncate_metrics
+from hpctrain.rundir.ranks import summary_path
 
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
-
-
-def append_line(path: str, record: dict[str, Any]) -> None:
-    """One JSON line, written with a single O_APPEND write (no torn lines from concurrent writers)."""
-    data = (json.dumps(record, separators=(",", ":")) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
-
-
-def truncate_metrics(path: str, step: int) -> int:
-    """Keep only the lines of steps <= `step` (and drop a torn last line); return lines kept."""
-    if not os.path.exists(path):
-        return 0
-    kept = []
-    with open(path, encoding="utf-8") as handle:
-        for line in handle:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] <= step:
-                kept.append(json.dumps(record, separators=(",", ":")) + "\n")
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.writelines(kept)
-    os.replace(tmp, path)
-    return len(kept)
+__all__ = ["EVENTS_FILE", "METRICS_FILE", "RANKS_DIR", "Telemetry", "append_line", "truncate_metrics"]
 
 
 def _rss_bytes() -> int:
@@ -248,9 +216,8 @@ class Telemetry:
             **{f"{k}_bytes": v for k, v in state_bytes.items()},
             **self.extra,
         }
-        folder = os.path.join(self.run_dir, RANKS_DIR)
-        os.makedirs(folder, exist_ok=True)
-        path = os.path.join(folder, f"rank-{self.rank}.json")
+        path = str(summary_path(self.run_dir, self.rank))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path + ".tmp", "w", encoding="utf-8") as handle:
             json.dump(summary, handle, indent=1)
         os.replace(path + ".tmp", path)

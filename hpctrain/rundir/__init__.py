@@ -1,0 +1,13 @@
+"""The run-directory contract (ARCHITECTURE.md section 2), shared by launch, runtime and diagnose.
+
+Torch-free and import-light. Submodules are imported by name (`from hpctrain.rundir.events import
+append_event`); nothing is imported here, so that modules can be added without touching this file.
+
+    layout    file and folder names; create, find and list run directories
+    read      the one error path of every reader (RunDirError: one line, exit 2)
+    events    events.jsonl: the record format, the writer, the reader
+    metrics   metrics.jsonl: append, cut back on resume, the last line
+    ranks     Slurm slot <-> global rank (placement.rank_order), per-rank log and summary names
+    states    the scheduler's live job states
+    ports     the one MASTER_PORT formula
+"""

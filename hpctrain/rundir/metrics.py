@@ -1,0 +1,66 @@
+"""metrics.jsonl (ARCHITECTURE.md section 3): one JSON object per logged step, written by rank 0.
+
+Append-only, and cut back to the resumed step when a run (re)starts, so that after any number of
+restarts every step appears once. The record's fields are described in runtime/telemetry.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+from hpctrain.rundir.events import append_line, read_jsonl
+from hpctrain.rundir.layout import METRICS_FILE
+
+__all__ = ["append_line", "truncate_metrics", "last_metrics", "read_metrics", "METRICS_FILE"]
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """Every metrics line with an integer step, in file order."""
+    return [m for m in read_jsonl(Path(run_dir) / METRICS_FILE)
+            if isinstance(m.get("step"), int) and not isinstance(m.get("step"), bool)]
+
+
+def truncate_metrics(path: str | os.PathLike[str], step: int) -> int:
+    """Keep only the lines of steps <= `step` (dropping torn or damaged lines); return lines kept."""
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        return 0
+    kept = []
+    for raw in data.splitlines():
+        try:
+            record = json.loads(raw.decode("utf-8"))
+        except ValueError:  # UnicodeDecodeError is a ValueError too: a damaged line is not worth keeping
+            continue
+        if isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] <= step:
+            kept.append(json.dumps(record, separators=(",", ":")) + "\n")
+    tmp = f"{os.fspath(path)}.tmp"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.writelines(kept)
+    os.replace(tmp, path)
+    return len(kept)
+
+
+def last_metrics(run_dir: Path, tail_bytes: int = 65536) -> Optional[dict[str, Any]]:
+    """The last complete line of metrics.jsonl, reading only the file's tail (a damaged byte is skipped:
+    the tail may start inside a character)."""
+    path = Path(run_dir) / METRICS_FILE
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, 2)
+            size = handle.tell()
+            handle.seek(max(0, size - tail_bytes))
+            lines = handle.read().decode("utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            return record
+    return None
