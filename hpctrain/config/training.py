@@ -44,6 +44,10 @@ class TrainConfig(Section):
     )
     data: str = Field("synthetic", min_length=1, description="'synthetic', or a flat token file from `hpctrain data prepare`.")
     data_dtype: Literal["auto", "uint16", "uint32"] = Field("auto", description="Token file element type.")
+    eval_data: Optional[str] = Field(None, min_length=1, description="Validation token file; default: the "
+                                     "validation file `data prepare --val-fraction` wrote beside train.data, if any.")
+    eval_every: int = Field(0, ge=0, description="Compute the validation loss every N steps (and at the end); 0 = never.")
+    eval_batches: int = Field(4, ge=1, description="Global batches per validation (the same ones every time).")
     seed: int = Field(1234, ge=0, description="Seed for weights, data and dropout.")
     log_every: int = Field(1, ge=1, description="Write a metrics line every N steps.")
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hpctrain.config import Job, dump_job
+from hpctrain.config.data_files import check_data
 from hpctrain.errors import ConfigError, SubmissionError
 from hpctrain.launch import stages
 from hpctrain.launch.rundir import append_event, create_run_dir, write_json, write_text
@@ -85,6 +86,8 @@ def submit_job(job: Job, *, dry_run: bool = False, commands: Optional[SlurmComma
     if kind == "local":
         check_local(job)
     resolved, plan = stages.resolve(job)
+    if not dry_run:  # a dry run may render for a cluster whose file system this machine does not see
+        check_data(resolved)  # before the run directory exists: a bad token file submits nothing
     run_dir = create_run_dir(job.runs_dir, job.name)
     write_job_files(run_dir, job, resolved, plan)
     return launch(run_dir, resolved, kind, note, [(None, run_dir, resolved)], dry_run=dry_run, commands=commands)

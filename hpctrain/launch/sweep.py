@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from hpctrain.config import Job, job_from_dict, job_to_dict
+from hpctrain.config.data_files import data_problems
 from hpctrain.config.overrides import parse_override
 from hpctrain.errors import ConfigError
 from hpctrain.launch import stages
@@ -101,6 +102,10 @@ def submit_sweep(job: Job, grid_options: Sequence[str] = (), *, max_parallel: Op
                           + [f"  {point_label(s['point'])}: {s['reason']}" for s in skipped])
     if max_parallel is not None and max_parallel < 1:
         raise ConfigError(f"--max-parallel: must be >= 1 (got {max_parallel}); it is the %K of --array")
+    if not dry_run:  # every point's token files, before anything is created or submitted
+        problems = [f"{point_label(p)}: {line}" for p, _, resolved, _ in feasible for line in data_problems(resolved)]
+        if problems:
+            raise ConfigError(problems)
     parallel = max_parallel or (job.sweep.max_parallel if job.sweep else 4)
     array = f"0-{len(feasible) - 1}%{min(parallel, len(feasible))}"
     root = create_run_dir(job.runs_dir, job.name)

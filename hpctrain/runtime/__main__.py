@@ -53,6 +53,9 @@ def _load(args: argparse.Namespace) -> Any:
     problems = unresolved(job)
     if problems:
         raise ConfigError(problems)
+    from hpctrain.config.data_files import check_data
+
+    check_data(job)  # token files vs their sidecars, before any process group starts
     try:
         os.makedirs(args.run_dir, exist_ok=True)
     except OSError as exc:

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from hpctrain.config.data_files import sidecar_path
 from hpctrain.errors import ConfigError
 
 SYNTHETIC = "synthetic"
@@ -55,11 +56,6 @@ class SyntheticTokens:
 
     def sample(self, index: int) -> np.ndarray:
         return self.samples(index, 1)[0]
-
-
-def sidecar_path(token_file: str) -> str:
-    """Where `hpctrain data prepare` writes the description of a token file."""
-    return token_file + ".json"
 
 
 def resolve_dtype(token_file: str, data_dtype: str, vocab: int) -> np.dtype:

@@ -1,0 +1,53 @@
+"""`submit` and `sweep` refuse a job whose token file does not fit it (vocab, dtype, missing file)
+before creating or submitting anything: exit 2, one line per problem."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from hpctrain.runtime.data_prepare import prepare
+
+from ._helpers import REPO, run_cli, write_job
+
+
+@pytest.fixture(scope="module")
+def tokens(tmp_path_factory) -> str:
+    """Byte-level tokens (vocab 256, uint16) of this repository's README."""
+    out = str(tmp_path_factory.mktemp("tok") / "tokens.bin")
+    prepare([str(REPO / "README.md")], out)
+    return out
+
+
+@pytest.fixture()
+def fake_sbatch(tmp_path) -> tuple[dict[str, str], Path]:
+    """An `sbatch` on PATH that only records being called: the point is to show it is never called, which
+    a real Slurm cannot show more directly (no job id to look for)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    marker = tmp_path / "sbatch-called"
+    script = bin_dir / "sbatch"
+    script.write_text(f"#!/bin/sh\ntouch '{marker}'\necho 'Submitted batch job 1'\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    return env, marker
+
+
+@pytest.mark.parametrize("command", ["submit", "sweep"])
+def test_submit_and_sweep_refuse_before_submitting(tokens, tmp_path, fake_sbatch, command) -> None:
+    env, marker = fake_sbatch
+    job = {"name": "bad-data", "model": {"preset": "tiny", "vocab": 128},
+           "train": {"global_batch": 8, "steps": 3, "data": tokens, "precision": "fp32"},
+           "parallel": {"tp": 1, "pp": 1}, "cluster": {"executor": "slurm", "nodes": 1, "gpus_per_node": 1},
+           "slurm": {"time": "00:10:00"}, "runs_dir": str(tmp_path / "runs")}
+    if command == "sweep":
+        job["sweep"] = {"grid": {"train.seed": [1, 2]}}
+    result = run_cli([command, str(write_job(tmp_path, job))], cwd=tmp_path, env=env)
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == (1 if command == "submit" else 2), result.stderr  # sweep: one line per point
+    assert all("model.vocab: got 128 but" in line for line in lines)
+    assert not marker.exists() and not (tmp_path / "runs").exists()
