@@ -95,6 +95,8 @@ class CheckpointConfig(Section):
     every_steps: int = Field(100, ge=1, description="Save every N steps (and on signal / at the end).")
     keep_last: int = Field(2, ge=1, description="Complete checkpoints to keep.")
     async_: bool = Field(False, alias="async", description="Save in a background thread (DCP async_save).")
+    adopt: bool = Field(False, description="Continue from checkpoints another run wrote in dir (refused "
+                        "otherwise: a checkpoint folder belongs to one run); this run then owns the folder.")
 
 
 class NcclConfig(Section):

@@ -52,6 +52,7 @@ def resume_run(run_dir: Path, overrides: Sequence[str] = (), *, dry_run: bool = 
     if not (run_dir / "job.yaml").is_file():
         raise ConfigError(f"RUN: {run_dir} has no job.yaml; it is not a run directory")
     job = absolute_paths(load_job(str(run_dir / "job.yaml"), overrides))  # --set paths: from where the user is
+    stages.check_checkpoint_dir(checkpoint_dir(run_dir, job.checkpoint.dir), run_dir, job.checkpoint.adopt)
     checkpoint, rejected = stages.newest_complete_checkpoint(checkpoint_dir(run_dir, job.checkpoint.dir))
     if checkpoint is None:
         skipped = f" (skipped: {'; '.join(rejected)})" if rejected else ""

@@ -7,7 +7,6 @@ runtime entry point.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any, Optional
@@ -51,21 +50,33 @@ def runtime_argv(run_dir: Path, python: Optional[str] = None) -> list[str]:
 
 
 def newest_complete_checkpoint(checkpoint_dir: Path) -> tuple[Optional[Path], list[str]]:
-    """(the checkpoint the runtime will load next, rejected folders with reasons), by the checkpoint
-    module's own rule (`hpctrain.runtime.checkpoint.scan`).
+    """(the checkpoint the runtime will load next, rejected folders with reasons), by the rule the
+    runtime uses (hpctrain.rundir.checkpoints.scan, torch-free). The login path runs the cheap checks
+    (metadata checksum, every file present with its size); the ranks also hash the contents and fall
+    back to an older checkpoint if one is damaged."""
+    from hpctrain.rundir.checkpoints import scan
 
-    That module imports torch, which the login path must not: it runs in a child process.
-    """
-    import subprocess
+    found = scan(str(checkpoint_dir))
+    rejected = [f"{path}: {reason}" for path, reason in found.rejected]
+    return (Path(found.newest[1]) if found.newest else None), rejected
 
-    code = ("import json, sys; from hpctrain.runtime.checkpoint import scan; s = scan(sys.argv[1]); "
-            "print(json.dumps({'newest': s.newest[1] if s.newest else None, 'rejected': s.rejected}))")
-    result = subprocess.run([sys.executable, "-c", code, str(checkpoint_dir)], capture_output=True, text=True,
-                            timeout=120, check=False, stdin=subprocess.DEVNULL)
-    if result.returncode != 0:
-        from hpctrain.errors import HpctrainError
 
-        raise HpctrainError(f"cannot scan checkpoints in {checkpoint_dir}: {result.stderr.strip()[-500:]}")
-    data = json.loads(result.stdout.strip().splitlines()[-1])
-    rejected = [f"{path}: {reason}" for path, reason in data["rejected"]]
-    return (Path(data["newest"]) if data["newest"] else None), rejected
+def check_checkpoint_dir(checkpoint_dir: Path, run_dir: Optional[Path], adopt: bool) -> None:
+    """ConfigError (exit 2, at submit or resume rather than at the first save) when the checkpoint
+    directory cannot be written or holds another run's checkpoints (`run_dir` None: a new run, which
+    owns nothing yet) and `checkpoint.adopt` is not set."""
+    from hpctrain.errors import ConfigError
+    from hpctrain.rundir.checkpoints import InvalidCheckpoint, foreign_owner, ownership_error, run_identity
+    from hpctrain.rundir.checkpoints import writable_problem
+
+    problem = writable_problem(str(checkpoint_dir))
+    if problem:
+        raise ConfigError(f"checkpoint.dir {checkpoint_dir}: {problem}; the run could not save a checkpoint: "
+                          "choose a writable checkpoint.dir")
+    try:
+        run_id = run_identity(str(run_dir)) if run_dir is not None else ""
+    except (OSError, InvalidCheckpoint) as exc:
+        raise ConfigError(f"RUN: {run_dir}: cannot read its run id ({exc})") from None
+    other = foreign_owner(str(checkpoint_dir), run_id)
+    if other is not None and not adopt:
+        raise ConfigError(ownership_error(str(checkpoint_dir), other))

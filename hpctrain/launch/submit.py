@@ -88,6 +88,8 @@ def submit_job(job: Job, *, dry_run: bool = False, commands: Optional[SlurmComma
     resolved, plan = stages.resolve(job)
     if not dry_run:  # a dry run may render for a cluster whose file system this machine does not see
         check_data(resolved)  # before the run directory exists: a bad token file submits nothing
+        if job.checkpoint.dir:  # a new run owns nothing: another run's checkpoints are refused here
+            stages.check_checkpoint_dir(Path(job.checkpoint.dir), None, job.checkpoint.adopt)
     run_dir = create_run_dir(job.runs_dir, job.name)
     write_job_files(run_dir, job, resolved, plan)
     return launch(run_dir, resolved, kind, note, [(None, run_dir, resolved)], dry_run=dry_run, commands=commands)

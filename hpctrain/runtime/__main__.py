@@ -157,6 +157,7 @@ def _user_error(exc: Exception, rank: int) -> int:
 
 def _run(job: Any, env: Any, args: argparse.Namespace) -> int:
     from hpctrain.errors import ConfigError
+    from hpctrain.runtime.checkpoint import CheckpointSaveError
     from hpctrain.runtime.distributed import init_distributed, shutdown
     from hpctrain.rundir.events import append_event
 
@@ -193,6 +194,10 @@ def _run(job: Any, env: Any, args: argparse.Namespace) -> int:
     except ConfigError as exc:
         event("failed", reason=str(exc).splitlines()[0], exit_code=2)
         return _user_error(exc, env.rank)
+    except CheckpointSaveError as exc:  # e.g. a full disk: what it is, in one line, no traceback
+        print(f"{PROG} [rank {env.rank}]: failed: {exc}", file=sys.stderr, flush=True)
+        event("failed", reason=str(exc), exit_code=1)
+        return 1
     except BaseException as exc:  # a crash: say which rank, keep the traceback for the log
         if isinstance(exc, KeyboardInterrupt):
             reason = "interrupted"

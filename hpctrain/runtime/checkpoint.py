@@ -1,12 +1,14 @@
 """Atomic distributed checkpoints in `step-N/` folders (torch.distributed.checkpoint).
 
-Protocol (issue 7 item 1): every rank writes its shards with DCP into `step-N.partial/`, and its
-RNG states into `step-N.partial/rng/rank-R.pt`; all ranks barrier; rank 0 writes
-`metadata.json` (step, tokens seen, layout, data position, LR-scheduler and loss-scaler state, RNG
-file locations, versions, and the sha256 of all that) and renames the folder to `step-N/`. A
-checkpoint is complete only if its metadata exists and its checksum verifies; anything else
-(`*.partial`, a missing or corrupted metadata file) is reported and skipped. `keep_last` prunes
-older complete checkpoints only after the new one is complete.
+Protocol (issue 7 item 1, issue 18): every rank writes its shards with DCP into `step-N.partial/`,
+and its RNG states into `step-N.partial/rng/rank-R.pt` (plain tensors: rng_state.py); each rank
+hashes its share of the files; rank 0 writes `metadata.json` (step, tokens seen, layout, data
+position, LR-scheduler and loss-scaler state, the run that wrote it, the size and sha256 of every
+file, versions, and the sha256 of all that) and renames the folder to `step-N/`. What counts as
+complete, and how folders are found, is hpctrain.rundir.checkpoints (torch-free, shared with launch).
+Before loading, the ranks hash the chosen checkpoint's files (each a share) and fall back to the
+next older one when any is damaged. `keep_last` prunes older complete checkpoints only after the
+new one is complete. A save that fails (a full disk) fails on every rank with one line saying so.
 
 Model and optimizer go through `get_state_dict` / `set_state_dict` with
 `flatten_optimizer_state_dict=True` (with PP the nested form loads but fails at the next step with
@@ -20,142 +22,80 @@ at the end of training, on every rank at the same point.
 
 from __future__ import annotations
 
-import hashlib
-import json
+import errno
 import os
-import random
-import re
 import shutil
 import sys
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 import hpctrain
-from hpctrain.errors import ConfigError
+from hpctrain.errors import ConfigError, HpctrainError
+from hpctrain.runtime import rng_state
 from hpctrain.runtime.distributed import barrier
+from hpctrain.rundir.checkpoints import (  # noqa: F401 - re-exported: the runtime's names for them
+    FORMAT, METADATA_FILE, PARTIAL_DIR, STEP_DIR, InvalidCheckpoint, Scan, checksum, claim, data_files,
+    foreign_owner, hash_files, ownership_error, read_metadata, run_identity, run_record, scan, share,
+    verify_files, write_metadata)
 
-FORMAT = 1
-METADATA_FILE = "metadata.json"
-DCP_METADATA_FILE = ".metadata"  # written last by DCP's FileSystemWriter
-STEP_DIR = re.compile(r"^step-(\d+)$")
-PARTIAL_DIR = re.compile(r"^step-(\d+)\.partial$")
 OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 # A single process saves without a process group on purpose; DCP warns about that on every call.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
 
-class InvalidCheckpoint(Exception):
-    """A folder that is not a complete checkpoint; the message says why."""
-
-
-def checksum(body: dict[str, Any]) -> str:
-    """sha256 of the metadata body in canonical JSON (sorted keys, no spaces)."""
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
-def write_metadata(folder: str, body: dict[str, Any]) -> None:
-    path = os.path.join(folder, METADATA_FILE)
-    with open(path + ".tmp", "w", encoding="utf-8") as handle:
-        json.dump({**body, "sha256": checksum(body)}, handle, indent=1, sort_keys=True)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(path + ".tmp", path)
-
-
-def read_metadata(folder: str) -> dict[str, Any]:
-    """The verified metadata body of a checkpoint folder; InvalidCheckpoint if it is not complete."""
-    path = os.path.join(folder, METADATA_FILE)
-    if not os.path.exists(path):
-        raise InvalidCheckpoint(f"no {METADATA_FILE} (the save did not finish)")
-    try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except (OSError, ValueError) as exc:
-        raise InvalidCheckpoint(f"{METADATA_FILE} is unreadable ({exc})") from None
-    if not isinstance(data, dict) or "sha256" not in data:
-        raise InvalidCheckpoint(f"{METADATA_FILE} has no checksum")
-    body = {k: v for k, v in data.items() if k != "sha256"}
-    if checksum(body) != data["sha256"]:
-        raise InvalidCheckpoint(f"{METADATA_FILE} checksum mismatch (corrupted or edited)")
-    if not os.path.exists(os.path.join(folder, DCP_METADATA_FILE)):
-        raise InvalidCheckpoint(f"the DCP index {DCP_METADATA_FILE} is missing")
-    for name in body.get("rng_files", []):
-        rng_path = os.path.join(folder, name)
-        if not os.path.isfile(rng_path) or os.path.getsize(rng_path) == 0:
-            raise InvalidCheckpoint(f"the RNG state {name} is missing or empty")
-    return body
-
-
-@dataclass
-class Scan:
-    """What a checkpoint folder holds: complete checkpoints (oldest first) and rejected folders."""
-
-    complete: list[tuple[int, str]] = field(default_factory=list)
-    rejected: list[tuple[str, str]] = field(default_factory=list)  # (path, reason)
-
-    @property
-    def newest(self) -> tuple[int, str] | None:
-        return self.complete[-1] if self.complete else None
-
-
-def scan(folder: str) -> Scan:
-    out = Scan()
-    if not os.path.isdir(folder):
-        return out
-    for name in os.listdir(folder):
-        path = os.path.join(folder, name)
-        if PARTIAL_DIR.match(name):
-            out.rejected.append((path, "partial: the save was interrupted before its rename"))
-            continue
-        match = STEP_DIR.match(name)
-        if not match or not os.path.isdir(path):
-            continue
-        try:
-            body = read_metadata(path)
-        except InvalidCheckpoint as exc:
-            out.rejected.append((path, str(exc)))
-            continue
-        if body.get("step") != int(match.group(1)):
-            out.rejected.append((path, f"metadata step {body.get('step')} does not match the folder name"))
-            continue
-        out.complete.append((int(match.group(1)), path))
-    out.complete.sort()
-    out.rejected.sort()
-    return out
-
-
-def rng_state(device_index: int | None = None) -> dict[str, Any]:
-    """This rank's RNG states; on a GPU only its own device's (a resumed rank may see other GPUs)."""
-    state: dict[str, Any] = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
-                             "python": random.getstate()}
-    if device_index is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state(device_index)
-    return state
-
-
-def set_rng_state(state: dict[str, Any], device_index: int | None = None) -> None:
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
-    if "cuda" in state and device_index is not None and torch.cuda.is_available():
-        cuda_state = state["cuda"]
-        if isinstance(cuda_state, list):  # written by an older hpctrain: one state per visible GPU
-            cuda_state = cuda_state[min(device_index, len(cuda_state) - 1)]
-        torch.cuda.set_rng_state(cuda_state, device_index)
+class CheckpointSaveError(HpctrainError):
+    """A save that failed on some rank (e.g. a full disk); exit 1, one line, no traceback."""
 
 
 def _rank() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+def gather(value: Any) -> list[Any]:
+    """Every rank's value, on every rank (a collective; one process: [value])."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        out: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(out, value)
+        return out
+    return [value]
+
+
+def _os_error(exc: BaseException | None, depth: int = 0) -> OSError | None:
+    """The OSError behind a failure, also inside DCP's CheckpointException (one per failed rank)."""
+    if exc is None or depth > 8:
+        return None
+    if isinstance(exc, OSError):
+        return exc
+    if isinstance(exc, CheckpointException):
+        for failure in exc.failures.values():
+            found = _os_error(failure[0] if isinstance(failure, tuple) else failure, depth + 1)
+            if found is not None:
+                return found
+    return _os_error(exc.__cause__ or exc.__context__, depth + 1)
+
+
+def describe_failure(exc: BaseException) -> str:
+    """What went wrong in a save, in words (not `CheckpointException ranks:dict_keys([1])`)."""
+    os_error = _os_error(exc)
+    if os_error is not None and os_error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "no space left on device" if os_error.errno == errno.ENOSPC else "disk quota exceeded"
+    if os_error is not None:
+        where = f" ({os_error.filename})" if os_error.filename else ""
+        return f"{os_error.strerror or os_error}{where}"
+    if isinstance(exc, CheckpointException):
+        inner = [f[0] for f in exc.failures.values() if isinstance(f, tuple)]
+        exc = inner[0] if inner else exc
+    return f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
 
 
 @dataclass
@@ -177,14 +117,17 @@ class Checkpointer:
     def __init__(self, job: Any, run_dir: str, model_parts: list[Any], optimizers: Any,
                  event: Callable[..., None] | None = None) -> None:
         cfg = job.checkpoint
+        self.run_dir = os.path.abspath(run_dir)
         self.folder = os.path.abspath(cfg.dir or os.path.join(run_dir, "checkpoints"))
         self.every_steps, self.keep_last, self.async_mode = cfg.every_steps, cfg.keep_last, bool(cfg.async_)
+        self.adopt = bool(getattr(cfg, "adopt", False))
         self.parts, self.optimizers = model_parts, list(optimizers)
         self.rank, self.world_size = _rank()
         self.event = event or (lambda name, **fields: None)
         self.pending: _Pending | None = None
         self.last_saved_step: int | None = None
         self.last_save_s: float | None = None  # how long the last save took to complete
+        self.run_id: str | None = None  # rank 0's, read from the run directory (rundir.checkpoints)
         # This rank's GPU (init_distributed set it), whose RNG stream is saved with the checkpoint.
         self.device_index = (torch.cuda.current_device()
                              if torch.cuda.is_available() and torch.cuda.is_initialized() else None)
@@ -216,18 +159,26 @@ class Checkpointer:
         self.wait()
         started = time.perf_counter()
         final = os.path.join(self.folder, f"step-{step}")
-        barrier()  # every rank has looked before rank 0 clears anything
         partial = final + ".partial"
+        barrier()  # every rank has looked before rank 0 clears anything
+        failure: BaseException | None = None
         if self.rank == 0:
-            os.makedirs(self.folder, exist_ok=True)
-            shutil.rmtree(partial, ignore_errors=True)  # left by a save that was killed
-            shutil.rmtree(final, ignore_errors=True)  # a folder without valid metadata
-            os.makedirs(os.path.join(partial, "rng"))
-        barrier()
-        with open(os.path.join(partial, "rng", f"rank-{self.rank}.pt"), "wb") as handle:
-            torch.save(rng_state(self.device_index), handle)
-            handle.flush()
-            os.fsync(handle.fileno())  # the metadata that lists it is written (and trusted) after this
+            try:
+                os.makedirs(self.folder, exist_ok=True)
+                shutil.rmtree(partial, ignore_errors=True)  # left by a save that was killed
+                shutil.rmtree(final, ignore_errors=True)  # a folder without valid metadata
+                os.makedirs(os.path.join(partial, "rng"))
+            except OSError as exc:
+                failure = exc
+        self._agree(step, partial, failure)
+        try:
+            with open(os.path.join(partial, "rng", f"rank-{self.rank}.pt"), "wb") as handle:
+                rng_state.save(handle, self.device_index)
+                handle.flush()
+                os.fsync(handle.fileno())  # the metadata that lists it is written (and trusted) after this
+        except OSError as exc:
+            failure = exc
+        self._agree(step, partial, failure)
         full_body = {**body, "format": FORMAT, "step": step, "world_size": self.world_size,
                      "rng_files": [f"rng/rank-{r}.pt" for r in range(self.world_size)],
                      "versions": {"hpctrain": hpctrain.__version__, "torch": torch.__version__,
@@ -238,28 +189,64 @@ class Checkpointer:
             self.pending = _Pending(step, partial, final, full_body, future, started,
                                     time.perf_counter() - started)
         else:
-            dcp.save(state, checkpoint_id=partial)
+            try:
+                dcp.save(state, checkpoint_id=partial)
+            except CheckpointException as exc:  # raised on every rank: DCP gathers the failures
+                self._fail(step, partial, [describe_failure(exc)])
             self._finalize(_Pending(step, partial, final, full_body, None, started))
         self.last_saved_step = step
         return True
+
+    def _agree(self, step: int, partial: str, failure: BaseException | None) -> None:
+        """A collective: if the save failed on any rank, it fails on every rank (no rank left waiting
+        in the next collective)."""
+        reasons = [r for r in gather(None if failure is None else describe_failure(failure)) if r]
+        if reasons:
+            self._fail(step, partial, reasons)
+
+    def _fail(self, step: int, partial: str, reasons: list[str]) -> None:
+        reason = reasons[0]
+        message = f"{reason} while saving checkpoint step {step} to {self.folder}"
+        if self.rank == 0:
+            shutil.rmtree(partial, ignore_errors=True)  # give the space back; older checkpoints stay intact
+            self.event("checkpoint failed", step=step, path=partial, reason=reason)
+        raise CheckpointSaveError(message)
 
     def wait(self) -> None:
         """Finish an async save (every rank calls this at the same point)."""
         if self.pending is not None:
             pending, self.pending = self.pending, None
             waited = time.perf_counter()
-            pending.future.result()
+            try:
+                pending.future.result()
+            except (Exception, CheckpointException) as exc:  # noqa: BLE001 - said in words below
+                failure: BaseException | None = exc
+            else:
+                failure = None
+            self._agree(pending.step, pending.partial, failure)
             pending.blocking_s += time.perf_counter() - waited
             self._finalize(pending)
 
     def _finalize(self, pending: _Pending) -> None:
-        barrier()  # every rank's shards and RNG file are on disk
+        """Hash (each rank its share), then rank 0 writes the metadata and renames."""
+        names = data_files(pending.partial)  # every rank's shards and RNG file are on disk (DCP's barrier)
+        failure: BaseException | None = None
+        manifest: dict[str, Any] = {}
+        try:
+            manifest = hash_files(pending.partial, share(names, self.rank, self.world_size))
+        except OSError as exc:
+            failure = exc
+        shares = gather((manifest, None if failure is None else describe_failure(failure)))
+        reasons = [reason for _, reason in shares if reason]
+        if reasons:
+            self._fail(pending.step, pending.partial, reasons)
         if self.rank == 0:
-            _fsync_dir(os.path.join(pending.partial, "rng"))
-            write_metadata(pending.partial, pending.body)
-            _fsync_dir(pending.partial)
-            os.replace(pending.partial, pending.final)
-            _fsync_dir(self.folder)
+            try:
+                self._complete(pending, {name: entry for part, _ in shares for name, entry in part.items()})
+            except OSError as exc:
+                failure = exc
+        self._agree(pending.step, pending.partial, failure)
+        if self.rank == 0:
             total_s = round(time.perf_counter() - pending.started, 4)
             # sync: training stood still for the whole save; async: only for staging and the final wait.
             # duration_s is that blocking time (what `hpctrain doctor` weighs against interruptions).
@@ -273,6 +260,15 @@ class Checkpointer:
         # keeps twice this in hand (requeue.py).
         self.last_save_s = time.perf_counter() - pending.started
 
+    def _complete(self, pending: _Pending, files: dict[str, Any]) -> None:
+        self.run_id = self.run_id or run_identity(self.run_dir)
+        _fsync_dir(os.path.join(pending.partial, "rng"))
+        write_metadata(pending.partial, {**pending.body, "files": files,
+                                         "run": run_record(self.run_id, self.run_dir)})
+        _fsync_dir(pending.partial)
+        os.replace(pending.partial, pending.final)
+        _fsync_dir(self.folder)
+
     def _prune(self, newest_step: int) -> None:
         found = scan(self.folder)
         for step, path in found.complete[: -self.keep_last]:
@@ -284,51 +280,10 @@ class Checkpointer:
 
     # -- load ----------------------------------------------------------------------------------
     def find(self, resume_from: str | None) -> str | None:
-        """The checkpoint to start from (rank 0 decides, every rank gets the same answer)."""
-        choice: list[Any] = [None]
-        if self.rank == 0:
-            choice[0] = self._choose(resume_from)
-            if resume_from is not None and isinstance(choice[0], str):
-                self._set_aside_newer(int(read_metadata(choice[0])["step"]))
-        if dist.is_available() and dist.is_initialized() and self.world_size > 1:
-            dist.broadcast_object_list(choice, src=0)
-        if isinstance(choice[0], ConfigError):
-            raise choice[0]
-        return choice[0]
+        """The checkpoint to start from (every rank gets the same answer); see resume.py."""
+        from hpctrain.runtime.checkpoint_resume import find
 
-    def _choose(self, resume_from: str | None) -> str | ConfigError | None:
-        if resume_from is not None:
-            if STEP_DIR.match(os.path.basename(os.path.normpath(resume_from))):
-                try:
-                    read_metadata(resume_from)
-                except InvalidCheckpoint as exc:
-                    return ConfigError(f"--resume-from {resume_from}: not a complete checkpoint: {exc}")
-                return os.path.abspath(resume_from)
-            found = self._report(scan(resume_from))
-            if found.newest is None:
-                return ConfigError(f"--resume-from {resume_from}: no complete checkpoint (step-N/ folder "
-                                   "with verified metadata.json) there")
-            return found.newest[1]
-        found = self._report(scan(self.folder))
-        return found.newest[1] if found.newest else None
-
-    def _set_aside_newer(self, step: int) -> None:
-        """Resuming from an older step starts a new timeline: move this run's later checkpoints aside
-        (step-N.superseded), so that pruning keeps the new saves and a requeue resumes from them."""
-        for newer_step, path in scan(self.folder).complete:
-            if newer_step > step:
-                target = f"{path}.superseded"
-                shutil.rmtree(target, ignore_errors=True)
-                os.replace(path, target)
-                print(f"hpctrain.runtime: resuming from step {step}: moved the later checkpoint {path} to "
-                      f"{target}", file=sys.stderr, flush=True)
-                self.event("checkpoint superseded", path=target, step=newer_step, resumed_step=step)
-
-    def _report(self, found: Scan) -> Scan:
-        for path, reason in found.rejected:
-            print(f"hpctrain.runtime: skipping checkpoint {path}: {reason}", file=sys.stderr, flush=True)
-            self.event("checkpoint skipped", path=path, reason=reason)
-        return found
+        return find(self, resume_from)
 
     def load(self, path: str) -> dict[str, Any]:
         """Load model, optimizer and this rank's RNG states from `path`; return the metadata body."""
@@ -341,20 +296,16 @@ class Checkpointer:
                            optim_state_dict={k: state["optim"][k] for k in o}, options=OPTIONS)
         rng_file = os.path.join(path, "rng", f"rank-{self.rank}.pt")
         if os.path.exists(rng_file):
-            set_rng_state(torch.load(rng_file, weights_only=False), self.device_index)
+            try:
+                rng_state.restore(rng_state.load(rng_file), self.device_index)
+            except rng_state.BadRngState as exc:  # never unpickled: it may come from anyone who can write there
+                print(f"hpctrain.runtime [rank {self.rank}]: {rng_file}: {exc}; not loaded, continuing with "
+                      "fresh RNG", file=sys.stderr)
         else:  # a resume onto more ranks than saved: say so on the rank concerned
             print(f"hpctrain.runtime [rank {self.rank}]: {path} has no RNG state for rank {self.rank} "
                   f"(saved with {body.get('world_size')} ranks); continuing with fresh RNG", file=sys.stderr)
         self.last_saved_step = int(body["step"])
         return body
-
-
-def _is_complete(folder: str) -> bool:
-    try:
-        read_metadata(folder)
-    except InvalidCheckpoint:
-        return False
-    return True
 
 
 def _fsync_dir(path: str) -> None:

@@ -14,7 +14,8 @@ from ._entry import copy_run, events, make_job, metrics, run_entry, run_module, 
 
 
 def _ckpts(run_dir: str) -> list[str]:
-    return sorted(os.listdir(os.path.join(run_dir, "checkpoints")))
+    """The step folders (beside them: owner.json, the run that owns the folder)."""
+    return sorted(n for n in os.listdir(os.path.join(run_dir, "checkpoints")) if n.startswith("step-"))
 
 
 def _same_curve(a: str, b: str) -> None:
