@@ -1,0 +1,189 @@
+"""Issue 18: checkpoints that are damaged, foreign, unsafe to unpickle, unwritable or on a full disk."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pickle
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hpctrain.rundir.checkpoints import OWNER_FILE, checksum, file_sha256, read_metadata, scan
+
+from ._entry import copy_run, events, make_job, metrics, run_entry, run_module, write_job
+
+
+def _steps(folder: str) -> list[str]:
+    return sorted(n for n in os.listdir(folder) if n.startswith("step-"))
+
+
+def _garble(path: str) -> None:
+    """Same size, different bytes: only a checksum of the contents can tell."""
+    size = os.path.getsize(path)
+    with open(path, "r+b") as handle:
+        handle.seek(size // 2)
+        handle.write(b"\xde\xad\xbe\xef" * 16)
+
+
+@pytest.mark.parametrize("victim", ["__0_0.distcp", ".metadata"])
+def test_finding5_a_damaged_data_file_falls_back_to_the_newest_intact_checkpoint(victim, tmp_path) -> None:
+    job = make_job(train={"steps": 6}, checkpoint={"every_steps": 2, "keep_last": 3})
+    full = str(tmp_path / "full")
+    assert run_entry(job, full) == [0]
+    run = copy_run(full, str(tmp_path / "run"))
+    ck = os.path.join(run, "checkpoints")
+    _garble(os.path.join(ck, "step-6", victim))
+    read_metadata(os.path.join(ck, "step-6"))  # the cheap checks (and metadata.json) still pass
+    job["train"]["steps"] = 7
+    proc = run_module(["--job", write_job(job, str(tmp_path / "job.yaml")), "--run-dir", run])
+    assert proc.returncode == 0, proc.stderr
+    assert f"step-6: the file {victim} checksum mismatch" in proc.stderr
+    assert [e["step"] for e in events(run) if e["event"] == "resumed"] == [4]
+    skipped = [e for e in events(run) if e["event"] == "checkpoint skipped"]
+    assert [os.path.basename(e["path"]) for e in skipped] == ["step-6"] and victim in skipped[0]["reason"]
+    assert os.path.isdir(os.path.join(ck, "step-6.corrupt"))  # kept for a look, out of the way
+    assert _steps(ck) == ["step-4", "step-6", "step-6.corrupt", "step-7"]
+    assert [(m["loss"], m["grad_norm"]) for m in metrics(run)[:6]] == [(m["loss"], m["grad_norm"]) for m in metrics(full)]
+
+
+def test_finding5_a_damaged_shard_of_rank_1_falls_back_on_every_rank(tmp_path) -> None:
+    job = make_job(dp=2, train={"steps": 4, "micro_batch": 1}, checkpoint={"every_steps": 2, "keep_last": 2})
+    run = str(tmp_path / "run")
+    assert run_entry(job, run) == [0, 0]
+    step4 = os.path.join(run, "checkpoints", "step-4")
+    shards = sorted(n for n in os.listdir(step4) if n.startswith("__1_"))
+    assert shards, os.listdir(step4)
+    _garble(os.path.join(step4, shards[0]))
+    job["train"]["steps"] = 5
+    assert run_entry(job, run) == [0, 0]
+    assert [e["step"] for e in events(run) if e["event"] == "resumed"] == [2]
+    assert _steps(os.path.join(run, "checkpoints")) == ["step-4", "step-4.corrupt", "step-5"]
+
+
+def test_finding2_a_second_run_refuses_the_first_runs_checkpoint_dir(tmp_path) -> None:
+    shared = str(tmp_path / "shared-ckpt")
+    first = make_job(train={"steps": 4}, checkpoint={"every_steps": 2, "dir": shared})
+    assert run_entry(first, str(tmp_path / "first")) == [0]
+    second = make_job(train={"steps": 6, "optimizer": {"lr": 0.01}}, checkpoint={"every_steps": 2, "dir": shared})
+    second["name"] = "another-run"
+    job_path = write_job(second, str(tmp_path / "second.yaml"))
+    proc = run_module(["--job", job_path, "--run-dir", str(tmp_path / "second")])
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    line = [ln for ln in proc.stderr.splitlines() if "checkpoint.dir" in ln]
+    assert len(line) == 1 and "holds the checkpoints of another run" in line[0]
+    assert str(tmp_path / "first") in line[0] and "checkpoint.adopt" in line[0]
+    assert not (tmp_path / "second" / "metrics.jsonl").exists()
+    assert _steps(shared) == ["step-2", "step-4"]  # untouched
+    # The same run, requeued or resumed (same run directory): its own checkpoints.
+    first["train"]["steps"] = 6
+    assert run_entry(first, str(tmp_path / "first")) == [0]
+    assert [e["step"] for e in events(str(tmp_path / "first")) if e["event"] == "resumed"] == [4]
+    # On purpose: checkpoint.adopt.
+    second["checkpoint"]["adopt"] = True
+    proc = run_module(["--job", write_job(second, job_path), "--run-dir", str(tmp_path / "second")])
+    assert proc.returncode == 0, proc.stderr
+    assert [e["step"] for e in events(str(tmp_path / "second")) if e["event"] == "resumed"] == [6]
+    owner = json.loads((Path(shared) / OWNER_FILE).read_text())
+    assert owner["dir"] == str(tmp_path / "second")
+
+
+def test_finding2_the_login_path_refuses_a_foreign_checkpoint_dir(tmp_path) -> None:
+    from hpctrain.errors import ConfigError
+    from hpctrain.launch.stages import check_checkpoint_dir
+
+    run = str(tmp_path / "run")
+    assert run_entry(make_job(train={"steps": 2}, checkpoint={"every_steps": 2}), run) == [0]
+    folder = Path(run) / "checkpoints"
+    check_checkpoint_dir(folder, Path(run), adopt=False)  # its own run: fine
+    with pytest.raises(ConfigError, match="holds the checkpoints of another run"):
+        check_checkpoint_dir(folder, None, adopt=False)  # a new run
+    check_checkpoint_dir(folder, None, adopt=True)
+
+
+_PAYLOAD = "import pathlib; pathlib.Path({marker!r}).write_text('ran')"
+
+
+class _Exploit:
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):  # what a hostile writer of a shared checkpoint folder can put in a pickle
+        return (exec, (_PAYLOAD.format(marker=self.marker),))
+
+
+def test_finding4_an_rng_file_is_never_unpickled(tmp_path) -> None:
+    import torch
+
+    job = make_job(train={"steps": 2}, checkpoint={"every_steps": 2})
+    run = str(tmp_path / "run")
+    assert run_entry(job, run) == [0]
+    step2 = os.path.join(run, "checkpoints", "step-2")
+    rng = os.path.join(step2, "rng", "rank-0.pt")
+    assert set(torch.load(rng, weights_only=True)) >= {"torch", "numpy", "python"}  # plain tensors and numbers
+    marker = tmp_path / "pwned"
+    with open(rng, "wb") as handle:
+        pickle.dump({"torch": _Exploit(str(marker))}, handle)
+    # The writer also fixes the manifest and the metadata checksum: checksums are no defence here.
+    meta_path = os.path.join(step2, "metadata.json")
+    body = {k: v for k, v in json.load(open(meta_path)).items() if k != "sha256"}
+    body["files"]["rng/rank-0.pt"] = {"bytes": os.path.getsize(rng), "sha256": file_sha256(rng)}
+    json.dump({**body, "sha256": checksum(body)}, open(meta_path, "w"))
+    job["train"]["steps"] = 3
+    proc = run_module(["--job", write_job(job, str(tmp_path / "job.yaml")), "--run-dir", run])
+    assert proc.returncode == 0, proc.stderr
+    assert not marker.exists()
+    assert "rng/rank-0.pt: not a plain-tensor RNG file" in proc.stderr
+
+
+@contextlib.contextmanager
+def _tmpfs(path: Path, options: str) -> Iterator[Path]:
+    """A real small or read-only file system (needs root; a mock could not show what the kernel says)."""
+    path.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def test_finding8_a_read_only_checkpoint_dir_fails_at_start(tmp_path) -> None:
+    from hpctrain.errors import ConfigError
+    from hpctrain.launch.stages import check_checkpoint_dir
+
+    with _tmpfs(tmp_path / "ro", "ro,size=1M") as ro:
+        job = make_job(train={"steps": 4}, checkpoint={"every_steps": 2, "dir": str(ro / "ckpt")})
+        proc = run_module(["--job", write_job(job, str(tmp_path / "job.yaml")), "--run-dir", str(tmp_path / "run")])
+        with pytest.raises(ConfigError, match="is not writable"):
+            check_checkpoint_dir(ro / "ckpt", None, adopt=False)  # and at submit, on the login node
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert f"checkpoint.dir {ro / 'ckpt'}: cannot write there" in proc.stderr
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()  # not a step trained in vain
+
+
+@pytest.mark.parametrize("dp", [1, 2])
+def test_finding8_a_full_disk_is_reported_as_such(dp, tmp_path) -> None:
+    with _tmpfs(tmp_path / "small", "size=2M") as small:  # a checkpoint of this model is ~3.5 MB
+        folder = small / "ckpt"
+        job = make_job(dp=dp, train={"steps": 4, "micro_batch": 1},
+                       checkpoint={"every_steps": 2, "dir": str(folder)})
+        run = str(tmp_path / "run")
+        codes = run_entry(job, run)
+        left = os.listdir(folder)
+    assert codes == [1] * dp
+    failed = [e for e in events(run) if e["event"] == "checkpoint failed"]
+    assert [e["reason"] for e in failed] == ["no space left on device"]
+    step = failed[0]["step"]
+    final = [e for e in events(run) if e["event"] == "failed"]
+    expected = f"no space left on device while saving checkpoint step {step} to {folder}"
+    assert final and all(e["reason"] == expected for e in final)
+    assert not any("CheckpointException" in json.dumps(e) for e in events(run))
+    assert OWNER_FILE in left and f"step-{step}.partial" not in left  # the space is given back
+    assert all(n == OWNER_FILE or int(n.split("-")[1]) < step for n in left)  # older ones stay, intact
