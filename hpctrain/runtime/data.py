@@ -78,18 +78,20 @@ class TokenFile:
     tokens (consecutive windows share their boundary token), visited in a seeded random order that
     is reshuffled every epoch."""
 
-    def __init__(self, path: str, dtype: np.dtype, vocab: int, seq_len: int, seed: int) -> None:
+    def __init__(self, path: str, dtype: np.dtype, vocab: int, seq_len: int, seed: int,
+                 field: str = "train.data") -> None:
+        self.field = field  # the job field that named this file, for the messages
         if not os.path.isfile(path):
-            raise ConfigError(f"train.data: no such file (got {path!r}); give a token file made by "
+            raise ConfigError(f"{field}: no such file (got {path!r}); give a token file made by "
                               "`hpctrain data prepare TEXT_FILES... -o tokens.bin`, or 'synthetic'")
         size = os.path.getsize(path)
         if size % dtype.itemsize:
-            raise ConfigError(f"train.data: {path} has {size} bytes, not a multiple of {dtype.itemsize} "
+            raise ConfigError(f"{field}: {path} has {size} bytes, not a multiple of {dtype.itemsize} "
                               f"({dtype.name}); set train.data_dtype to the file's element type")
         n_tokens = size // dtype.itemsize
         self.windows = (n_tokens - 1) // seq_len if n_tokens > 1 else 0
         if self.windows < 1:
-            raise ConfigError(f"train.data: {path} holds {n_tokens} tokens, fewer than seq_len + 1 = "
+            raise ConfigError(f"{field}: {path} holds {n_tokens} tokens, fewer than seq_len + 1 = "
                               f"{seq_len + 1}; prepare more text or lower model.seq_len")
         self.tokens = np.memmap(path, dtype=dtype, mode="r")
         self.path, self.seq_len, self.seed, self.vocab = path, seq_len, seed, vocab
@@ -100,7 +102,7 @@ class TokenFile:
     def _check_vocab(self) -> None:
         probe = np.asarray(self.tokens[: 1 << 20])
         if probe.size and int(probe.max()) >= self.vocab:
-            raise ConfigError(f"train.data: {self.path} holds token id {int(probe.max())}, outside "
+            raise ConfigError(f"{self.field}: {self.path} holds token id {int(probe.max())}, outside "
                               f"model.vocab={self.vocab}; use a larger vocab or the matching tokenizer")
 
     def _window(self, index: int) -> int:

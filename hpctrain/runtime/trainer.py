@@ -18,6 +18,7 @@ import torch
 from hpctrain.runtime.checkpoint import Checkpointer
 from hpctrain.runtime.data import build_sampler
 from hpctrain.runtime.distributed import DistEnv
+from hpctrain.runtime.evaluate import Evaluator
 from hpctrain.runtime.optim import build_optimizers
 from hpctrain.runtime.parallelize import build_training
 from hpctrain.runtime.precision import local_tensor
@@ -39,6 +40,7 @@ class Trainer:
         dims = self.training.dims
         self.coords = dims.coords(env.rank)
         self.data = build_sampler(job, self.coords["dp"], dims.dp)
+        self.evaluator = Evaluator(job, self.training, self.coords["dp"])
         self.optimizers, self.lr_schedulers = build_optimizers(job, self.training.model_parts)
         self.tokens_per_step = int(job.train.global_batch) * int(job.model.seq_len)
         self.telemetry = Telemetry(run_dir, env.rank, env.world_size, env.attempt, device,
@@ -121,8 +123,10 @@ class Trainer:
             if cuda:
                 torch.cuda.synchronize(self.device)
             self.telemetry.end_step(time.perf_counter() - start)
-            if self.step % self.job.train.log_every == 0 or self.step == self.job.train.steps:
-                self._log(loss, grad_norm, lr)
+            # Outside the step time: a validation is not part of the training throughput.
+            val_loss = self.evaluator.run() if self.evaluator.due(self.step) else None
+            if self.step % self.job.train.log_every == 0 or self.step == self.job.train.steps or val_loss is not None:
+                self._log(loss, grad_norm, lr, val_loss)
             if self.checkpointer.save(self.step, self.train_state()):
                 self.telemetry.write_rank_summary(self.state_bytes(), "running")
         stopped = self.step < self.job.train.steps
@@ -135,14 +139,17 @@ class Trainer:
         return {"step": self.step, "resumed_from": resumed, "stopped": stopped, "requeue": outcome,
                 "requeue_why_not": self.requeue.why_not, **self.last_metrics}
 
-    def _log(self, loss: float, grad_norm: float, lr: float) -> None:
+    def _log(self, loss: float, grad_norm: float, lr: float, val_loss: float | None = None) -> None:
         extra: dict[str, Any] = {}
+        if val_loss is not None:
+            extra["val_loss"] = val_loss
         if self.training.loss_scaler is not None:
             extra["loss_scale"] = self.training.loss_scaler.scale
         record = self.telemetry.log(self.step, loss, lr, grad_norm, self.step * self.tokens_per_step, **extra)
         self.last_metrics = record
         if self.env.rank == 0:
-            print(f"step {self.step:>6} | loss {loss:.4f} | lr {lr:.3e} | grad_norm {grad_norm:.3f} | "
+            val = f" | val_loss {val_loss:.4f}" if val_loss is not None else ""
+            print(f"step {self.step:>6} | loss {loss:.4f}{val} | lr {lr:.3e} | grad_norm {grad_norm:.3f} | "
                   f"{record['tokens_per_s']:,.0f} tok/s | {record['step_time_s'] * 1e3:.1f} ms", flush=True)
 
     def close(self) -> None:
