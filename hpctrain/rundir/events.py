@@ -4,7 +4,7 @@ One lifecycle record per line: {"time": ISO 8601 UTC with milliseconds, "event":
 Writers: the launcher (submitted, resume_requested, ended ...), the runtime's rank 0 (started,
 checkpoint_saved, finished, failed ...) and the batch script's exit path (requeued, not_requeued),
 which writes the same format with `printf` (it runs on the host, where hpctrain need not be
-installed when the ranks run in a container); tests/rundir/test_events.py reads its lines back here.
+installed when the ranks run in a container); tests/render/test_exit_path.py reads its lines back here.
 Each record is one O_APPEND write, so concurrent writers never interleave within a line.
 """
 

@@ -85,7 +85,7 @@ def summary_path(run_dir: Path, rank: int) -> Path:
 
 # Fields of ranks/rank-R.json that readers compute with, and their types.
 _SUMMARY_FIELDS: dict[str, tuple[type, ...]] = {
-    "rank": (int,), "world_size": (int,), "attempt": (int,), "host": (str,), "status": (str,),
+    "rank": (int,), "world_size": (int,), "attempt": (int,), "host": (str,), "pid": (int,), "status": (str,),
     "steps_timed": (int,), "step_time_s": (int, float), "time_compute_s": (int, float),
     "time_comm_exposed_s": (int, float), "time_bubble_s": (int, float), "peak_memory_bytes": (int, float),
 }

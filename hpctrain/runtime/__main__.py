@@ -101,15 +101,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         rank = env.rank
         check_env(env)
         job = _load(args)
+        slot = env.rank
         env = place_rank(env, job.placement.rank_order if job.placement else None, job.cluster.gpus_per_node)
         rank = env.rank
-        _to_rank_log(env.rank)
+        _to_rank_log(env.rank, slot, env.world_size)
     except ConfigError as exc:
         return _user_error(exc, rank)
     return _run(job, env, args)
 
 
-def _to_rank_log(rank: int) -> None:
+def _to_rank_log(rank: int, slot: int, world_size: int) -> None:
     """From here on, stdout and stderr (Python's and C's: NCCL, faulthandler) go to logs/rank-R.attempt-A.log,
     R the GLOBAL rank: the launcher captured this process by slot (srun's %t), which differs from the rank
     under a placement that reorders ranks (rundir/ranks.py). Only when the launcher asks (HPCTRAIN_LOG_DIR)."""
@@ -134,6 +135,11 @@ def _to_rank_log(rank: int) -> None:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+    import socket
+
+    # Which process this log belongs to (ranks/rank-R.json has the same pid and host).
+    print(f"{PROG}: rank {rank} of {world_size} (slot {slot}, pid {os.getpid()}, host {socket.gethostname()}, "
+          f"attempt {attempt})", flush=True)
 
 
 def _user_error(exc: Exception, rank: int) -> int:

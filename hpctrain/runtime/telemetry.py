@@ -201,7 +201,7 @@ class Telemetry:
         t = self.totals
         n = max(1, t.steps)
         summary = {
-            "rank": self.rank, "world_size": self.world_size, "host": socket.gethostname(),
+            "rank": self.rank, "world_size": self.world_size, "host": socket.gethostname(), "pid": os.getpid(),
             "attempt": self.attempt, "device": str(self.device), "status": status, "updated": _now(),
             "steps_timed": t.steps,
             "step_time_s": t.step_s / n,

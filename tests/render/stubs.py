@@ -55,6 +55,7 @@ STUBS = {
                 'if [ "${STUB_REQUEST_REQUEUE:-0}" = 1 ]; then\n'
                 '    printf "signal USR2 at step 7: checkpoint saved\\n" > "$HPCTRAIN_REQUEUE_MARKER"\n'
                 'fi\n'
+                'if [ -n "${STUB_BAD_INPUT:-}" ]; then printf "rank 3: %s\\n" "$STUB_BAD_INPUT" >> "$HPCTRAIN_BAD_INPUT_MARKER"; fi\n'
                 'exit "${STUB_RANK_RC:-0}"\n'),
     "pgrep": 'record "$@"\necho 12345\n',
     "pwned": 'record "$@"\ntouch "$STUB_LOG/PWNED"\n',

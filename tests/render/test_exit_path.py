@@ -88,11 +88,56 @@ def test_budget_spent_ends_the_job_and_says_why(tmp_path: Path, bin_dir: Path, e
 
 
 def test_failed_scontrol_is_reported_not_ignored(tmp_path: Path, bin_dir: Path) -> None:
-    run, task_dir = _run(tmp_path, bin_dir, STUB_RANK_RC="2", STUB_REQUEUE_RC="1")
-    assert run.returncode == 2
+    run, task_dir = _run(tmp_path, bin_dir, STUB_RANK_RC="5", STUB_REQUEUE_RC="1")
+    assert run.returncode == 5
     assert b"not requeued: scontrol requeue 4242 failed" in run.stderr
     assert [(e["event"], e["why_not"]) for e in _events(task_dir)] == [("requeued", ""),
                                                                         ("not_requeued", "scontrol-failed")]
+
+
+@pytest.mark.parametrize("env", [{"STUB_RANK_RC": "2"},
+                                 # one rank exited 2, srun killed the others: srun's status is theirs
+                                 {"STUB_RANK_RC": "137", "STUB_BAD_INPUT": "train.data: no such file"}])
+def test_bad_input_is_not_requeued(tmp_path: Path, bin_dir: Path, env: dict[str, str]) -> None:
+    """Issue 11 item 6: a rank exiting 2 fails the job at once, saying why, instead of spending requeues."""
+    from hpctrain.rundir.events import WHY_NOT_REQUEUED, read_events
+
+    run, task_dir = _run(tmp_path, bin_dir, **env)
+    assert run.returncode == 2
+    assert not [a for a in run.argv_of("scontrol") if a[0] == "requeue"]
+    assert b"hpctrain: not requeued: a rank exited 2 (bad input)" in run.stderr
+    if "STUB_BAD_INPUT" in env:
+        assert b"rank 3: train.data: no such file" in run.stderr
+    [event] = read_events(task_dir)  # the batch script's printf line, read back by the run-dir module
+    assert (event["event"], event["reason"], event["why_not"]) == ("not_requeued", "bad-input", "bad-input")
+    assert event["why_not"] in WHY_NOT_REQUEUED and event["source"] == "batch-script"
+
+
+def _metrics_at(task_dir: Path, step: int) -> None:
+    (task_dir / "metrics.jsonl").write_text("".join(f'{{"step":{s},"loss":2.5,"attempt":0}}\n'
+                                                    for s in range(step - 10, step + 1, 5)))
+
+
+def test_crash_again_at_the_same_step_is_not_requeued(tmp_path: Path, bin_dir: Path) -> None:
+    """Issue 11 item 6: attempt 0 crashes at step 35 and is requeued; attempt 1 resumes and crashes at
+    step 35 again: no third try. Crashing further on (step 40) is progress and is requeued."""
+    from hpctrain.rundir.events import read_events
+
+    task_dir = tmp_path / "run"
+    task_dir.mkdir()
+    script = render_script(_job(), run_dir=str(task_dir))
+    _metrics_at(task_dir, 35)
+    first = run_script(script, bin_dir=bin_dir, work=tmp_path / "a", env={"STUB_RANK_RC": "1"})
+    assert first.returncode == 0 and ["requeue", "4242"] in first.argv_of("scontrol")
+    again = run_script(script, bin_dir=bin_dir, work=tmp_path / "b", env={"STUB_RANK_RC": "1", "SLURM_RESTART_COUNT": "1"})
+    assert again.returncode == 1 and not [a for a in again.argv_of("scontrol") if a[0] == "requeue"]
+    assert b"not requeued: failed again at step 35 after a requeue" in again.stderr
+    events = read_events(task_dir)
+    assert [(e["event"], e["why_not"], e["step"]) for e in events] == [("requeued", "", 35),
+                                                                       ("not_requeued", "same-step", 35)]
+    _metrics_at(task_dir, 40)
+    later = run_script(script, bin_dir=bin_dir, work=tmp_path / "c", env={"STUB_RANK_RC": "1", "SLURM_RESTART_COUNT": "2"})
+    assert later.returncode == 0 and ["requeue", "4242"] in later.argv_of("scontrol")
 
 
 def test_requeue_disabled(tmp_path: Path, bin_dir: Path) -> None:
@@ -151,16 +196,20 @@ def test_master_addr_falls_back_to_the_node_name(tmp_path: Path, bin_dir: Path) 
 
 @pytest.mark.parametrize("array", [None, "0-3%2"])
 def test_each_rank_logs_to_its_own_file_per_attempt(tmp_path: Path, bin_dir: Path, array: str | None) -> None:
-    """srun writes logs/rank-%t.attempt-A.log (stderr too), the names hpctrain.launch.logs reads."""
+    """srun captures each task in logs/task-%t.attempt-A.log (stderr too) and tells the runtime where the
+    rank's own log goes (HPCTRAIN_LOG_DIR): names that hpctrain.rundir.ranks and `hpctrain logs` read."""
     from hpctrain.launch.logs import parse_log_name
+    from hpctrain.rundir.ranks import ATTEMPT_ENV, LOG_DIR_ENV, TASK_LOG
 
     run, task_dir = _run(tmp_path, bin_dir, array=array, SLURM_RESTART_COUNT="2", SLURM_ARRAY_JOB_ID="4240",
                          SLURM_ARRAY_TASK_ID="2")
     assert run.returncode == 0 and (task_dir / "logs").is_dir()
     [srun] = run.argv_of("srun")
-    pattern = f"{task_dir}/logs/rank-%t.attempt-2.log"
+    pattern = f"{task_dir}/logs/task-%t.attempt-2.log"
     assert f"--output={pattern}" in srun and f"--error={pattern}" in srun and "--open-mode=append" in srun
-    assert parse_log_name(pattern.rsplit("/", 1)[1].replace("%t", "3")) == (3, 2)
+    assert TASK_LOG.match(pattern.rsplit("/", 1)[1].replace("%t", "3"))
+    assert parse_log_name(pattern.rsplit("/", 1)[1].replace("%t", "3")) == (None, 2)  # not a rank's log
+    assert run.runtime_env[LOG_DIR_ENV] == f"{task_dir}/logs" and run.runtime_env[ATTEMPT_ENV] == "2"
 
 
 def test_cpu_jobs_bind_no_gpu(tmp_path: Path, bin_dir: Path) -> None:

@@ -68,7 +68,7 @@ def test_hostile_value_runs_nothing_and_arrives_intact(value: str, tmp_path: Pat
     assert run.argv_of("nvidia-smi") == [[f"--query-gpu={NVIDIA_SMI_FIELDS}", "--format=csv", "-l", "5"]]
     assert run.argv_of("py-spy") == [["dump", "--pid", "12345"]]
     [ranks] = [argv for argv in run.argv_of("srun") if "--kill-on-bad-exit=1" in argv]
-    rank_log = f"{run_dir.replace('%', '%%')}/logs/rank-%t.attempt-0.log"  # srun's pattern keeps a % as %%
+    rank_log = f"{run_dir.replace('%', '%%')}/logs/task-%t.attempt-0.log"  # srun's pattern keeps a % as %%
     assert f"--output={rank_log}" in ranks and f"--error={rank_log}" in ranks
     assert (Path(run_dir) / "logs").is_dir()
     assert run.argv_of("sleep") == [[str(3600 - 60)]]
