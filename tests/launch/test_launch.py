@@ -114,7 +114,7 @@ def test_sweep_is_one_array(launch_env: dict[str, str], tmp_path: Path) -> None:
                      cwd=tmp_path, env=env, timeout_s=60)
     assert result.returncode == 0, result.stderr
     assert "skipped train.micro_batch=16: no layout" in result.stderr  # the planner's reason
-    assert "global batch not divisible" in result.stderr
+    assert "local batch (global_batch / dp) not divisible by micro_batch" in result.stderr
     run_dir = run_dir_of(result)
     sweep = json.loads((run_dir / "sweep.json").read_text())
     assert sweep["array"] == "0-3%2" and len(sweep["tasks"]) == 4 and len(sweep["skipped"]) == 1
