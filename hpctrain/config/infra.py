@@ -67,8 +67,8 @@ class RecipeConfig(Section):
     base_image: Text = Field("docker://nvcr.io/nvidia/pytorch:24.12-py3", description="Bootstrap image (CUDA + PyTorch).")
     pip: list[Text] = Field(default_factory=list, description="Extra pip packages.")
     apt: list[Text] = Field(default_factory=list, description="Extra Debian/Ubuntu packages.")
-    hpctrain: Optional[Text] = Field(None, description="pip requirement that installs hpctrain in the image "
-                                     "(default: hpctrain==<this version>; a path or VCS URL works too).")
+    hpctrain: Optional[Text] = Field(None, description="pip requirement that installs hpctrain in the image, e.g. "
+                                     "a VCS URL (default: the checkout hpctrain runs from, copied in by %files).")
 
 
 class ContainerConfig(Section):

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from pathlib import Path
+from typing import Any, Optional
 
 from hpctrain import __version__
 from hpctrain.errors import RenderError
@@ -40,6 +41,45 @@ def bootstrap(base_image: str) -> tuple[str, str]:
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
+# What building hpctrain from its checkout needs (pyproject.toml names README.md and maps the template
+# folders into the package); copied by %files, never the whole checkout (.git, runs/, caches).
+BUILD_INPUTS = ("pyproject.toml", "setup.cfg", "README.md", "hpctrain", "sbatch_templates", "singularity",
+                "examples")
+SOURCE_IN_IMAGE = "/opt/hpctrain-src"
+# A %files line is split on whitespace by apptainer/singularity and has no quoting we can rely on.
+_FILES_PATH = re.compile(r"[A-Za-z0-9._/+@-]+")
+
+
+def source_checkout() -> Optional[Path]:
+    """The source checkout this hpctrain runs from (editable install or PYTHONPATH), or None (a wheel)."""
+    import hpctrain
+
+    root = Path(hpctrain.__file__).resolve().parent.parent
+    pyproject = root / "pyproject.toml"
+    if pyproject.is_file() and re.search(r'(?m)^name\s*=\s*"hpctrain"', pyproject.read_text(encoding="utf-8")):
+        return root
+    return None
+
+
+def hpctrain_install(recipe: Any) -> tuple[list[tuple[str, str]], str, str]:
+    """(%files pairs, the pip argument that installs hpctrain, why that one, for a comment).
+
+    hpctrain is on no package index: the image gets the checkout hpctrain runs from, copied in by %files.
+    container.recipe.hpctrain (a pip requirement: VCS URL, URL of a wheel...) overrides that.
+    """
+    if getattr(recipe, "hpctrain", None):
+        return [], recipe.hpctrain, "container.recipe.hpctrain"
+    root = source_checkout()
+    if root is None:
+        return [], f"hpctrain=={__version__}", ("no source checkout found (hpctrain runs from a wheel): set "
+                                                "container.recipe.hpctrain to a requirement the image can reach")
+    if not _FILES_PATH.fullmatch(str(root)):
+        return [], f"hpctrain=={__version__}", (f"the checkout {str(root)!r:.80} has characters a %files line "
+                                                "cannot carry: set container.recipe.hpctrain instead")
+    files = [(str(root / name), f"{SOURCE_IN_IMAGE}/{name}") for name in BUILD_INPUTS if (root / name).exists()]
+    return files, SOURCE_IN_IMAGE, f"the checkout it was rendered from, {root}"
+
+
 def recipe_context(job: Any) -> dict[str, Any]:
     recipe = job.container.recipe
     for package in recipe.pip:
@@ -51,13 +91,16 @@ def recipe_context(job: Any) -> dict[str, Any]:
             raise RenderError(f"container.recipe.apt: not a Debian package name (got {package!r:.80}); use e.g. "
                               "libibverbs-dev or curl=7.88.1-10")
     agent, source = bootstrap(recipe.base_image)
+    files, requirement, origin = hpctrain_install(recipe)
     return {
         "version": __version__,
         "bootstrap": agent,
         "source": source,
         "apt": list(recipe.apt),
         "pip": list(recipe.pip),
-        "hpctrain_requirement": getattr(recipe, "hpctrain", None) or f"hpctrain=={__version__}",
+        "hpctrain_files": files,
+        "hpctrain_requirement": requirement,
+        "hpctrain_origin": comment_lines(f"hpctrain from {origin}.", 96),
         "nccl_defaults": [{"name": v.name, "value": v.value, "why": comment_lines(f"{v.name}: {v.why}", 96)}
                           for v in COMMON if v.value is not None and not v.under_task_dir],
     }

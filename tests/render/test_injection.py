@@ -149,7 +149,7 @@ def test_hostile_pip_packages_reach_pip_intact(tmp_path: Path, bin_dir: Path) ->
     assert result.returncode == 0, result.stderr
     run = run_script(post, bin_dir=bin_dir, work=tmp_path)
     assert run.returncode == 0, run.stderr
-    assert run.argv_of("python3") == [["-m", "pip", "install", "--no-cache-dir", "--", "hpctrain==0.1.0", *packages]]
+    assert run.argv_of("python3") == [["-m", "pip", "install", "--no-cache-dir", "--", "/opt/hpctrain-src", *packages]]
     assert "pwned" not in run.programs
 
 

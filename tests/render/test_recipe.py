@@ -37,7 +37,8 @@ def test_sections_parse_back(tmp_path: Path) -> None:
     assert "NCCL_DEBUG=${NCCL_DEBUG:-WARN}" in parsed.environ
     assert "TORCH_NCCL_ASYNC_ERROR_HANDLING=${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}" in parsed.environ
     install = "\n".join(parsed.install)
-    assert f"python3 -m pip install --no-cache-dir -- hpctrain=={__version__} einops==0.8.0 wandb" in install
+    # hpctrain from this checkout (tests run from one; test_recipe_checkout.py builds it)
+    assert "python3 -m pip install --no-cache-dir -- /opt/hpctrain-src einops==0.8.0 wandb" in install
     assert "apt-get install -y --no-install-recommends libibverbs-dev curl=7.88.1-10" in install
     assert parsed.cmd == 'exec python3 -m hpctrain.runtime "$@"'
     assert parsed.test  # spython moves %test into a tests.sh it builds in install
