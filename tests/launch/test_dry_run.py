@@ -3,6 +3,7 @@ they write the script Slurm would get (the sweep's with --array) and the recipe,
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -29,7 +30,8 @@ def _dry_run(args: list[str], tmp_path: Path, env: dict[str, str]) -> tuple[Path
     assert f"dry run: nothing submitted; script {script}; recipe {recipe}" in result.stdout
     assert script.is_file() and recipe.read_text().startswith("Bootstrap:")
     assert not list((run_dir / "submit").glob("*_submission.sh"))  # submitit never ran
-    assert '"event": "dry_run"' in (run_dir / "events.jsonl").read_text()
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events] == ["dry_run"]
     return run_dir, script.read_text()
 
 
