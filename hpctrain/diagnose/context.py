@@ -22,6 +22,7 @@ class Thresholds:
     mfu_ratio: float = 0.5  # measured MFU below this fraction of the planner's estimate
     bubble_excess: float = 0.10  # measured bubble share above the prediction by this much (absolute)
     lost_work_share: float = 0.10  # expected work lost per interruption vs time between interruptions
+    val_divergence: float = 0.05  # validation loss above its best by this fraction (and rising)
 
 
 @dataclass

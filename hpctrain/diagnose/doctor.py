@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from hpctrain.diagnose import rules_health, rules_memory, rules_perf
+from hpctrain.diagnose import rules_eval, rules_health, rules_memory, rules_perf
 from hpctrain.diagnose.context import Context, Thresholds
 from hpctrain.diagnose.findings import Finding, format_findings, sort_findings
 from hpctrain.diagnose.fixes import FixChecker
@@ -27,6 +27,7 @@ RULES: tuple[Rule, ...] = (
     rules_health.requeue_budget_rule,
     rules_health.signal_rule,
     rules_health.checkpoint_interval_rule,
+    rules_eval.validation_rule,
     rules_perf.comm_rule,
     rules_perf.imbalance_rule,
     rules_perf.bubble_rule,

@@ -16,6 +16,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 DPI = 110
 MEASURED, PLANNED, RESTART = "#1f77b4", "#ff7f0e", "#d62728"
+VALIDATION = "#2ca02c"
 
 
 def pyplot() -> Any:
@@ -53,7 +54,11 @@ def plot_training(summary: "RunSummary", path: Path) -> Path:
     metrics = summary.run.metrics
     steps = [m["step"] for m in metrics]
     fig, (ax_loss, ax_tps) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
-    ax_loss.plot(steps, [m.get("loss") for m in metrics], color=MEASURED, marker="." if len(steps) < 60 else None)
+    ax_loss.plot(steps, [m.get("loss") for m in metrics], color=MEASURED, marker="." if len(steps) < 60 else None,
+                 label="train")
+    val = [(m["step"], m["val_loss"]) for m in metrics if isinstance(m.get("val_loss"), (int, float))]
+    if val:  # train.eval_every: a point per evaluation
+        ax_loss.plot([s for s, _ in val], [v for _, v in val], color=VALIDATION, marker="o", label="validation")
     ax_loss.set_ylabel("loss")
     ax_loss.set_title(f"{summary.label}: loss and throughput")
     _mark_restarts(ax_loss, summary.restarts, label=True)

@@ -53,6 +53,7 @@ def _fmt(value: Optional[float], spec: str = ",.1f", scale: float = 1.0, suffix:
 def summary_rows(s: RunSummary) -> list[list[str]]:
     run, pred = s.run, s.prediction
     losses = [m["loss"] for m in run.metrics if isinstance(m.get("loss"), (int, float))]
+    val_losses = [m["val_loss"] for m in run.metrics if isinstance(m.get("val_loss"), (int, float))]
     comm, bubble = measured_share(run, "time_comm_exposed_s"), measured_share(run, "time_bubble_s")
     pred_bubble = pred.share((pred.bubble_s or 0.0) + (pred.pp_comm_s or 0.0)) if pred else None
     rows = [
@@ -61,6 +62,7 @@ def summary_rows(s: RunSummary) -> list[list[str]]:
         ["steps logged", f"{len(run.metrics)} (last {run.metrics[-1]['step']})" if run.metrics else "0", ""],
         ["restarts", str(len(s.restarts)), ""],
         ["final loss", _fmt(losses[-1] if losses else None, ".4f"), ""],
+        ["final validation loss", _fmt(val_losses[-1] if val_losses else None, ".4f"), ""],
         ["step time (s)", _fmt(run.median_metric("step_time_s"), ".4f"),
          _fmt(pred.step_time_s if pred else None, ".4f")],
         ["tokens/s", _fmt(run.median_metric("tokens_per_s"), ",.0f"),

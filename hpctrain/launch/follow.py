@@ -60,6 +60,8 @@ def _postfix(status: dict[str, Any]) -> str:
         parts.append(f"{status['tokens_per_s']:.0f} tok/s")
     if isinstance(status.get("loss"), (int, float)):
         parts.append(f"loss {status['loss']:.4f}")
+    if isinstance(status.get("val_loss"), (int, float)):
+        parts.append(f"val_loss {status['val_loss']:.4f}")
     if status.get("restarts"):
         parts.append(f"restarts {status['restarts']}")
     return " ".join(parts)

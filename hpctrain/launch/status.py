@@ -14,7 +14,7 @@ from hpctrain.launch import parsers, rundir
 from hpctrain.launch.parsers import JobRecord
 from hpctrain.launch.slurm_commands import SlurmCommands
 from hpctrain.rundir.layout import RESOLVED_FILE
-from hpctrain.rundir.metrics import last_metrics
+from hpctrain.rundir.metrics import last_metrics, last_value
 from hpctrain.rundir.read import read_yaml_mapping
 
 ACTIVE = parsers.ACTIVE_STATES | {"SUBMITTED"}
@@ -68,9 +68,15 @@ def task_status(run_dir: Path, job_id: Optional[str], executor: Optional[str],
     out.update(state=state, reason=reason,
                restarts=max(scheduler_restarts, restarts_from_events(events)),
                step=metrics.get("step"), steps=total_steps(run_dir), tokens_per_s=metrics.get("tokens_per_s"),
-               loss=metrics.get("loss"),
+               loss=metrics.get("loss"), val_loss=_val_loss(run_dir),
                history=[e for e in events if e.get("event") in HISTORY_EVENTS])
     return out
+
+
+def _val_loss(run_dir: Path) -> Optional[float]:
+    """The newest validation loss (train.eval_every): logged on evaluation steps only."""
+    found = last_value(run_dir, "val_loss")
+    return found[1] if found else None
 
 
 def _aggregate(states: list[str]) -> str:
@@ -118,6 +124,9 @@ def format_table(status: dict[str, Any]) -> str:
 
     rows = status["tasks"] if status["kind"] == "sweep" else [status]
     header = ["task", "job id", "state", "restarts", "step", "tokens/s", "loss"]
+    with_val = any(isinstance(row.get("val_loss"), (int, float)) for row in rows)
+    if with_val:
+        header.append("val loss")
     table = []
     for row in rows:
         step = f"{row['step']}/{row['steps']}" if row.get("step") is not None else f"-/{row.get('steps') or '?'}"
@@ -125,6 +134,8 @@ def format_table(status: dict[str, Any]) -> str:
         loss = f"{row['loss']:.4f}" if isinstance(row.get("loss"), (int, float)) else "-"
         state = row["state"] + (f" ({row['reason']})" if row.get("reason") and row["state"] not in ACTIVE else "")
         table.append([row.get("task_id", "-"), row.get("job_id") or "-", state, row.get("restarts", 0), step, tps, loss])
+        if with_val:
+            table[-1].append(f"{row['val_loss']:.4f}" if isinstance(row.get("val_loss"), (int, float)) else "-")
     lines = [f"{status['name']}  ({status['run_dir']}, executor {status.get('executor') or '-'})",
              tabulate(table, headers=header, tablefmt="simple")]
     for skipped in status.get("skipped", []):

@@ -64,3 +64,36 @@ def last_metrics(run_dir: Path, tail_bytes: int = 65536) -> Optional[dict[str, A
         if isinstance(record, dict):
             return record
     return None
+
+
+def last_value(run_dir: Path, key: str, max_bytes: int = 8 << 20) -> Optional[tuple[int, float]]:
+    """(step, value) of the newest metrics line holding a number under `key` (e.g. val_loss, logged only
+    on evaluation steps), reading the file backwards in blocks, at most `max_bytes` of it."""
+    path = Path(run_dir) / METRICS_FILE
+    block = 65536
+    try:
+        with open(path, "rb") as handle:
+            end = handle.seek(0, 2)
+            carry = b""
+            pos = end
+            while pos > 0 and end - pos < max_bytes:
+                start = max(0, pos - block)
+                handle.seek(start)
+                chunk = handle.read(pos - start) + carry
+                pos = start
+                lines = chunk.split(b"\n")
+                carry = lines[0] if pos > 0 else b""  # maybe cut: completed by the next block
+                for raw in reversed(lines[1:] if pos > 0 else lines):
+                    if key.encode() not in raw:
+                        continue
+                    try:
+                        record = json.loads(raw.decode("utf-8"))
+                    except ValueError:
+                        continue
+                    value = record.get(key) if isinstance(record, dict) else None
+                    if isinstance(value, (int, float)) and not isinstance(value, bool) \
+                            and isinstance(record.get("step"), int):
+                        return record["step"], float(value)
+    except OSError:
+        return None
+    return None

@@ -1,0 +1,68 @@
+"""The validation loss (train.eval_every): not finite, or rising away from its best.
+
+A validation loss that has risen on each of the last `RISING` evaluations and now lies more than
+`thresholds.val_divergence` above its best means the run is getting worse on held-out data: with the
+training loss still falling the model overfits (more data, or stop at the best step); with the
+training loss rising too the optimisation diverges (a lower learning rate or more warm-up).
+"""
+
+from __future__ import annotations
+
+import math
+
+from hpctrain.diagnose.context import Context
+from hpctrain.diagnose.findings import ERROR, WARNING, Finding, Fix
+from hpctrain.diagnose.fixes import validated
+
+RISING = 2  # consecutive rises before it counts as a trend, not noise
+
+
+def _series(ctx: Context, key: str) -> list[tuple[int, float]]:
+    return [(int(m["step"]), float(m[key])) for m in ctx.run.metrics
+            if isinstance(m.get(key), (int, float)) and not isinstance(m.get(key), bool)]
+
+
+def _lr_fixes(ctx: Context) -> list[Fix]:
+    train = ctx.section("train")
+    optimizer = train.get("optimizer") if isinstance(train.get("optimizer"), dict) else {}
+    lr = optimizer.get("lr", 3e-4)
+    steps = int(train.get("steps") or 100)
+    schedule = train.get("lr_schedule") if isinstance(train.get("lr_schedule"), dict) else {}
+    warmup = int(schedule.get("warmup_steps") or 0)
+    fixes = [validated("halve the peak learning rate", [f"train.optimizer.lr={float(lr) / 2:g}"], ctx.run.job_data)]
+    longer = min(steps - 1, max(2 * warmup, steps // 20))
+    if longer > warmup:
+        fixes.append(validated("warm up for longer", [f"train.lr_schedule.warmup_steps={longer}"], ctx.run.job_data))
+    return [f for f in fixes if f is not None]
+
+
+def validation_rule(ctx: Context) -> list[Finding]:
+    """Validation loss not finite, or diverging from its best value."""
+    val = _series(ctx, "val_loss")
+    if not val:
+        return []
+    bad = [(s, v) for s, v in val if not math.isfinite(v)]
+    if bad:
+        return [Finding("validation", ERROR, f"validation loss is {bad[0][1]} at step {bad[0][0]}",
+                        (f"{len(bad)} of {len(val)} evaluation(s) not finite",), tuple(_lr_fixes(ctx)))]
+    if len(val) < RISING + 1:
+        return []
+    best_step, best = min(val, key=lambda item: item[1])
+    last_step, last = val[-1]
+    tail = [v for _, v in val[-(RISING + 1):]]
+    rising = all(b > a for a, b in zip(tail, tail[1:]))
+    limit = ctx.thresholds.val_divergence
+    if not rising or best <= 0 or (last - best) / best <= limit:
+        return []
+    train = [(s, v) for s, v in _series(ctx, "loss") if math.isfinite(v)]
+    at_best = [v for s, v in train if s <= best_step]
+    train_rising = bool(train and at_best) and train[-1][1] > at_best[-1] * (1 + limit)
+    evidence = (f"validation loss {last:.4f} at step {last_step}, {100 * (last - best) / best:.0f} % above its best "
+                f"{best:.4f} at step {best_step} (limit {100 * limit:.0f} %), rising at each of the last {RISING} "
+                "evaluations",
+                "the training loss rises too: the optimisation diverges" if train_rising else
+                "the training loss still falls: the model overfits the training data")
+    fixes = _lr_fixes(ctx) if train_rising else [
+        Fix(f"keep the checkpoint nearest step {best_step} (the best validation loss), or train on more data")]
+    return [Finding("validation", WARNING, f"validation loss diverging since step {best_step}", evidence,
+                    tuple(fixes))]
