@@ -41,6 +41,7 @@ import hpctrain
 from hpctrain.errors import ConfigError, HpctrainError
 from hpctrain.runtime import rng_state
 from hpctrain.runtime.distributed import barrier
+from hpctrain.runtime.safe_dcp import SafePlanner, SafeReader
 from hpctrain.rundir.checkpoints import (  # noqa: F401 - re-exported: the runtime's names for them
     FORMAT, METADATA_FILE, PARTIAL_DIR, STEP_DIR, InvalidCheckpoint, Scan, checksum, claim, data_files,
     foreign_owner, hash_files, ownership_error, read_metadata, run_identity, run_record, scan, share,
@@ -290,7 +291,7 @@ class Checkpointer:
         body = read_metadata(path)
         per_part = self._per_part()
         state = self._merge(per_part)
-        dcp.load(state, checkpoint_id=path)
+        dcp.load(state, storage_reader=SafeReader(path), planner=SafePlanner())  # nothing unpickled freely
         for (m, o), part, opt in zip(per_part, self.parts, self.optimizers):
             set_state_dict(part, opt, model_state_dict={k: state["model"][k] for k in m},
                            optim_state_dict={k: state["optim"][k] for k in o}, options=OPTIONS)

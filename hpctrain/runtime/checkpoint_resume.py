@@ -22,6 +22,7 @@ from hpctrain.errors import ConfigError
 from hpctrain.rundir.checkpoints import (STEP_DIR, InvalidCheckpoint, claim, foreign_owner, ownership_error,
                                          read_metadata, run_identity, scan, share, verify_files)
 from hpctrain.runtime.checkpoint import Checkpointer, gather
+from hpctrain.runtime.safe_dcp import UnsafeIndex, read_index
 
 
 def _broadcast(value: Any, world_size: int) -> Any:
@@ -104,8 +105,12 @@ def _verify_share(ck: Checkpointer, path: str) -> list[str]:
         files = read_metadata(path).get("files")
         problems = ([] if not isinstance(files, dict)  # format 1: no manifest, the cheap checks are all
                     else verify_files(path, files, share(files, ck.rank, ck.world_size)))
-    except InvalidCheckpoint as exc:
+        if ck.rank == 0 and not problems:
+            read_index(path)  # refuses an index that would run code when DCP unpickles it
+    except (InvalidCheckpoint, UnsafeIndex) as exc:
         problems = [str(exc)]
+    except OSError as exc:
+        problems = [f"unreadable ({exc.strerror or exc})"]
     return [p for rank_problems in gather(problems) for p in rank_problems]
 
 

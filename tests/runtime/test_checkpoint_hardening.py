@@ -126,18 +126,51 @@ def test_finding4_an_rng_file_is_never_unpickled(tmp_path) -> None:
     rng = os.path.join(step2, "rng", "rank-0.pt")
     assert set(torch.load(rng, weights_only=True)) >= {"torch", "numpy", "python"}  # plain tensors and numbers
     marker = tmp_path / "pwned"
-    with open(rng, "wb") as handle:
-        pickle.dump({"torch": _Exploit(str(marker))}, handle)
-    # The writer also fixes the manifest and the metadata checksum: checksums are no defence here.
-    meta_path = os.path.join(step2, "metadata.json")
-    body = {k: v for k, v in json.load(open(meta_path)).items() if k != "sha256"}
-    body["files"]["rng/rank-0.pt"] = {"bytes": os.path.getsize(rng), "sha256": file_sha256(rng)}
-    json.dump({**body, "sha256": checksum(body)}, open(meta_path, "w"))
+    _forge(step2, "rng/rank-0.pt", pickle.dumps({"torch": _Exploit(str(marker))}))
     job["train"]["steps"] = 3
     proc = run_module(["--job", write_job(job, str(tmp_path / "job.yaml")), "--run-dir", run])
     assert proc.returncode == 0, proc.stderr
     assert not marker.exists()
     assert "rng/rank-0.pt: not a plain-tensor RNG file" in proc.stderr
+
+
+def _forge(folder: str, name: str, payload: bytes) -> None:
+    """Replace a file of a checkpoint and fix its manifest entry and the metadata checksum, as anyone who
+    can write the folder can: checksums are no defence against a writer."""
+    with open(os.path.join(folder, name), "wb") as handle:
+        handle.write(payload)
+    meta_path = os.path.join(folder, "metadata.json")
+    body = {k: v for k, v in json.load(open(meta_path)).items() if k != "sha256"}
+    body["files"][name] = {"bytes": len(payload), "sha256": file_sha256(os.path.join(folder, name))}
+    json.dump({**body, "sha256": checksum(body)}, open(meta_path, "w"))
+
+
+def test_finding4_a_hostile_dcp_index_is_refused_and_the_older_checkpoint_used(tmp_path) -> None:
+    job = make_job(train={"steps": 4}, checkpoint={"every_steps": 2})
+    run = str(tmp_path / "run")
+    assert run_entry(job, run) == [0]
+    marker = tmp_path / "pwned"
+    _forge(os.path.join(run, "checkpoints", "step-4"), ".metadata", pickle.dumps(_Exploit(str(marker))))
+    job["train"]["steps"] = 5
+    proc = run_module(["--job", write_job(job, str(tmp_path / "job.yaml")), "--run-dir", run])
+    assert proc.returncode == 0, proc.stderr
+    assert not marker.exists()
+    assert "step-4: the DCP index .metadata refers to builtins.exec" in proc.stderr
+    assert [e["step"] for e in events(run) if e["event"] == "resumed"] == [2]
+
+
+def test_finding4_non_tensor_entries_are_loaded_with_weights_only(tmp_path) -> None:
+    import torch.distributed.checkpoint as dcp
+    from hpctrain.runtime.safe_dcp import SafePlanner, SafeReader
+
+    marker = tmp_path / "pwned"
+    folder = str(tmp_path / "ckpt")
+    dcp.save({"optim": {"lr": _Exploit(str(marker))}}, checkpoint_id=folder)  # a non-tensor entry: bytes
+    with pytest.raises(BaseException) as refused:  # DCP wraps it in CheckpointException (a BaseException)
+        dcp.load({"optim": {"lr": 0.1}}, storage_reader=SafeReader(folder), planner=SafePlanner())
+    assert not marker.exists(), refused.value
+    dcp.load({"optim": {"lr": 0.1}}, checkpoint_id=folder)  # DCP's own planner: the code runs
+    assert marker.exists()
 
 
 @contextlib.contextmanager
