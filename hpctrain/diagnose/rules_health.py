@@ -141,6 +141,27 @@ def requeue_budget_rule(ctx: Context) -> list[Finding]:
     return [Finding("requeue", ERROR, "requeue budget exhausted", tuple(evidence), (fix,) if fix else ())]
 
 
+def stopped_rule(ctx: Context) -> list[Finding]:
+    """The ranks stopped early on a signal (or a near limit), saved, and nothing requeued them: no cancel was
+    asked for, so the run is unfinished work, not a success (a local run, a lost requeue, requeue disabled)."""
+    run = ctx.run
+    kinds = ("started", "stopped", "finished", "failed", "cancelled", "requeued")
+    ends = [e for e in map(lifecycle, run.events) if e["event"] in kinds]
+    if not run.ended or not ends or ends[-1]["event"] != "stopped":
+        return []
+    stops = run.events_named("stopped")
+    step = next((e.get("step") for e in reversed(stops) if e.get("step") is not None), None)
+    refused = run.events_named("not_requeued")
+    if refused and refused[-1].get("why_not") == "max-requeues-reached":
+        return []  # requeue_budget_rule says it, with its fix
+    steps = ctx.section("train").get("steps")
+    evidence = [f"{e['event']} (attempt {e.get('attempt', '?')}): " + str(e.get("reason") or e.get("signal") or "")
+                for e in run.events_named("signal", "time limit near", "not_requeued")[-3:]]
+    fix = Fix(f"continue from its last checkpoint: `hpctrain resume {run.path}`")
+    return [Finding("requeue", ERROR, f"the run stopped at step {step} of {steps or '?'} and nothing requeued it",
+                    tuple(evidence), (fix,))]
+
+
 def _save_seconds(ctx: Context) -> Optional[float]:
     """Median time a checkpoint save blocked, when events say so."""
     values = [float(e[k]) for e in ctx.run.events_named("checkpoint_saved") for k in ("duration_s", "save_s", "seconds")

@@ -82,6 +82,8 @@ class RunData:
     def ended(self) -> bool:
         """The run is over (finished, failed, cancelled), as far as events and the scheduler say."""
         state = self.scheduler.get("state")
+        if state and self.scheduler.get("source") == "local executor":
+            return state not in ("PENDING", "RUNNING")  # its STOPPED has ended (Slurm's is a SIGSTOPped job)
         if state:
             return state not in ACTIVE_SCHEDULER_STATES
         last = self.last_lifecycle_event()
@@ -121,11 +123,12 @@ class RunData:
 
 
 def lifecycle(event: dict[str, Any]) -> dict[str, Any]:
-    """`ended` (state COMPLETED / FAILED / CANCELLED / TIMEOUT ...) as finished / failed / cancelled."""
+    """`ended` (state COMPLETED / FAILED / CANCELLED / STOPPED / TIMEOUT ...) as finished / failed / cancelled /
+    stopped."""
     if event["event"] != "ended":
         return event
     state = str(event.get("state") or "").upper()
-    name = {"COMPLETED": "finished", "CANCELLED": "cancelled"}.get(state, "failed")
+    name = {"COMPLETED": "finished", "CANCELLED": "cancelled", "STOPPED": "stopped"}.get(state, "failed")
     return {**event, "event": name}
 
 

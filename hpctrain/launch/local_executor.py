@@ -38,7 +38,8 @@ class LocalExecutor:
         (job id, supervisor process)."""
         spec = {"max_parallel": max_parallel,
                 "tasks": [{"task_id": task_id, "run_dir": str(path), "argv": runtime_argv(path, self.python),
-                           "world_size": job.world_size, "gpus_per_node": job.cluster.gpus_per_node}
+                           "world_size": job.world_size, "gpus_per_node": job.cluster.gpus_per_node,
+                           "env": rank_environment(job)}
                           for task_id, path, job in tasks]}
         spec_path = root / "submit" / sup.SPEC_FILE
         write_json(spec_path, spec)
@@ -48,6 +49,13 @@ class LocalExecutor:
             proc = subprocess.Popen([self.python, "-m", SUPERVISOR_MODULE, str(spec_path)], stdin=subprocess.DEVNULL,
                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         return f"local-{proc.pid}", proc
+
+
+def rank_environment(job: Job) -> dict[str, str]:
+    """What the job sets in its ranks' environment beyond the launcher's variables: the nccl section as the
+    user wrote it (the batch script exports the same names; the fabric profile's defaults are for a cluster)."""
+    env = {"NCCL_SOCKET_IFNAME": job.nccl.socket_ifname, "NCCL_IB_HCA": job.nccl.ib_hca, **job.nccl.env}
+    return {name: str(value) for name, value in env.items() if value is not None}
 
 
 def supervisor_pid(job_id: str) -> Optional[int]:

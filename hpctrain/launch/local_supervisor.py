@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hpctrain.errors import HpctrainError
-from hpctrain.launch.rundir import append_event, read_json, write_json
+from hpctrain.launch.rundir import append_event, read_events, read_json, write_json
+from hpctrain.rundir.lock import RunLock, RunLockedError, acquire
 from hpctrain.rundir.ranks import ATTEMPT_ENV, LOG_DIR_ENV, global_rank, next_attempt, rank_order_of, task_log_name
 
 STATE_FILE = "local.json"
@@ -40,13 +41,45 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def rank_env(base: dict[str, str], rank: int, world: int, per_node: int, port: int) -> dict[str, str]:
-    """The environment of one local rank: torchrun's variables, no Slurm job variables."""
+def rank_env(base: dict[str, str], rank: int, world: int, per_node: int, port: int,
+             extra: Optional[dict[str, str]] = None) -> dict[str, str]:
+    """The environment of one local rank: torchrun's variables, no Slurm job variables, the job's `extra`
+    (nccl.env: what the batch script exports on Slurm)."""
     env = {k: v for k, v in base.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
+    env.update(extra or {})
     env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank % per_node),
                LOCAL_WORLD_SIZE=str(min(per_node, world)), GROUP_RANK=str(rank // per_node),
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     return env
+
+
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+def die_with_supervisor() -> Any:
+    """A preexec_fn that makes a rank die with the supervisor (Linux PR_SET_PDEATHSIG), else None.
+
+    Without it a SIGKILLed supervisor leaves its ranks training as orphans that nobody can cancel,
+    and a resume would start a second set in the same run directory. SIGKILL, not SIGTERM: with the
+    supervisor gone nobody would escalate if a rank stopped in a collective ignored the softer signal;
+    checkpoints are written to step-N.partial/ and renamed, so a kill never leaves a half one.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork, not in the child
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the supervisor died before prctl took effect
+            os._exit(1)
+
+    return preexec
 
 
 @dataclass
@@ -58,9 +91,12 @@ class Task:
     gpus_per_node: int
     argv: list[str]
     task_id: Optional[int] = None
+    env: dict[str, str] = field(default_factory=dict)  # added to each rank's environment (nccl.env)
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     state: str = "PENDING"
     attempt: int = 0
+    lock: Optional[RunLock] = None
+    events_before: int = 0  # events.jsonl records written before this attempt started
 
     def save(self, **extra: Any) -> None:
         path = self.run_dir / "submit" / STATE_FILE
@@ -68,34 +104,72 @@ class Task:
         data.update(state=self.state, pid=os.getpid(), attempt=self.attempt, task_id=self.task_id, **extra)
         write_json(path, data)
 
+    @property
+    def job_id(self) -> str:
+        return f"local-{os.getpid()}" + (f"_{self.task_id}" if self.task_id is not None else "")
+
     def start(self) -> None:
+        try:  # one live set of ranks per run directory (rundir/lock.py); the ranks inherit the lock
+            self.lock = acquire(self.run_dir, self.job_id)
+        except RunLockedError as exc:
+            self.finish("FAILED", str(exc))
+            return
         logs = self.run_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         self.attempt = next_attempt(logs)
+        self.events_before = len(read_events(self.run_dir))
         port = free_port()
+        preexec = die_with_supervisor()
         for slot in range(self.world_size):
             # RANK is the slot, as SLURM_PROCID is under srun: the runtime maps it through placement.rank_order.
-            env = rank_env(dict(os.environ), slot, self.world_size, self.gpus_per_node, port)
+            env = rank_env(dict(os.environ), slot, self.world_size, self.gpus_per_node, port, self.env)
             env.update({LOG_DIR_ENV: str(logs), ATTEMPT_ENV: str(self.attempt)})
             with open(logs / task_log_name(slot, self.attempt), "ab") as log:
                 self.procs.append(subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=log,
-                                                   stderr=subprocess.STDOUT, env=env, cwd=self.run_dir))
+                                                   stderr=subprocess.STDOUT, env=env, cwd=self.run_dir,
+                                                   pass_fds=(self.lock.fd,), preexec_fn=preexec))
+        self.lock.update(ranks=[p.pid for p in self.procs])
         self.state = "RUNNING"
         self.save(start_time=time.time(), hosts=[socket.gethostname()])
 
     def poll(self) -> bool:
         """Check the ranks; stop them all when one failed. True once the task has ended."""
+        if self.state != "RUNNING":
+            return True  # never started (the run directory was locked)
         codes = [p.poll() for p in self.procs]
         failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+        if not failed and not all(c == 0 for c in codes):
+            return False
+        stopped = self.stop_reason()
         if failed:
+            if stopped:  # rank 0 said so (exit 1 after a saved stop): let the others finish their exit
+                self.wait_all(KILL_WAIT_S)
             self.stop()
+        if stopped and all(code == 1 for _, code in failed):
+            self.finish("STOPPED", stopped)
+        elif failed:
             slot, code = failed[0]
             self.finish("FAILED", f"rank {self.rank_of(slot)} exited with code {code}")
-            return True
-        if all(c == 0 for c in codes):
+        else:
             self.finish("COMPLETED", None)
-            return True
-        return False
+        return True
+
+    def stop_reason(self) -> Optional[str]:
+        """Why the ranks stopped early, when the runtime says so for this attempt (a `stopped` event).
+
+        Nothing requeues a local run and no cancel was asked for (a cancel ends CANCELLED before this
+        is asked): the run did not do its work, so it is STOPPED, never COMPLETED.
+        """
+        events = read_events(self.run_dir)[self.events_before:]
+        ends = [e for e in events if e.get("event") in ("started", "stopped", "finished", "failed")]
+        if not ends or ends[-1].get("event") != "stopped":
+            return None
+        why = next((str(e["reason"]) for e in reversed(events) if e.get("event") in ("not_requeued", "signal")
+                    and e.get("reason")), None)
+        signals = [e for e in events if e.get("event") == "signal" and e.get("signal")]
+        why = why or (f"signal {signals[-1]['signal']}" if signals else "stopped early")
+        return (f"{why}; stopped at step {ends[-1].get('step')} and nothing requeues a local run: continue with "
+                f"`hpctrain resume {self.run_dir}`")
 
     def rank_of(self, slot: int) -> int:
         """The global rank in `slot` (for messages; the runtime itself checks the rank order)."""
@@ -107,13 +181,16 @@ class Task:
             return slot
         return global_rank(slot, order)
 
+    def wait_all(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while any(p.poll() is None for p in self.procs) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
     def stop(self) -> None:
         for proc in self.procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + KILL_WAIT_S
-        while any(p.poll() is None for p in self.procs) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        self.wait_all(KILL_WAIT_S)
         for proc in self.procs:
             if proc.poll() is None:
                 proc.kill()
@@ -122,6 +199,8 @@ class Task:
     def finish(self, state: str, reason: Optional[str]) -> None:
         self.state = state
         codes = [p.returncode for p in self.procs]
+        if self.lock is not None:  # the ranks have exited: the run directory is free again
+            self.lock.release()
         self.save(end_time=time.time(), exit_codes=codes, reason=reason)
         # The executor's record (what sacct is to a Slurm job); the runtime logs its own failures.
         append_event(self.run_dir, "ended", state=state, reason=reason, exit_codes=codes, attempt=self.attempt,
@@ -130,7 +209,8 @@ class Task:
 
 class Supervisor:
     def __init__(self, spec: dict[str, Any]) -> None:
-        self.tasks = [Task(Path(t["run_dir"]), t["world_size"], t["gpus_per_node"], t["argv"], t.get("task_id"))
+        self.tasks = [Task(Path(t["run_dir"]), t["world_size"], t["gpus_per_node"], t["argv"], t.get("task_id"),
+                           {str(k): str(v) for k, v in (t.get("env") or {}).items()})
                       for t in spec["tasks"]]
         self.max_parallel = max(1, int(spec.get("max_parallel", 1)))
         self.cancelled = False
@@ -143,8 +223,9 @@ class Supervisor:
         while pending or running:
             if self.cancelled:
                 for task in running:
-                    task.stop()
-                    task.finish("CANCELLED", "cancelled")
+                    if task.state == "RUNNING":
+                        task.stop()
+                        task.finish("CANCELLED", "cancelled")
                 for task in pending:
                     task.finish("CANCELLED", "cancelled before it started")
                 return 0
@@ -157,13 +238,33 @@ class Supervisor:
         return 0 if all(t.state == "COMPLETED" for t in self.tasks) else 1
 
 
+    def fail_all(self, reason: str) -> None:
+        """The supervisor itself failed (a full disk, ...): stop every rank and record what can be recorded."""
+        for task in self.tasks:
+            if task.state in ("PENDING", "RUNNING"):
+                task.stop()
+                try:
+                    task.finish("FAILED", reason)
+                except OSError:  # the state file cannot be written: status sees the supervisor gone
+                    pass
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     spec = json.loads(Path(args[0]).read_text())
     supervisor = Supervisor(spec)
     signal.signal(signal.SIGTERM, supervisor.on_signal)
     signal.signal(signal.SIGINT, supervisor.on_signal)
-    return supervisor.run()
+    try:
+        return supervisor.run()
+    except Exception as exc:  # noqa: BLE001 - never die silently with the ranks orphaned and RUNNING recorded
+        reason = f"the local supervisor failed: {type(exc).__name__}: {exc}".splitlines()[0][:500]
+        try:
+            print(reason, file=sys.stderr, flush=True)
+        except OSError:  # supervisor.log is on the full disk too
+            pass
+        supervisor.fail_all(reason)
+        return 1
 
 
 if __name__ == "__main__":

@@ -17,8 +17,9 @@ from hpctrain.config.paths import absolute_paths
 from hpctrain.errors import ConfigError
 from hpctrain.launch import rundir, stages
 from hpctrain.launch.slurm_commands import SlurmCommands
-from hpctrain.launch.status import ACTIVE, run_status
+from hpctrain.launch.status import is_active, run_status
 from hpctrain.launch.submit import Submission, check_local, choose_executor, launch, write_job_files
+from hpctrain.rundir.lock import check_free
 
 _JOB_FILES = ("job.yaml", "job.resolved.yaml", "plan.json")
 
@@ -46,9 +47,10 @@ def resume_run(run_dir: Path, overrides: Sequence[str] = (), *, dry_run: bool = 
         raise ConfigError(f"RUN: {run_dir.name} is a sweep; resume one of its tasks, e.g. "
                           f"`hpctrain resume {run_dir / rundir.TASKS_DIR / '0'}`")
     status = run_status(run_dir, commands)
-    if status["state"] in ACTIVE:
+    if is_active(status):
         raise ConfigError(f"RUN: {run_dir.name} is still {status['state']} (job {status['job_id']}); wait for it or "
                           f"`hpctrain cancel {run_dir}` first")
+    check_free(run_dir)  # ranks the scheduler no longer knows about (orphans) still train there
     if not (run_dir / "job.yaml").is_file():
         raise ConfigError(f"RUN: {run_dir} has no job.yaml; it is not a run directory")
     job = absolute_paths(load_job(str(run_dir / "job.yaml"), overrides))  # --set paths: from where the user is

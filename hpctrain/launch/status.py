@@ -18,6 +18,9 @@ from hpctrain.rundir.metrics import last_metrics, last_value
 from hpctrain.rundir.read import read_yaml_mapping
 
 ACTIVE = parsers.ACTIVE_STATES | {"SUBMITTED"}
+# The local executor's own live states. Its STOPPED (a stop that nothing requeued) has ended, whereas Slurm's
+# STOPPED is a live job held with SIGSTOP: which one a row means depends on its executor.
+LOCAL_ACTIVE = frozenset({"PENDING", "RUNNING", "SUBMITTED"})
 # Events shown as the restart history (written by the launcher and the runtime).
 HISTORY_EVENTS = ("submitted", "resubmitted", "started", "resumed", "signal", "signal_received", "time limit near",
                   "requeue requested", "requeued", "not_requeued", "preempted", "stopped", "finished", "failed",
@@ -113,9 +116,14 @@ def run_status(run_dir: Path, commands: Optional[SlurmCommands] = None) -> dict[
             "array": sweep.get("array"), "state": state, "tasks": tasks, "skipped": sweep.get("skipped", [])}
 
 
+def is_active(row: dict[str, Any]) -> bool:
+    """A job or task (a row of run_status) that is still queued or running, in its executor's vocabulary."""
+    return row["state"] in (LOCAL_ACTIVE if row.get("executor") == "local" else ACTIVE)
+
+
 def is_finished(status: dict[str, Any]) -> bool:
-    states = [t["state"] for t in status.get("tasks", [])] or [status["state"]]
-    return all(s not in ACTIVE and s != "UNKNOWN" for s in states)
+    rows = status.get("tasks") or [status]
+    return all(not is_active(row) and row["state"] != "UNKNOWN" for row in rows)
 
 
 def format_table(status: dict[str, Any]) -> str:
@@ -132,7 +140,7 @@ def format_table(status: dict[str, Any]) -> str:
         step = f"{row['step']}/{row['steps']}" if row.get("step") is not None else f"-/{row.get('steps') or '?'}"
         tps = f"{row['tokens_per_s']:.0f}" if isinstance(row.get("tokens_per_s"), (int, float)) else "-"
         loss = f"{row['loss']:.4f}" if isinstance(row.get("loss"), (int, float)) else "-"
-        state = row["state"] + (f" ({row['reason']})" if row.get("reason") and row["state"] not in ACTIVE else "")
+        state = row["state"] + (f" ({row['reason']})" if row.get("reason") and not is_active(row) else "")
         table.append([row.get("task_id", "-"), row.get("job_id") or "-", state, row.get("restarts", 0), step, tps, loss])
         if with_val:
             table[-1].append(f"{row['val_loss']:.4f}" if isinstance(row.get("val_loss"), (int, float)) else "-")

@@ -186,15 +186,15 @@ def _run(job: Any, env: Any, args: argparse.Namespace) -> int:
 
         trainer = Trainer(job, args.run_dir, device, env, resume_from=args.resume_from)
         result = trainer.train()
+        stop = {"requeue": result.get("requeue"), "why_not": result.get("requeue_why_not")} if result["stopped"] else {}
         event("stopped" if result["stopped"] else "finished", step=result["step"],
-              loss=result.get("loss"), resumed_from=result["resumed_from"])
+              loss=result.get("loss"), resumed_from=result["resumed_from"], **stop)
         trainer.close()
         shutdown()
-        # Stopped early and nothing will bring it back (budget spent, scontrol failed, no checkpoint): the job
-        # did not do its work, so it must not end COMPLETED (exit codes: ARCHITECTURE.md section 4). A local
-        # run that was cancelled (not under Slurm) saved and says `hpctrain resume`: that is a clean exit.
-        if result["stopped"] and result.get("requeue") == "not-requeued" \
-                and result.get("requeue_why_not") != "not-under-slurm":
+        # Stopped early and nothing will bring it back (budget spent, scontrol failed, no checkpoint, not under
+        # Slurm at all): the job did not do its work, so it must not end COMPLETED (exit codes: ARCHITECTURE.md
+        # section 4). A launcher that asked for the stop (a local cancel) records CANCELLED whatever rank 0 says.
+        if result["stopped"] and result.get("requeue") == "not-requeued":
             return 1
         return 0
     except ConfigError as exc:

@@ -31,6 +31,7 @@ if _dir:
             _keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS",
                      "CUDA_VISIBLE_DEVICES", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURMD_NODENAME",
                      "SLURM_JOB_NODELIST", "SLURM_JOB_ID", "SLURM_ARRAY_TASK_ID")
+            _keys += tuple(k for k in os.environ.get("HPCTRAIN_PROBE_KEYS", "").split(",") if k)
             with open(os.path.join(_dir, "%d.json" % os.getpid()), "w") as _f:
                 json.dump({"argv": _argv, "env": {k: os.environ.get(k) for k in _keys}}, _f)
     except OSError:
@@ -68,7 +69,9 @@ def probe_env(folder: Path) -> tuple[dict[str, str], Path]:
     site.mkdir(parents=True, exist_ok=True)
     records.mkdir(parents=True, exist_ok=True)
     (site / "sitecustomize.py").write_text(PROBE_SITECUSTOMIZE)
-    return {"PYTHONPATH": str(site), "HPCTRAIN_PROBE_DIR": str(records)}, records
+    # The tree under test stays importable when PYTHONPATH already points at it.
+    path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
+    return {"PYTHONPATH": path, "HPCTRAIN_PROBE_DIR": str(records)}, records
 
 
 def read_probes(folder: Path) -> list[dict[str, Any]]:
