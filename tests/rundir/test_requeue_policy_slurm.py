@@ -1,0 +1,52 @@
+"""Issue 11 item 6 on the real test Slurm (tests/slurm_cluster.py): a job whose runtime exits 2 (bad input)
+ends FAILED at once, with no requeue, and an event in events.jsonl says why.
+
+The real runtime runs under the rendered script: its --job file is missing, which it refuses with exit 2.
+"""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hpctrain.config import job_from_dict
+from hpctrain.render import render_script
+from hpctrain.rundir.events import WHY_NOT_REQUEUED, read_events
+
+from tests.render.hostile import BASE_JOB
+
+pytestmark = pytest.mark.slurm
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_bad_input_fails_without_requeue(slurm_cluster: Any, tmp_path: Path) -> None:
+    data = copy.deepcopy(BASE_JOB)
+    data.update(name="bad-input", monitor={})
+    data["cluster"].update(gpu="cpu", nodes=2, gpus_per_node=2)
+    data["slurm"].update(setup=[], time="00:05:00", max_requeues=3)
+    data["runtime"] = {**data.get("runtime", {}), "python": sys.executable}
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    script = render_script(job_from_dict(data), run_dir=str(run_dir))  # no job.resolved.yaml: the ranks exit 2
+    env = dict(slurm_cluster.client_env(), PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    jobid = subprocess.run(["sbatch", "--parsable"], input=script, env=env, capture_output=True, text=True,
+                           timeout=30, check=True).stdout.strip()
+    try:
+        state = slurm_cluster.wait_job(jobid, ("FAILED", "COMPLETED", "REQUEUED", "PENDING_REQUEUE"), timeout_s=120)
+    finally:
+        slurm_cluster.run(["scancel", jobid], check=False)
+    output = (run_dir / f"slurm-{jobid}.out").read_text()
+    assert state == "FAILED", output
+    info = slurm_cluster.job_info(jobid) or {}
+    assert info.get("Restarts", "0") == "0", info
+    assert "not requeued: a rank exited 2 (bad input)" in output and "requeueing" not in output, output
+    assert "--job" in (run_dir / "bad-input").read_text()  # the runtime's own line, per rank
+    [event] = [e for e in read_events(run_dir) if e.get("source") == "batch-script"]
+    assert (event["event"], event["why_not"], event["attempt"]) == ("not_requeued", "bad-input", 0)
+    assert event["why_not"] in WHY_NOT_REQUEUED and event["job_id"] == jobid
+    assert sorted(p.name for p in (run_dir / "logs").glob("task-*.log")) == [f"task-{s}.attempt-0.log" for s in range(4)]
