@@ -26,6 +26,7 @@ RULES: tuple[Rule, ...] = (
     rules_health.stall_rule,
     rules_health.requeue_budget_rule,
     rules_health.stopped_rule,
+    rules_health.not_requeued_rule,
     rules_health.signal_rule,
     rules_health.checkpoint_interval_rule,
     rules_eval.validation_rule,

@@ -235,3 +235,27 @@ def signal_rule(ctx: Context) -> list[Finding]:
     fix = validated("send the signal earlier", [f"slurm.signal_seconds={max(needed, 2 * now_s)}"], run.job_data)
     return [Finding("requeue", ERROR, "the signal arrived too late to save a checkpoint", tuple(evidence),
                     (fix,) if fix else ())]
+
+
+def not_requeued_rule(ctx: Context) -> list[Finding]:
+    """The batch script refused to requeue: a rank said its input is wrong (exit 2), or the job failed again at
+    the step it failed at before the requeue. Either way another try would fail the same way."""
+    from hpctrain.rundir.events import NOT_REQUEUED, WHY_NOT_REQUEUED
+    from hpctrain.rundir.layout import BAD_INPUT_MARKER
+    from hpctrain.rundir.read import read_text
+
+    refused = [e for e in ctx.run.events_named(NOT_REQUEUED) if e.get("why_not") in ("bad-input", "same-step")]
+    if not refused:
+        return []
+    event = refused[-1]
+    why = str(event["why_not"])
+    evidence = [f"{NOT_REQUEUED} (attempt {event.get('attempt', '?')}, exit {event.get('exit_code', '?')}): "
+                f"{WHY_NOT_REQUEUED[why]}"]
+    if why == "bad-input":
+        said = (read_text(ctx.run.path / BAD_INPUT_MARKER) or "").splitlines()
+        evidence += said[:4]
+        title = "a rank refused the job's input (exit 2); not requeued"
+    else:
+        evidence.append(f"both attempts ended at step {event.get('step')}; see `hpctrain logs {ctx.run.path}`")
+        title = f"failed again at step {event.get('step')} after a requeue; not requeued"
+    return [Finding("requeue", ERROR, title, tuple(evidence), ())]

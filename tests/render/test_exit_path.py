@@ -135,6 +135,10 @@ def test_crash_again_at_the_same_step_is_not_requeued(tmp_path: Path, bin_dir: P
     events = read_events(task_dir)
     assert [(e["event"], e["why_not"], e["step"]) for e in events] == [("requeued", "", 35),
                                                                        ("not_requeued", "same-step", 35)]
+    from hpctrain.diagnose.doctor import diagnose_run
+
+    titles = [f.title for f in diagnose_run(task_dir).findings]
+    assert "failed again at step 35 after a requeue; not requeued" in titles, titles
     _metrics_at(task_dir, 40)
     later = run_script(script, bin_dir=bin_dir, work=tmp_path / "c", env={"STUB_RANK_RC": "1", "SLURM_RESTART_COUNT": "2"})
     assert later.returncode == 0 and ["requeue", "4242"] in later.argv_of("scontrol")

@@ -50,3 +50,6 @@ def test_bad_input_fails_without_requeue(slurm_cluster: Any, tmp_path: Path) -> 
     assert (event["event"], event["why_not"], event["attempt"]) == ("not_requeued", "bad-input", 0)
     assert event["why_not"] in WHY_NOT_REQUEUED and event["job_id"] == jobid
     assert sorted(p.name for p in (run_dir / "logs").glob("task-*.log")) == [f"task-{s}.attempt-0.log" for s in range(4)]
+    doctor = subprocess.run([sys.executable, "-m", "hpctrain", "doctor", str(run_dir), "--no-scheduler"], env=env,
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert doctor.returncode == 1 and "a rank refused the job's input (exit 2); not requeued" in doctor.stdout, doctor
