@@ -37,7 +37,9 @@ class LocalExecutor:
         """Start the supervisor for `tasks` (task id, run dir holding job.resolved.yaml, that job); return
         (job id, supervisor process)."""
         spec = {"max_parallel": max_parallel,
-                "tasks": [{"task_id": task_id, "run_dir": str(path), "argv": runtime_argv(path, self.python),
+                # runtime.python, as in the batch script; else the interpreter running hpctrain now
+                "tasks": [{"task_id": task_id, "run_dir": str(path),
+                           "argv": runtime_argv(path, job.runtime.python or self.python),
                            "world_size": job.world_size, "gpus_per_node": job.cluster.gpus_per_node,
                            "env": rank_environment(job)}
                           for task_id, path, job in tasks]}

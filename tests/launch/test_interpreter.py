@@ -33,3 +33,22 @@ def test_slurm_job_trains_with_the_submitting_interpreter_off_path(slurm_cluster
     assert (status["state"], status["step"]) == ("COMPLETED", 2), log_tail(run_dir)
     script = (run_dir / "submit" / "job.sbatch").read_text()
     assert f"{shlex.quote(sys.executable)} -m hpctrain.runtime" in script
+
+
+def test_local_ranks_run_runtime_python(tmp_path: Path) -> None:
+    """executor local: each rank runs runtime.python too (here a wrapper that leaves a mark, then runs
+    the real interpreter)."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    wrapper = tmp_path / "my python"
+    wrapper.write_text(f'#!/bin/sh\n: > "{marks}/$$"\nexec {shlex.quote(sys.executable)} "$@"\n')
+    wrapper.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env["PATH"] = os.path.dirname(sys.executable)
+    job = write_job(tmp_path, tiny_job("wrapped", executor="local", gpus_per_node=2, steps=1,
+                                       runtime={"python": str(wrapper)}))
+    result = run_cli(["submit", str(job), "--wait", "--timeout", "120"], cwd=tmp_path, env=env, timeout_s=150)
+    run_dir = run_dir_of(result)
+    assert result.returncode == 0, f"{result.stderr}\n{log_tail(run_dir)}"
+    assert status_json(run_dir, env)["state"] == "COMPLETED", log_tail(run_dir)
+    assert len(list(marks.iterdir())) == 2  # both ranks started through runtime.python
