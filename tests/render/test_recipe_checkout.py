@@ -63,7 +63,8 @@ def test_recipe_installs_hpctrain_from_the_checkout(tmp_path: Path) -> None:
     assert arguments == ["/opt/hpctrain-src"]  # hpctrain only: the job asks for no extra pip package
 
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True, timeout=60)
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
+                   check=True, timeout=60)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PIP_INDEX_URL", "PIP_FIND_LINKS")}
     python = str(venv / "bin" / "python")
     install = subprocess.run([python, "-m", "pip", "install", "--no-deps", "--no-index", "--no-build-isolation",
