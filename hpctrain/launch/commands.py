@@ -18,6 +18,14 @@ def _add_runs_dir(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runs-dir", default="runs", metavar="DIR", help="where to look for RUN by name (default: runs)")
 
 
+def _add_wait(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--wait", action="store_true", help="follow the job with a progress bar until it ends "
+                                                            "(exit 1 if it fails)")
+    parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                        help="give up waiting after this long (default: the job's time limit x (1 + max_requeues) "
+                             "+ 10 min, or 24 h)")
+
+
 def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     from hpctrain.cli import add_set_option as _add_set
 
@@ -28,11 +36,7 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     submit.add_argument("job", metavar="JOB.yaml", help="the job file to submit")
     _add_set(submit)
     submit.add_argument("--dry-run", action="store_true", help="write the run directory and script, submit nothing")
-    submit.add_argument("--wait", action="store_true", help="follow the job with a progress bar until it ends "
-                                                            "(exit 1 if it fails)")
-    submit.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
-                        help="give up waiting after this long (default: the job's time limit x (1 + max_requeues) "
-                             "+ 10 min, or 24 h)")
+    _add_wait(submit)
     submit.set_defaults(handler=run_submit)
 
     sweep = subparsers.add_parser("sweep", help="submit a grid of jobs as ONE job array",
@@ -47,8 +51,10 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     sweep.add_argument("--dry-run", action="store_true", help="write the run directories and script, submit nothing")
     sweep.set_defaults(handler=run_sweep)
 
-    status = subparsers.add_parser("status", help="state, restarts, step and tokens/s of a run or sweep")
-    status.add_argument("run", nargs="?", metavar="RUN", help=_RUN_HELP + " (default: the newest run)")
+    status = subparsers.add_parser("status", help="state, restarts, step and tokens/s of a run or sweep; "
+                                                   "without RUN, a list of the runs in --runs-dir")
+    status.add_argument("run", nargs="?", metavar="RUN",
+                        help=_RUN_HELP + " (default: list every run, newest first)")
     status.add_argument("--json", action="store_true", help="print a JSON object")
     _add_runs_dir(status)
     status.set_defaults(handler=run_status_cmd)
@@ -72,6 +78,7 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     resume.add_argument("run", metavar="RUN", help=_RUN_HELP)
     _add_set(resume)
     resume.add_argument("--dry-run", action="store_true", help="write the new job files and script, submit nothing")
+    _add_wait(resume)
     _add_runs_dir(resume)
     resume.set_defaults(handler=run_resume)
 
@@ -100,18 +107,24 @@ def _wait_timeout_s(job: Any) -> float:
 def run_submit(args: argparse.Namespace) -> int:
     from hpctrain.config import load_job
     from hpctrain.config.paths import absolute_paths
-    from hpctrain.launch.follow import follow
     from hpctrain.launch.submit import submit_job
 
     job = absolute_paths(load_job(args.job, args.overrides))
     submission = submit_job(job, dry_run=args.dry_run)
     _print_submission(submission, args.dry_run)
     if args.wait and not args.dry_run:
-        timeout_s = args.timeout if args.timeout is not None else _wait_timeout_s(job)
-        proc = submission.process
-        status = follow(submission.run_dir, timeout_s, on_poll=proc.poll if proc else None)
-        print(f"{status['state']} at step {status.get('step')}")
+        _wait(submission, job, args.timeout)
     return 0
+
+
+def _wait(submission: Any, job: Any, timeout: Any) -> None:
+    """`--wait`: follow the job to its end (JobFailedError unless it completed)."""
+    from hpctrain.launch.follow import follow
+
+    timeout_s = timeout if timeout is not None else _wait_timeout_s(job)
+    proc = submission.process
+    status = follow(submission.run_dir, timeout_s, on_poll=proc.poll if proc else None, job_id=submission.job_id)
+    print(f"{status['state']} at step {status.get('step')}")
 
 
 def run_sweep(args: argparse.Namespace) -> int:
@@ -140,10 +153,18 @@ def _find(args: argparse.Namespace) -> Any:
 def run_status_cmd(args: argparse.Namespace) -> int:
     import json
 
-    from hpctrain.launch.status import format_table, run_status
+    from hpctrain.launch.status import format_table, json_safe, run_status
 
+    if args.run is None:  # every run, newest first
+        from hpctrain.launch.listing import format_runs, list_runs
+
+        rows = list_runs(args.runs_dir)
+        print(json.dumps(json_safe(rows), indent=2, default=str, allow_nan=False) if args.json
+              else format_runs(rows, args.runs_dir))
+        return 0
     status = run_status(_find(args))
-    print(json.dumps(status, indent=2, default=str) if args.json else format_table(status))
+    print(json.dumps(json_safe(status), indent=2, default=str, allow_nan=False) if args.json
+          else format_table(status))
     return 0
 
 
@@ -183,4 +204,8 @@ def run_resume(args: argparse.Namespace) -> int:
     submission, checkpoint = resume_run(_find(args), args.overrides, dry_run=args.dry_run)
     print(f"resuming from {checkpoint}")
     _print_submission(submission, args.dry_run)
+    if args.wait and not args.dry_run:
+        from hpctrain.config import load_job
+
+        _wait(submission, load_job(str(submission.run_dir / "job.yaml"), args.overrides), args.timeout)
     return 0

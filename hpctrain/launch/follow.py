@@ -70,10 +70,40 @@ def _postfix(status: dict[str, Any]) -> str:
 MAX_POLL_S = 10.0
 
 
+class FollowInterrupted(HpctrainError):
+    """Ctrl-C while following: only the following stops, the job goes on (exit 130, as for SIGINT)."""
+
+    exit_code = 130
+
+    def __init__(self, run_dir: Path, job_id: Optional[str]) -> None:
+        job = f"job {job_id}" if job_id else "the job"
+        super().__init__(f"interrupted: stopped following; {job} goes on ({run_dir})\n"
+                         f"  follow it again: hpctrain status {run_dir}\n"
+                         f"  cancel it:       hpctrain cancel {run_dir}")
+
+
 def follow(run_dir: Path, timeout_s: float, *, commands: Optional[SlurmCommands] = None,
            interval_s: float = 1.0, stream: TextIO = sys.stderr,
-           on_poll: Optional[Callable[[], object]] = None) -> dict[str, Any]:
-    """Poll until the job (every task of a sweep) has ended; raise JobFailedError unless all COMPLETED."""
+           on_poll: Optional[Callable[[], object]] = None, job_id: Optional[str] = None) -> dict[str, Any]:
+    """Poll until the job (every task of a sweep) has ended; raise JobFailedError unless all COMPLETED.
+
+    Ctrl-C raises FollowInterrupted, which says that the job goes on and how to cancel it.
+    """
+    try:
+        status = _follow(run_dir, timeout_s, commands, interval_s, stream, on_poll)
+    except KeyboardInterrupt:
+        raise FollowInterrupted(run_dir, job_id) from None
+    states = [t["state"] for t in status.get("tasks", [])] or [status["state"]]
+    if any(s != "COMPLETED" for s in states):
+        reason = status.get("reason") or ", ".join(f"task {t['task_id']} {t['state']}" for t in status.get("tasks", [])
+                                                   if t["state"] != "COMPLETED")
+        raise JobFailedError(f"{run_dir.name}: {status['state']}" + (f" ({reason})" if reason else "")
+                             + f"; see `hpctrain logs {run_dir}`")
+    return status
+
+
+def _follow(run_dir: Path, timeout_s: float, commands: Optional[SlurmCommands], interval_s: float, stream: TextIO,
+            on_poll: Optional[Callable[[], object]]) -> dict[str, Any]:
     deadline = time.monotonic() + timeout_s
     wait_s = interval_s
     status = run_status(run_dir, commands)
@@ -100,10 +130,4 @@ def follow(run_dir: Path, timeout_s: float, *, commands: Optional[SlurmCommands]
     finally:
         if bar is not None:
             bar.close()
-    states = [t["state"] for t in status.get("tasks", [])] or [status["state"]]
-    if any(s != "COMPLETED" for s in states):
-        reason = status.get("reason") or ", ".join(f"task {t['task_id']} {t['state']}" for t in status.get("tasks", [])
-                                                   if t["state"] != "COMPLETED")
-        raise JobFailedError(f"{run_dir.name}: {status['state']}" + (f" ({reason})" if reason else "")
-                             + f"; see `hpctrain logs {run_dir}`")
     return status

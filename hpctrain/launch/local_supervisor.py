@@ -102,7 +102,14 @@ class Task:
         path = self.run_dir / "submit" / STATE_FILE
         data = read_json(path) or {}
         data.update(state=self.state, pid=os.getpid(), attempt=self.attempt, task_id=self.task_id, **extra)
-        write_json(path, data)
+        try:
+            write_json(path, data)
+        except OSError:
+            # A full disk refuses the atomic write's new file; overwriting in place frees the old blocks first,
+            # so the outcome is still recorded (a reader may see a torn file for a moment: status checks the pid).
+            with open(path, "r+b") as handle:
+                handle.truncate(0)
+                handle.write((json.dumps(data, default=str) + "\n").encode("utf-8"))
 
     @property
     def job_id(self) -> str:

@@ -7,6 +7,7 @@ what the runtime left in the run directory: the last metrics line and the lifecy
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, Optional
 
@@ -114,6 +115,17 @@ def run_status(run_dir: Path, commands: Optional[SlurmCommands] = None) -> dict[
     state = _aggregate([t["state"] for t in tasks])
     return {"kind": "sweep", "name": name, "run_dir": str(run_dir), "job_id": job_id, "executor": executor,
             "array": sweep.get("array"), "state": state, "tasks": tasks, "skipped": sweep.get("skipped", [])}
+
+
+def json_safe(value: Any) -> Any:
+    """`value` with NaN and infinities as None: JSON has no NaN (a diverged loss is `nan` in metrics.jsonl)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(item) for item in value]
+    return value
 
 
 def is_active(row: dict[str, Any]) -> bool:

@@ -157,3 +157,35 @@ def test_nccl_env_reaches_the_local_ranks(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     seen = read_probes(probes)
     assert seen and all(record.get("NCCL_DEBUG") == "WARN" for record in seen), seen
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
+                    reason="a real full disk is a small tmpfs, and mounting one needs root")
+def test_a_full_runs_dir_is_recorded_not_left_running(tmp_path: Path) -> None:
+    """Finding 8: the disk of runs_dir fills up mid-run; the supervisor records FAILED (it used to die and
+    leave `local.json` at RUNNING) and status reports no RUNNING job for a dead supervisor."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        env = _env(HPCTRAIN_TEST_STEP_DELAY_S="0.1")
+        run_dir = _start(tmp_path, env, tiny_job("full", steps=100000, runs_dir=str(disk / "runs")))
+        wait_status(run_dir, env, lambda s: (s["step"] or 0) >= 2, 90, "step 2")
+        with open(disk / "filler", "wb") as filler:  # fill the disk to the last byte
+            try:
+                while True:
+                    filler.write(b"\0" * 65536)
+                    filler.flush()
+            except OSError:
+                pass
+        status = wait_status(run_dir, env, lambda s: s["state"] != "RUNNING", 60, "the job to end")
+        assert status["state"] == "FAILED", status
+        recorded = json.loads((run_dir / "submit" / "local.json").read_text())
+        assert recorded["state"] == "FAILED", recorded
+        deadline = time.monotonic() + 10
+        while _alive(recorded["pid"]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(recorded["pid"])
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
