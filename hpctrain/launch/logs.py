@@ -1,4 +1,9 @@
-"""`logs`: the per-rank, per-attempt log files of a run (logs/), and the batch script's output."""
+"""`logs`: the per-rank, per-attempt log files of a run (logs/), and the batch script's output.
+
+Rank logs are named by the global rank (hpctrain/rundir/ranks.py); a process that stopped before it
+knew its rank left its output only in the launcher's log of its slot, logs/task-S.attempt-A.log,
+which `--rank R` shows when rank R has no log of its own.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,8 @@ from pathlib import Path
 from typing import Optional
 
 from hpctrain.errors import ConfigError
+from hpctrain.rundir.layout import LOGS_DIR
+from hpctrain.rundir.ranks import TASK_LOG, rank_order_of, slot_of
 
 _RANK = re.compile(r"rank[-_.]?(\d+)")
 _ATTEMPT = re.compile(r"attempt[-_.]?(\d+)")
@@ -28,7 +35,7 @@ def parse_log_name(name: str) -> tuple[Optional[int], int]:
 
 def log_files(run_dir: Path) -> list[LogFile]:
     """Every file in logs/ and the batch scripts' own output (slurm-*.out), oldest attempt first."""
-    folder = run_dir / "logs"
+    folder = run_dir / LOGS_DIR
     paths = [p for p in folder.iterdir() if p.is_file()] if folder.is_dir() else []
     paths += sorted(run_dir.glob("slurm-*.out"))
     files = [LogFile(p, *parse_log_name(p.name)) for p in paths]
@@ -53,6 +60,8 @@ def pick_logs(run_dir: Path, rank: Optional[int] = None, attempt: Optional[int] 
     elif rank is not None:
         chosen = [f for f in ranked if f.rank == rank]
         if not chosen:
+            chosen, note = _slot_logs(run_dir, files, rank)
+        if not chosen:
             known = sorted({f.rank for f in ranked if f.rank is not None})
             raise ConfigError(f"--rank: no log for rank {rank} in {run_dir / 'logs'} (ranks with logs: {known}); "
                               "use one of those")
@@ -65,3 +74,15 @@ def pick_logs(run_dir: Path, rank: Optional[int] = None, attempt: Optional[int] 
         attempts = sorted({f.attempt for f in chosen})
         raise ConfigError(f"--attempt: no attempt {attempt} (attempts logged: {attempts}); use one of those")
     return picked, note
+
+
+def _slot_logs(run_dir: Path, files: list[LogFile], rank: int) -> tuple[list[LogFile], str]:
+    """The launcher's logs of the slot that runs `rank`, for a rank that never wrote its own."""
+    order = rank_order_of(run_dir)
+    if order is not None and rank not in order:
+        return [], ""
+    slot = slot_of(rank, order)
+    found = [f for f in files if (m := TASK_LOG.match(f.path.name)) and int(m.group(1)) == slot]
+    note = (f"rank {rank} wrote no log of its own (it stopped before it knew its rank): this is what the launcher "
+            f"caught from its slot {slot}") if found else ""
+    return found, note
