@@ -108,6 +108,9 @@ class NcclConfig(Section):
     env: dict[EnvName, Text] = Field(default_factory=dict, description="Extra or overriding environment variables.")
 
 
+TrackerName = Literal["none", "tensorboard", "wandb", "mlflow"]
+
+
 class MonitorConfig(Section):
     """Optional monitors around the training processes."""
 
@@ -118,6 +121,23 @@ class MonitorConfig(Section):
     torch_profiler: bool = Field(False, description="PyTorch profiler traces for a few steps.")
     py_spy: bool = Field(False, description="py-spy dump of every rank when the job nears its limit.")
     py_spy_seconds_before_limit: int = Field(300, ge=10, description="When to dump.")
+    tracker: Union[TrackerName, list[TrackerName]] = Field(
+        "none", description="Experiment trackers fed by rank 0 from the metrics.jsonl records: none, tensorboard "
+        "(event files in <run dir>/tensorboard), wandb, mlflow; one name or a list. Each needs its package "
+        "(pip install 'hpctrain[tensorboard]' / '[wandb]' / '[mlflow]').")
+    wandb_project: Optional[Text] = Field(None, description="W&B project; default: the job name.")
+    wandb_mode: Literal["offline", "online"] = Field(
+        "offline", description="W&B mode: offline (compute nodes rarely reach the internet; `wandb sync` the "
+        "run's wandb/ folder later) or online.")
+    mlflow_tracking_uri: Optional[Text] = Field(None, description="MLflow tracking URI; default: a file store in "
+                                                "<run dir>/mlruns.")
+    mlflow_experiment: Optional[Text] = Field(None, description="MLflow experiment name; default: the job name.")
+
+    @property
+    def trackers(self) -> list[str]:
+        """The trackers asked for, without 'none', each once, in the order given."""
+        names = [self.tracker] if isinstance(self.tracker, str) else list(self.tracker)
+        return [n for i, n in enumerate(names) if n != "none" and n not in names[:i]]
 
 
 class SweepConfig(Section):

@@ -154,9 +154,35 @@ def _other_problems(job: Job) -> list[Problem]:
     return out
 
 
+# monitor.tracker name -> the module its runtime writer imports, and the extra that installs it
+TRACKER_PACKAGES = {"tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "wandb"),
+                    "mlflow": ("mlflow", "mlflow")}
+
+
+def _tracker_problems(job: Job) -> list[Problem]:
+    """A tracker whose package is missing fails here, at validate time, not on the compute node."""
+    import importlib.util
+
+    out = []
+    names = [job.monitor.tracker] if isinstance(job.monitor.tracker, str) else list(job.monitor.tracker)
+    if "none" in names and len(set(names)) > 1:
+        out.append(Problem("monitor.tracker", "'none' cannot be combined with other trackers", names,
+                           "remove 'none' or the others"))
+    for name in job.monitor.trackers:
+        module, extra = TRACKER_PACKAGES[name]
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            out.append(Problem("monitor.tracker", f"{name} needs the {module} package, which is not installed",
+                               name, f"pip install 'hpctrain[{extra}]', or remove {name} from monitor.tracker"))
+    return out
+
+
 def cross_field_problems(job: Job) -> list[Problem]:
     """Checks that span fields or sections; pydantic has already checked each field alone."""
     model = _model_problems(job)
     if model:
         return model
-    return _parallel_problems(job) + _other_problems(job)
+    return _parallel_problems(job) + _other_problems(job) + _tracker_problems(job)

@@ -24,6 +24,7 @@ from hpctrain.runtime.parallelize import build_training
 from hpctrain.runtime.precision import local_tensor
 from hpctrain.runtime.requeue import RequeueController
 from hpctrain.runtime.telemetry import MemoryTracker, Telemetry, Throughput
+from hpctrain.runtime.trackers import Trackers
 
 # Benchmarks set this to "0" to skip the checkpoint at the end of training (a 1B model writes ~15 GB).
 FINAL_CHECKPOINT_ENV = "HPCTRAIN_FINAL_CHECKPOINT"
@@ -54,6 +55,7 @@ class Trainer:
         self.requeue = RequeueController(job, env, device, self.telemetry.event)
         self.resume_from = resume_from
         self.last_metrics: dict[str, Any] = {}
+        self.trackers: Trackers | None = None  # started once the resumed step is known
 
     # -- state -----------------------------------------------------------------------------------
     def train_state(self) -> dict[str, Any]:
@@ -114,6 +116,7 @@ class Trainer:
     def train(self) -> dict[str, Any]:
         resumed = self.restore()
         self.telemetry.start(resumed)
+        self.trackers = Trackers(self.job, self.run_dir, self.env.rank, resumed)
         cuda = self.device.type == "cuda"
         while self.should_continue():
             self.step += 1
@@ -134,6 +137,7 @@ class Trainer:
         if stopped or os.environ.get(FINAL_CHECKPOINT_ENV, "1") != "0":
             self.checkpointer.save(self.step, self.train_state(), force=True)
         self.checkpointer.wait()
+        self.trackers.close(finished=not stopped)
         outcome = self.requeue.finish(self.step, saved=self.checkpointer.last_saved_step == self.step)
         self.telemetry.write_rank_summary(self.state_bytes(), "stopped" if stopped else "finished")
         return {"step": self.step, "resumed_from": resumed, "stopped": stopped, "requeue": outcome,
@@ -147,6 +151,8 @@ class Trainer:
             extra["loss_scale"] = self.training.loss_scaler.scale
         record = self.telemetry.log(self.step, loss, lr, grad_norm, self.step * self.tokens_per_step, **extra)
         self.last_metrics = record
+        if self.trackers is not None:
+            self.trackers.log(record)
         if self.env.rank == 0:
             val = f" | val_loss {val_loss:.4f}" if val_loss is not None else ""
             print(f"step {self.step:>6} | loss {loss:.4f}{val} | lr {lr:.3e} | grad_norm {grad_norm:.3f} | "
