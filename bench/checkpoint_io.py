@@ -10,6 +10,7 @@ process. Side by side, on the same folder:
   save       Checkpointer.save (sync): training stands still for all of it
   dd read    dd if=FILE of=/dev/null bs=64M, page cache dropped first (posix_fadvise DONTNEED)
   load       Checkpointer.load, page cache of the checkpoint dropped first
+  verify     the sha256 check of every file before a resume (one rank does all of it here)
   async      Checkpointer with checkpoint.async (DCP async_save, thread mode): how long save() blocks
              the training loop, and when the checkpoint is complete
 
@@ -82,6 +83,16 @@ def checkpointer(folder: Path, model: Any, optimizer: Any, async_: bool) -> Any:
     return Checkpointer(job, str(folder), [model], [optimizer])
 
 
+def verify(folder: Path) -> None:
+    """What the ranks do before loading (all of it on one rank here): hash every file, compare."""
+    from hpctrain.rundir.checkpoints import read_metadata, verify_files
+
+    files = read_metadata(str(folder))["files"]
+    problems = verify_files(str(folder), files, files)
+    if problems:
+        raise RuntimeError(problems)
+
+
 def run(work: Path, gib: float, runs: int, device: str) -> dict[str, float]:
     import torch
 
@@ -102,6 +113,8 @@ def run(work: Path, gib: float, runs: int, device: str) -> dict[str, float]:
         folder = work / "sync" / f"step-{step}"
         drop_page_cache(folder)
         keep("load", timed(lambda: sync.load(str(folder))))
+        drop_page_cache(folder)
+        keep("verify", timed(lambda: verify(folder)))
     async_ = checkpointer(work / "async", model, optimizer, async_=True)
     for step in range(1, runs + 1):
         start = time.perf_counter()
@@ -130,6 +143,8 @@ def report(result: dict[str, float], work: Path, device: str) -> bool:
           f"{SAVE_GOAL:.0%}: {'ok' if save_share >= SAVE_GOAL else 'MISSED'}")
     print(f"{'dd read (cold cache)':22} {result['dd read']:8.3f} {gbps('dd read'):7.2f}")
     print(f"{'load (cold cache)':22} {result['load']:8.3f} {gbps('load'):7.2f} {gbps('load') / gbps('dd read'):6.0%}")
+    print(f"{'verify (cold cache)':22} {result['verify']:8.3f} {gbps('verify'):7.2f}   (sha256 of every file, "
+          "before a resume; spread over the ranks)")
     print(f"{'async save: blocking':22} {result['async blocking']:8.3f}   (training stands still; "
           f"{result['async blocking'] / result['save']:.0%} of a sync save)")
     print(f"{'async save: complete':22} {result['async complete']:8.3f} {size / result['async complete'] / 1e9:7.2f}")
