@@ -259,3 +259,19 @@ def not_requeued_rule(ctx: Context) -> list[Finding]:
         evidence.append(f"both attempts ended at step {event.get('step')}; see `hpctrain logs {ctx.run.path}`")
         title = f"failed again at step {event.get('step')} after a requeue; not requeued"
     return [Finding("requeue", ERROR, title, tuple(evidence), ())]
+
+
+def checkpoint_failed_rule(ctx: Context) -> list[Finding]:
+    """A checkpoint save that failed (a full disk, a quota, an unwritable folder), named as what it was: the
+    runtime's `checkpoint failed` event (issue 18 finding 8), not the collective errors it causes."""
+    failed = ctx.run.events_named("checkpoint failed", "checkpoint_failed")
+    if not failed:
+        return []
+    last = failed[-1]
+    reason = str(last.get("reason") or "unknown cause")
+    folder = str(last.get("path") or "").rsplit("/", 1)[0] or "the checkpoint folder"
+    evidence = [f"attempt {e.get('attempt', '?')}: saving step {e.get('step', '?')} to {e.get('path', '?')}: "
+                f"{e.get('reason', '?')}" for e in failed[-3:]]
+    fix = Fix(f"make room in {folder} (or set checkpoint.dir to a larger file system), then "
+              f"`hpctrain resume {ctx.run.path}`: the checkpoints saved before this one are intact")
+    return [Finding("checkpoint", ERROR, f"a checkpoint save failed: {reason}", tuple(evidence), (fix,))]

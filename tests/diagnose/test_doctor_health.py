@@ -123,3 +123,16 @@ def test_time_limit_without_any_signal(tmp_path):
     run = make_run(tmp_path, gpu_job(), metrics=metrics_lines(20, 2.2, mfu=0.42), events=events)
     findings = diagnose_run(run, scheduler_query=sacct, now=T0 + 100).findings
     assert [f.title for f in findings] == ["the signal arrived too late to save a checkpoint"]
+
+
+def test_finding8_a_full_disk_is_named_not_taken_for_a_comms_problem(tmp_path):
+    reason = "no space left on device"
+    events = [event("started", 0.0, attempt=0),
+              event("checkpoint failed", 60.0, attempt=0, step=100, path="/scratch/ck/step-100.partial", reason=reason),
+              event("failed", 61.0, attempt=0, exit_code=1,
+                    reason=f"{reason} while saving checkpoint step 100 to /scratch/ck")]
+    run = make_run(tmp_path, gpu_job(), metrics=metrics_lines(20, 2.2, mfu=0.42), events=events)
+    finding = _only(run, "checkpoint")
+    assert finding.severity == "error" and finding.title == f"a checkpoint save failed: {reason}"
+    assert finding.evidence == (f"attempt 0: saving step 100 to /scratch/ck/step-100.partial: {reason}",)
+    assert "make room in /scratch/ck" in finding.fixes[0].why
