@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional, Union
+import re
+from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import Field
+from pydantic import Field, WithJsonSchema, model_validator
 
 from hpctrain.config.base import Section
 from hpctrain.config.types import EnvName, SbatchOption, SlurmTime, Text
@@ -25,11 +26,20 @@ class GpuSpec(Section):
     nvlink_gbps: float = Field(0.0, ge=0, description="NVLink bandwidth per GPU, GB/s (one direction); 0 = none.")
 
 
+_NODE_RANGE = re.compile(r"([0-9]{1,6})\s*-\s*([0-9]{1,6})")
+_NODES_SCHEMA = {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 100000},
+                           {"type": "string", "pattern": r"^\s*[0-9]{1,6}\s*-\s*[0-9]{1,6}\s*$"}]}
+
+
 class ClusterConfig(Section):
     """The machines: how many nodes and GPUs, which GPU, node profile and fabric."""
 
     executor: Literal["auto", "slurm", "local"] = Field("auto", description="slurm if sbatch is on PATH, else local.")
-    nodes: int = Field(1, ge=1, le=100000, description="Number of nodes.")
+    nodes: Annotated[int, WithJsonSchema(_NODES_SCHEMA)] = Field(1, ge=1, le=100000, description="Number of nodes, or a range such as '4-8' (elastic: Slurm "
+                       "starts the job on any count in it and each start re-plans the layout for the nodes it got).")
+    min_nodes: Optional[int] = Field(None, ge=1, le=100000, description="Elastic: the fewest nodes the job runs on "
+                                     "(with max_nodes; `nodes: 4-8` sets both).")
+    max_nodes: Optional[int] = Field(None, ge=1, le=100000, description="Elastic: the most nodes the job runs on.")
     gpus_per_node: int = Field(8, ge=1, le=64, description="GPUs (= tasks) per node.")
     gpu: str = Field("a100-80gb", min_length=1, description="GPU catalog name (see `hpctrain plan --help`).")
     gpu_spec: Optional[GpuSpec] = Field(None, description="Override or define the GPU's figures.")
@@ -37,6 +47,40 @@ class ClusterConfig(Section):
     fabric: str = Field("ib-hdr200", min_length=1, description="Inter-node fabric catalog name.")
     topology: Topology = Field(default_factory=Topology, description="Topology files for islands and leaf switches.")
     runtime_overhead_gib: Optional[float] = Field(None, ge=0, description="Per-GPU memory the planner reserves.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _node_range(cls, data: Any) -> Any:
+        """`nodes: "4-8"` -> min_nodes 4, max_nodes 8, nodes 8 (the count planned at submit); min_nodes/max_nodes
+        alone -> nodes = max_nodes. A malformed string stays in `nodes`, whose type check names it."""
+        if not isinstance(data, dict):
+            return data
+        nodes = data.get("nodes")
+        if isinstance(nodes, str):
+            match = _NODE_RANGE.fullmatch(nodes.strip())
+            if match and "min_nodes" not in data and "max_nodes" not in data:
+                low, high = int(match.group(1)), int(match.group(2))
+                return {**data, "nodes": high, "min_nodes": low, "max_nodes": high}
+        elif nodes is None and isinstance(data.get("max_nodes"), int):
+            return {**data, "nodes": data["max_nodes"]}
+        return data
+
+    @property
+    def elastic(self) -> bool:
+        """A node-count range: each start re-plans for the nodes Slurm allocated."""
+        return self.min_nodes is not None and self.max_nodes is not None and self.min_nodes < self.max_nodes
+
+    @property
+    def node_counts(self) -> list[int]:
+        """Every node count the job may run on (one for a fixed count)."""
+        if self.min_nodes is None or self.max_nodes is None:
+            return [self.nodes]
+        return list(range(self.min_nodes, self.max_nodes + 1))
+
+    @property
+    def nodes_spec(self) -> str:
+        """`--nodes` for sbatch: "4-8" for a range, else the count."""
+        return f"{self.min_nodes}-{self.max_nodes}" if self.elastic else str(self.nodes)
 
 
 class SlurmConfig(Section):

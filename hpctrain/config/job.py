@@ -130,6 +130,45 @@ def _parallel_problems(job: Job) -> list[Problem]:
     return out
 
 
+def _elastic_problems(job: Job) -> list[Problem]:
+    """A node range: well formed, and every count in it fits the fixed degrees (the planner fills the rest
+    at each start, for the nodes Slurm allocated; a fixed layout stays fixed, so it cannot take a range)."""
+    c, p, t = job.cluster, job.parallel, job.train
+    if (c.min_nodes is None) != (c.max_nodes is None):
+        given = "min_nodes" if c.min_nodes is not None else "max_nodes"
+        return [Problem(f"cluster.{given}", "a node range needs both cluster.min_nodes and cluster.max_nodes",
+                        getattr(c, given), "set both, or write cluster.nodes: '4-8'")]
+    if c.min_nodes is None or c.max_nodes is None:
+        return []
+    if c.min_nodes > c.max_nodes:
+        return [Problem("cluster.nodes", "the range's low end is above its high end", f"{c.min_nodes}-{c.max_nodes}",
+                        f"write {c.max_nodes}-{c.min_nodes}")]
+    if not c.min_nodes <= c.nodes <= c.max_nodes:
+        return [Problem("cluster.nodes", f"is outside cluster.min_nodes..max_nodes = {c.min_nodes}-{c.max_nodes}",
+                        c.nodes, "leave cluster.nodes out (it defaults to max_nodes) or write the range there")]
+    tp, pp, dp = _fixed(p.tp), _fixed(p.pp), _fixed(p.dp)
+    if not c.elastic or job.placement is not None:
+        return []  # a resolved job (placement set) holds the layout planned for cluster.nodes alone
+    if tp is not None and pp is not None and dp is not None:
+        return [Problem("cluster.nodes", f"a node range needs a layout that can change, but tp, pp and dp are all "
+                        f"fixed (tp*pp*dp = {tp * pp * dp} GPUs)", f"{c.min_nodes}-{c.max_nodes}",
+                        "set parallel.dp: auto, or use a fixed node count")]
+    fixed = (tp or 1) * (pp or 1) * (dp or 1)
+    misfits = [n for n in c.node_counts if (n * c.gpus_per_node) % fixed]
+    if misfits:
+        return [Problem("cluster.nodes", f"the fixed degrees multiply to {fixed}, which does not divide the GPUs of "
+                        f"{', '.join(map(str, misfits))} node(s) x {c.gpus_per_node}", f"{c.min_nodes}-{c.max_nodes}",
+                        "narrow the range to counts that fit, or set the degrees to auto")]
+    mb = _fixed(t.micro_batch) or 1
+    if tp is not None and pp is not None:
+        bad = [n for n in c.node_counts if t.global_batch % (mb * n * c.gpus_per_node // (tp * pp))]
+        if bad:
+            return [Problem("train.global_batch", f"must be divisible by micro_batch*dp at every node count of the "
+                            f"range; it is not at {', '.join(map(str, bad))} node(s)", t.global_batch,
+                            "choose a global batch that every data-parallel degree of the range divides")]
+    return []
+
+
 def _other_problems(job: Job) -> list[Problem]:
     t, s, out = job.train, job.slurm, []
     if t.lr_schedule.warmup_steps >= t.steps and t.steps > 1:
@@ -185,4 +224,4 @@ def cross_field_problems(job: Job) -> list[Problem]:
     model = _model_problems(job)
     if model:
         return model
-    return _parallel_problems(job) + _other_problems(job) + _tracker_problems(job)
+    return _elastic_problems(job) or (_parallel_problems(job) + _other_problems(job) + _tracker_problems(job))

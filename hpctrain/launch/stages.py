@@ -21,7 +21,25 @@ def resolve(job: Job) -> tuple[Job, dict[str, Any]]:
     from hpctrain.plan import resolve_job
 
     resolved, result = resolve_job(job)
+    check_node_range(job)
     return resolved, result.to_json()
+
+
+def check_node_range(job: Job) -> None:
+    """An elastic job is planned at submit for every count of its range, so that a start on any of them
+    finds a layout (the batch script re-plans for the count it got): PlanError naming the count if not."""
+    from hpctrain.errors import PlanError
+    from hpctrain.plan import plan_job
+
+    if not job.cluster.elastic:
+        return
+    for nodes in job.cluster.node_counts:
+        if nodes == job.cluster.nodes:
+            continue  # planned above
+        try:
+            plan_job(job.model_copy(update={"cluster": job.cluster.model_copy(update={"nodes": nodes})}))
+        except PlanError as exc:
+            raise PlanError(f"cluster.nodes {job.cluster.nodes_spec}: no layout fits {nodes} node(s): {exc}") from None
 
 
 def render_script(job: Job, run_dir: Path, array: Optional[str] = None) -> str:

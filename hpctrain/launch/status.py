@@ -25,7 +25,7 @@ LOCAL_ACTIVE = frozenset({"PENDING", "RUNNING", "SUBMITTED"})
 # Events shown as the restart history (written by the launcher and the runtime).
 HISTORY_EVENTS = ("submitted", "resubmitted", "started", "resumed", "signal", "signal_received", "time limit near",
                   "requeue requested", "requeued", "not_requeued", "preempted", "stopped", "finished", "failed",
-                  "ended", "cancel_requested", "resume_requested")
+                  "ended", "cancel_requested", "resume_requested", "layout_changed")
 
 
 def total_steps(run_dir: Path) -> Optional[int]:
@@ -33,6 +33,21 @@ def total_steps(run_dir: Path) -> Optional[int]:
     train = data.get("train") if data else None
     steps = train.get("steps", 100) if isinstance(train, dict) else None
     return steps if isinstance(steps, int) and not isinstance(steps, bool) else None
+
+
+def layouts(run_dir: Path, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every layout the run has had, oldest first: the submitted one, then each layout_changed's new one
+    (elastic jobs re-plan at each start; hpctrain.plan.replan). The current one is last."""
+    from hpctrain.plan.replan import LAYOUT_CHANGED, layout_of
+
+    changes = [e for e in events if e.get("event") == LAYOUT_CHANGED]
+    if not changes:
+        current = layout_of(read_yaml_mapping(run_dir / RESOLVED_FILE) or {})
+        return [current] if current.get("nodes") is not None else []
+    out = [changes[0].get("old") or {}]
+    for change in changes:
+        out.append({**(change.get("new") or {}), "attempt": change.get("attempt")})
+    return out
 
 
 def _since_last_submission(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -72,7 +87,7 @@ def task_status(run_dir: Path, job_id: Optional[str], executor: Optional[str],
     out.update(state=state, reason=reason,
                restarts=max(scheduler_restarts, restarts_from_events(events)),
                step=metrics.get("step"), steps=total_steps(run_dir), tokens_per_s=metrics.get("tokens_per_s"),
-               loss=metrics.get("loss"), val_loss=_val_loss(run_dir),
+               loss=metrics.get("loss"), val_loss=_val_loss(run_dir), layouts=layouts(run_dir, events),
                history=[e for e in events if e.get("event") in HISTORY_EVENTS])
     return out
 
@@ -161,6 +176,13 @@ def format_table(status: dict[str, Any]) -> str:
     for skipped in status.get("skipped", []):
         point = " ".join(f"{k}={v}" for k, v in skipped["point"].items())
         lines.append(f"skipped {point}: " + " ".join(line.strip() for line in skipped["reason"].splitlines()))
+    if status["kind"] == "job" and len(status.get("layouts") or []) > 1:
+        from hpctrain.plan.replan import describe
+
+        lines.append("layouts:")
+        for layout in status["layouts"]:
+            since = f"attempt {layout['attempt']}" if layout.get("attempt") is not None else "submitted"
+            lines.append(f"  {since}: {describe(layout)}")
     if status["kind"] == "job" and status.get("restarts"):
         lines.append("history:")
         for event in status.get("history", []):

@@ -107,6 +107,7 @@ def script_context(job: Any, *, run_dir: str, array: Optional[str]) -> dict[str,
         "array": array is not None,
         "setup_lines": [ShellByDesign(line) for line in s.setup],
         "nodes": c.nodes,
+        "elastic": c.elastic,  # a node range: re-plan for SLURM_JOB_NUM_NODES before the ranks start
         "gpus_per_node": c.gpus_per_node,
         "gpu_per_task": c.gpu != "cpu",  # srun binds one GPU to each rank
         "rank_order": job.placement is not None and job.placement.rank_order is not None,

@@ -26,7 +26,8 @@ _IDENTIFIERS = {
 # Options hpctrain writes itself, and the job.yaml field that sets each one instead of slurm.extra.
 RESERVED = {
     "job-name": "name", "nodes": "cluster.nodes", "ntasks": "cluster.nodes and cluster.gpus_per_node",
-    "ntasks-per-node": "cluster.gpus_per_node", "gpus-per-node": "cluster.gpus_per_node",
+    "ntasks-per-node": "cluster.gpus_per_node",
+    "mincpus": "cluster.gpus_per_node and slurm.cpus_per_task (elastic jobs)", "gpus-per-node": "cluster.gpus_per_node",
     "cpus-per-task": "slurm.cpus_per_task", "exclusive": "slurm.exclusive", "mem": "slurm.mem",
     "time": "slurm.time", "partition": "slurm.partition", "account": "slurm.account", "qos": "slurm.qos",
     "constraint": "slurm.constraint", "switches": "the planner (placement.switches)",
@@ -71,8 +72,14 @@ def sbatch_lines(job: Any, *, run_dir: str, array: Optional[str]) -> list[Sbatch
         if key in RESERVED:
             raise RenderError(f"slurm.extra.{key}: hpctrain writes --{key} itself (got {extra[key]!r:.80}); "
                               f"set it through {RESERVED[key]}")
-    lines = [sbatch_line("job-name", slurm_job_name(job.name), field="name"),
-             sbatch_line("nodes", c.nodes), sbatch_line("ntasks-per-node", c.gpus_per_node)]
+    lines = [sbatch_line("job-name", slurm_job_name(job.name), field="name"), sbatch_line("nodes", c.nodes_spec)]
+    if c.elastic:
+        # --ntasks-per-node would fix the task count at min_nodes x tasks and Slurm (cons_tres) would then
+        # grant only min_nodes; --mincpus asks each node for the CPUs of its ranks instead, so Slurm gives
+        # as many nodes of the range as are free, and srun starts the ranks per node itself.
+        lines.append(sbatch_line("mincpus", c.gpus_per_node * (s.cpus_per_task or 1)))
+    else:
+        lines.append(sbatch_line("ntasks-per-node", c.gpus_per_node))
     if not any(key in extra for key in _GPU_REQUEST_OPTIONS) and c.gpu != "cpu":
         lines.append(sbatch_line("gpus-per-node", c.gpus_per_node))
     if s.cpus_per_task is not None:
