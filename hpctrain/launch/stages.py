@@ -95,6 +95,27 @@ def check_checkpoint_dir(checkpoint_dir: Path, run_dir: Optional[Path], adopt: b
         run_id = run_identity(str(run_dir)) if run_dir is not None else ""
     except (OSError, InvalidCheckpoint) as exc:
         raise ConfigError(f"RUN: {run_dir}: cannot read its run id ({exc})") from None
-    other = foreign_owner(str(checkpoint_dir), run_id)
+    other = foreign_owner(str(checkpoint_dir), run_id, str(run_dir) if run_dir is not None else None)
     if other is not None and not adopt:
         raise ConfigError(ownership_error(str(checkpoint_dir), other))
+
+
+def check_sweep_checkpoint_dirs(points: list[tuple[str, Job]]) -> None:
+    """Each task of a sweep is a run of its own: tasks that share a checkpoint.dir would resume and prune
+    each other's checkpoints (checkpoint.adopt does not make that right). `points`: (label, job)."""
+    import os
+
+    from hpctrain.errors import ConfigError
+
+    by_dir: dict[str, list[str]] = {}
+    for label, job in points:
+        if job.checkpoint.dir:
+            by_dir.setdefault(os.path.abspath(job.checkpoint.dir), []).append(label)
+    for folder, labels in by_dir.items():
+        if len(labels) > 1:
+            raise ConfigError(f"checkpoint.dir {folder}: shared by {len(labels)} points of the sweep ({labels[0]}; "
+                              f"{labels[1]}{'; ...' if len(labels) > 2 else ''}); a checkpoint folder belongs to one "
+                              "run: leave checkpoint.dir unset (each task then uses tasks/<i>/checkpoints) or sweep it")
+    for label, job in points:
+        if job.checkpoint.dir:
+            check_checkpoint_dir(Path(job.checkpoint.dir), None, job.checkpoint.adopt)

@@ -230,15 +230,22 @@ def _owner_claim(folder: str) -> Optional[dict[str, Any]]:
     return data if isinstance(data, dict) and isinstance(data.get("id"), str) else None
 
 
-def foreign_owner(folder: str, run_id: str) -> Optional[dict[str, Any]]:
+def foreign_owner(folder: str, run_id: str, run_dir: Optional[str] = None) -> Optional[dict[str, Any]]:
     """The record of another run that owns folder (its claim, or a checkpoint it wrote), if any.
-    Checkpoints of format 1 (before run ids) belong to nobody in particular."""
+    A record of this run's id, or of this very run directory (whose run_id file was lost), is this
+    run's; checkpoints of format 1 (before run ids) belong to nobody in particular."""
+    here = os.path.abspath(run_dir) if run_dir else None
+
+    def foreign(record: Any) -> bool:
+        return (isinstance(record, dict) and record.get("id") not in (None, run_id)
+                and (here is None or record.get("dir") != here))
+
     claim = _owner_claim(folder)
-    if claim is not None and claim["id"] != run_id:
+    if foreign(claim):
         return claim
     for _, path in reversed(scan(folder).complete):
         record = read_metadata(path).get("run")
-        if isinstance(record, dict) and record.get("id") not in (None, run_id):
+        if foreign(record):
             return record
     return None
 

@@ -66,7 +66,7 @@ def _prepare(ck: Checkpointer) -> ConfigError | None:
         ck.run_id = run_identity(ck.run_dir)
     except (OSError, InvalidCheckpoint) as exc:
         return ConfigError(f"--run-dir {ck.run_dir}: cannot read or write its run id ({exc})")
-    other = foreign_owner(ck.folder, ck.run_id)
+    other = foreign_owner(ck.folder, ck.run_id, ck.run_dir)
     if other is not None and not ck.adopt:
         return ConfigError(ownership_error(ck.folder, other))
     if other is not None:

@@ -220,3 +220,28 @@ def test_finding8_a_full_disk_is_reported_as_such(dp, tmp_path) -> None:
     assert not any("CheckpointException" in json.dumps(e) for e in events(run))
     assert OWNER_FILE in left and f"step-{step}.partial" not in left  # the space is given back
     assert all(n == OWNER_FILE or int(n.split("-")[1]) < step for n in left)  # older ones stay, intact
+
+
+def test_finding2_a_run_that_lost_its_run_id_file_still_owns_its_checkpoints(tmp_path) -> None:
+    run = str(tmp_path / "run")
+    job = make_job(train={"steps": 2}, checkpoint={"every_steps": 2})
+    assert run_entry(job, run) == [0]
+    os.remove(os.path.join(run, "run_id"))  # the run directory is the same run: its path is recorded too
+    job["train"]["steps"] = 3
+    assert run_entry(job, run) == [0]
+    assert [e["step"] for e in events(run) if e["event"] == "resumed"] == [2]
+
+
+def test_finding2_sweep_points_sharing_a_checkpoint_dir_are_refused(tmp_path) -> None:
+    import sys
+
+    from ._entry import REPO
+
+    job = make_job(checkpoint={"every_steps": 2, "dir": str(tmp_path / "ckpt")})
+    job["runs_dir"] = str(tmp_path / "runs")
+    job["sweep"] = {"grid": {"train.optimizer.lr": [0.001, 0.002]}}
+    proc = subprocess.run([sys.executable, "-m", "hpctrain", "sweep", write_job(job, str(tmp_path / "job.yaml"))],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 2, proc.stderr
+    assert f"checkpoint.dir {tmp_path / 'ckpt'}: shared by 2 points of the sweep" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "runs").exists()
