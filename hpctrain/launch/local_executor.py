@@ -18,7 +18,8 @@ from typing import Any, Optional
 from hpctrain.config import Job
 from hpctrain.launch import local_supervisor as sup
 from hpctrain.launch.rundir import write_json
-from hpctrain.rundir.local_state import read_local_state
+from hpctrain.rundir.layout import SUBMIT_DIR
+from hpctrain.rundir.local_state import local_state_path, read_local_state
 from hpctrain.launch.stages import runtime_argv
 
 SUPERVISOR_MODULE = "hpctrain.launch.local_supervisor"
@@ -43,11 +44,11 @@ class LocalExecutor:
                            "world_size": job.world_size, "gpus_per_node": job.cluster.gpus_per_node,
                            "env": rank_environment(job)}
                           for task_id, path, job in tasks]}
-        spec_path = root / "submit" / sup.SPEC_FILE
+        spec_path = root / SUBMIT_DIR / sup.SPEC_FILE
         write_json(spec_path, spec)
         for _, path, _ in tasks:
-            write_json(path / "submit" / sup.STATE_FILE, {"state": "PENDING"})
-        with open(root / "submit" / "supervisor.log", "ab") as log:
+            write_json(local_state_path(path), {"state": "PENDING"})
+        with open(root / SUBMIT_DIR / "supervisor.log", "ab") as log:
             proc = subprocess.Popen([self.python, "-m", SUPERVISOR_MODULE, str(spec_path)], stdin=subprocess.DEVNULL,
                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         return f"local-{proc.pid}", proc

@@ -28,9 +28,10 @@ from typing import Any, Optional
 from hpctrain.errors import HpctrainError
 from hpctrain.launch.rundir import append_event, read_events, read_json, write_json
 from hpctrain.rundir.lock import RunLock, RunLockedError, acquire
+from hpctrain.rundir.layout import LOGS_DIR
+from hpctrain.rundir.local_state import local_state_path
 from hpctrain.rundir.ranks import ATTEMPT_ENV, LOG_DIR_ENV, global_rank, next_attempt, rank_order_of, task_log_name
 
-STATE_FILE = "local.json"
 SPEC_FILE = "local-spec.json"
 KILL_WAIT_S = 10.0  # between SIGTERM and SIGKILL, as Slurm's KillWait
 
@@ -99,7 +100,7 @@ class Task:
     events_before: int = 0  # events.jsonl records written before this attempt started
 
     def save(self, **extra: Any) -> None:
-        path = self.run_dir / "submit" / STATE_FILE
+        path = local_state_path(self.run_dir)
         data = read_json(path) or {}
         data.update(state=self.state, pid=os.getpid(), attempt=self.attempt, task_id=self.task_id, **extra)
         try:
@@ -121,7 +122,7 @@ class Task:
         except RunLockedError as exc:
             self.finish("FAILED", str(exc))
             return
-        logs = self.run_dir / "logs"
+        logs = self.run_dir / LOGS_DIR
         logs.mkdir(parents=True, exist_ok=True)
         self.attempt = next_attempt(logs)
         self.events_before = len(read_events(self.run_dir))

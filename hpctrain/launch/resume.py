@@ -19,20 +19,21 @@ from hpctrain.launch import rundir, stages
 from hpctrain.launch.slurm_commands import SlurmCommands
 from hpctrain.launch.status import is_active, run_status
 from hpctrain.launch.submit import Submission, check_local, choose_executor, launch, write_job_files
+from hpctrain.rundir.layout import CHECKPOINTS_DIR, JOB_FILE, PLAN_FILE, RESOLVED_FILE, SUBMIT_DIR
 from hpctrain.rundir.lock import check_free
 
-_JOB_FILES = ("job.yaml", "job.resolved.yaml", "plan.json")
+_JOB_FILES = (JOB_FILE, RESOLVED_FILE, PLAN_FILE)
 
 
 def checkpoint_dir(run_dir: Path, configured: Optional[str]) -> Path:
-    return Path(configured) if configured else run_dir / "checkpoints"
+    return Path(configured) if configured else run_dir / CHECKPOINTS_DIR
 
 
 def _keep_previous(run_dir: Path) -> Path:
     n = 1
-    while (run_dir / "submit" / f"previous-{n}").exists():
+    while (run_dir / SUBMIT_DIR / f"previous-{n}").exists():
         n += 1
-    keep = run_dir / "submit" / f"previous-{n}"
+    keep = run_dir / SUBMIT_DIR / f"previous-{n}"
     keep.mkdir(parents=True)
     for name in _JOB_FILES:
         if (run_dir / name).exists():
@@ -51,9 +52,9 @@ def resume_run(run_dir: Path, overrides: Sequence[str] = (), *, dry_run: bool = 
         raise ConfigError(f"RUN: {run_dir.name} is still {status['state']} (job {status['job_id']}); wait for it or "
                           f"`hpctrain cancel {run_dir}` first")
     check_free(run_dir)  # ranks the scheduler no longer knows about (orphans) still train there
-    if not (run_dir / "job.yaml").is_file():
+    if not (run_dir / JOB_FILE).is_file():
         raise ConfigError(f"RUN: {run_dir} has no job.yaml; it is not a run directory")
-    job = absolute_paths(load_job(str(run_dir / "job.yaml"), overrides))  # --set paths: from where the user is
+    job = absolute_paths(load_job(str(run_dir / JOB_FILE), overrides))  # --set paths: from where the user is
     stages.check_checkpoint_dir(checkpoint_dir(run_dir, job.checkpoint.dir), run_dir, job.checkpoint.adopt)
     checkpoint, rejected = stages.newest_complete_checkpoint(checkpoint_dir(run_dir, job.checkpoint.dir))
     if checkpoint is None:

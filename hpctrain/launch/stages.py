@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 from hpctrain.config import Job
 from hpctrain.render.context import RUNTIME_MODULE  # the one entry point both executors start
+from hpctrain.rundir.layout import RESOLVED_FILE
 
 
 
@@ -63,7 +64,7 @@ def runtime_command(python: Optional[str] = None) -> list[str]:
 
 def runtime_argv(run_dir: Path, python: Optional[str] = None) -> list[str]:
     """The full command of one rank of the job in run_dir."""
-    return [*runtime_command(python), "--job", str(run_dir / "job.resolved.yaml"), "--run-dir", str(run_dir)]
+    return [*runtime_command(python), "--job", str(run_dir / RESOLVED_FILE), "--run-dir", str(run_dir)]
 
 
 

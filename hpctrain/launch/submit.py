@@ -17,6 +17,7 @@ from hpctrain.errors import ConfigError, SubmissionError
 from hpctrain.launch import stages
 from hpctrain.launch.rundir import append_event, create_run_dir, write_json, write_text
 from hpctrain.launch.slurm_commands import SlurmCommands, missing_program_error, sbatch_available
+from hpctrain.rundir.layout import JOB_FILE, PLAN_FILE, RESOLVED_FILE, SUBMIT_DIR
 
 SCRIPT_NAME = "job.sbatch"
 RECIPE_NAME = "recipe.def"
@@ -62,20 +63,20 @@ def check_local(job: Job) -> None:
 
 def write_job_files(run_dir: Path, job: Job, resolved: Job, plan: dict[str, Any]) -> None:
     """job.yaml (as submitted, after overrides), job.resolved.yaml and plan.json."""
-    write_text(run_dir / "job.yaml", dump_job(job))
-    write_text(run_dir / "job.resolved.yaml", dump_job(resolved))
-    write_json(run_dir / "plan.json", plan)
+    write_text(run_dir / JOB_FILE, dump_job(job))
+    write_text(run_dir / RESOLVED_FILE, dump_job(resolved))
+    write_json(run_dir / PLAN_FILE, plan)
 
 
 def write_script(run_dir: Path, resolved: Job, array: Optional[str] = None) -> tuple[str, Path]:
     script = stages.render_script(resolved, run_dir, array=array)
-    path = run_dir / "submit" / SCRIPT_NAME
+    path = run_dir / SUBMIT_DIR / SCRIPT_NAME
     write_text(path, script)
     return script, path
 
 
 def write_recipe(run_dir: Path, resolved: Job) -> Path:
-    path = run_dir / "submit" / RECIPE_NAME
+    path = run_dir / SUBMIT_DIR / RECIPE_NAME
     write_text(path, stages.render_recipe(resolved))
     return path
 
@@ -117,7 +118,7 @@ def launch(run_dir: Path, resolved: Job, kind: str, note: str, tasks: list[TaskS
         if kind == "slurm":
             from hpctrain.launch.slurm_executor import RenderedSlurmExecutor
 
-            executor = RenderedSlurmExecutor(run_dir / "submit", script, commands or SlurmCommands())
+            executor = RenderedSlurmExecutor(run_dir / SUBMIT_DIR, script, commands or SlurmCommands())
             out.job_id = executor.submit_rendered()
         else:
             from hpctrain.launch.local_executor import LocalExecutor

@@ -65,7 +65,9 @@ def _load(args: argparse.Namespace) -> Any:
 
 def _write_resolved(job: Any, run_dir: str) -> None:
     """Keep a copy of the job next to the results when the launcher did not put one there."""
-    path = os.path.join(run_dir, "job.resolved.yaml")
+    from hpctrain.rundir.layout import RESOLVED_FILE
+
+    path = os.path.join(run_dir, RESOLVED_FILE)
     if not os.path.exists(path):
         from hpctrain.config import dump_job
 
