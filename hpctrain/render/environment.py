@@ -3,7 +3,10 @@ refuses to print anything that did not come through it (or through the typed lin
 
 Templates are looked up first in the user's template folder (when one is given), then in the shipped
 sbatch_templates/ and singularity/ folders, so a user can replace the whole script or one partial.
-User templates get the same rules: they cannot print an unquoted string either.
+User templates get the same rules: they cannot print an unquoted string either. And since a
+template folder is an input like job.yaml, the environment is Jinja2's immutable sandbox: a template
+can lay out the values it is given, but cannot reach Python internals (`x.__init__.__globals__`),
+call unsafe methods or mutate what it gets; an attempt is a RenderError and runs nothing.
 """
 
 from __future__ import annotations
@@ -44,7 +47,9 @@ def _bytecode_cache() -> Any:
     import sys
 
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    folder = base / "hpctrain" / f"jinja2-{jinja2.__version__}-py{sys.version_info[0]}{sys.version_info[1]}"
+    # "sandbox" in the name: Jinja keys its cache by source only, and code compiled for a plain
+    # environment calls functions without the sandbox's checks; never load it into this one.
+    folder = base / "hpctrain" / f"jinja2-{jinja2.__version__}-py{sys.version_info[0]}{sys.version_info[1]}-sandbox"
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError:
@@ -56,11 +61,12 @@ def _bytecode_cache() -> Any:
 def environment(user_dir: Optional[str] = None) -> Any:
     """The environment for one user template folder (None: shipped templates only)."""
     import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     from hpctrain.render.quoting import finalize, shell_quote
 
     search = ([user_dir] if user_dir else []) + [str(d) for d in shipped_dirs()]
-    env = jinja2.Environment(
+    env = ImmutableSandboxedEnvironment(
         loader=jinja2.FileSystemLoader(search),
         undefined=jinja2.StrictUndefined,
         finalize=finalize,
@@ -71,6 +77,9 @@ def environment(user_dir: Optional[str] = None) -> Any:
         bytecode_cache=_bytecode_cache(),
     )
     env.filters["q"] = shell_quote
+    # Jinja's default globals (cycler, joiner, namespace, lipsum, dict, range) are not needed by any
+    # template; fewer objects within reach, fewer ways out of the sandbox.
+    env.globals.clear()
     return env
 
 
@@ -94,6 +103,10 @@ def render_template(name: str, context: dict[str, Any], user_dir: Optional[str] 
     except RenderError as exc:
         where = _template_location(exc)
         raise RenderError([f"{where}: {line}" if where else line for line in exc.problems]) from None
+    except jinja2.exceptions.SecurityError as exc:
+        where = _template_location(exc) or name
+        raise RenderError(f"{where}: the template reaches outside the values it is given ({exc}); templates "
+                          "may only lay out the context (see the shipped job.sbatch.j2)") from None
     except jinja2.TemplateError as exc:
         where = _template_location(exc) or getattr(exc, "filename", None) or name
         raise RenderError(f"{where}: {type(exc).__name__}: {exc}") from None

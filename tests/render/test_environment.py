@@ -138,3 +138,38 @@ def test_render_template_wraps_template_syntax_errors(tmp_path: Path) -> None:
     user = _user_dir(tmp_path, "job.sbatch.j2", "{% if %}\n")
     with pytest.raises(RenderError, match="TemplateSyntaxError"):
         render_template("job.sbatch.j2", {}, user)
+
+
+# ---- user templates are data: the sandbox (issue 18, finding 4a) ----------------------------------
+
+# Each payload would create MARKER if it ran: through Jinja's own globals, through a value of the
+# context, through str's class tree, or by mutating a context list.
+SANDBOX_PAYLOADS = [
+    "{{ cycler.__init__.__globals__.os.system('touch MARKER') | q }}",
+    "{{ lipsum.__globals__['os'].system('touch MARKER') | q }}",
+    "{{ sbatch_lines[0].__class__.__init__.__globals__['os'].system('touch MARKER') | q }}",
+    "{% for c in ''.__class__.__mro__[1].__subclasses__() %}{% if c.__name__ == 'Popen' %}"
+    "{{ c(['touch', 'MARKER']).wait() | q }}{% endif %}{% endfor %}",
+    "{{ setup_lines.append('touch MARKER') | q }}{{ setup_lines[0] }}",
+]
+
+
+@pytest.mark.parametrize("payload", SANDBOX_PAYLOADS, ids=range(len(SANDBOX_PAYLOADS)))
+def test_user_template_cannot_run_code(payload: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from hpctrain.cli import main
+
+    marker = tmp_path / "PWNED"
+    (tmp_path / "tpl").mkdir()
+    user = _user_dir(tmp_path / "tpl", "job.sbatch.j2", "#!/bin/bash\n" + payload.replace("MARKER", str(marker)) + "\n")
+    job = tmp_path / "job.yaml"
+    job.write_text("name: t\nmodel: {preset: tiny}\nparallel: {tp: 1, pp: 1, dp: 2}\n"
+                   "cluster: {nodes: 1, gpus_per_node: 2, gpu: cpu}\ntrain: {micro_batch: 1}\n")
+    monkeypatch.chdir(tmp_path)
+    code = main(["render", str(job), "--template-dir", user, "--stdout"])
+    err = capsys.readouterr().err
+    assert not marker.exists()
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("job.sbatch.j2:2: ")
+    # lipsum is no longer a global at all (undefined); every other payload reaches the sandbox's wall
+    assert "reaches outside the values it is given" in err or "'lipsum' is undefined" in err, err
