@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import Field, WithJsonSchema, model_validator
 
+from hpctrain.config import limits as L
 from hpctrain.config.base import Section
 from hpctrain.config.types import EnvName, SbatchOption, SlurmTime, Text
 
@@ -21,14 +22,15 @@ class Topology(Section):
 class GpuSpec(Section):
     """A GPU not in the catalog (or a correction to one)."""
 
-    memory_gib: float = Field(..., gt=0, description="Device memory in GiB.")
-    peak_tflops: float = Field(..., gt=0, description="Dense bf16/fp16 tensor-core peak, TFLOP/s.")
-    nvlink_gbps: float = Field(0.0, ge=0, description="NVLink bandwidth per GPU, GB/s (one direction); 0 = none.")
+    memory_gib: float = Field(..., gt=0, le=L.MAX_GPU_MEMORY_GIB, description="Device memory in GiB.")
+    peak_tflops: float = Field(..., gt=0, le=L.MAX_GPU_TFLOPS, description="Dense bf16/fp16 tensor-core peak, TFLOP/s.")
+    nvlink_gbps: float = Field(0.0, ge=0, le=L.MAX_LINK_GBPS, description="NVLink bandwidth per GPU, GB/s (one direction); 0 = none.")
 
 
 _NODE_RANGE = re.compile(r"([0-9]{1,6})\s*-\s*([0-9]{1,6})")
 _NODES_SCHEMA = {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 100000},
-                           {"type": "string", "pattern": r"^\s*[0-9]{1,6}\s*-\s*[0-9]{1,6}\s*$"}]}
+                           {"type": "string", "pattern": r"^\s*[0-9]{1,6}\s*-\s*[0-9]{1,6}\s*$",
+                            "maxLength": 32}]}
 
 
 class ClusterConfig(Section):
@@ -41,12 +43,12 @@ class ClusterConfig(Section):
                                      "(with max_nodes; `nodes: 4-8` sets both).")
     max_nodes: Optional[int] = Field(None, ge=1, le=100000, description="Elastic: the most nodes the job runs on.")
     gpus_per_node: int = Field(8, ge=1, le=64, description="GPUs (= tasks) per node.")
-    gpu: str = Field("a100-80gb", min_length=1, description="GPU catalog name (see `hpctrain plan --help`).")
+    gpu: str = Field("a100-80gb", min_length=1, max_length=L.MAX_NAME_CHARS, description="GPU catalog name (see `hpctrain plan --help`).")
     gpu_spec: Optional[GpuSpec] = Field(None, description="Override or define the GPU's figures.")
-    node: Optional[str] = Field(None, min_length=1, description="Node catalog profile (e.g. dgx-a100).")
-    fabric: str = Field("ib-hdr200", min_length=1, description="Inter-node fabric catalog name.")
+    node: Optional[str] = Field(None, min_length=1, max_length=L.MAX_NAME_CHARS, description="Node catalog profile (e.g. dgx-a100).")
+    fabric: str = Field("ib-hdr200", min_length=1, max_length=L.MAX_NAME_CHARS, description="Inter-node fabric catalog name.")
     topology: Topology = Field(default_factory=Topology, description="Topology files for islands and leaf switches.")
-    runtime_overhead_gib: Optional[float] = Field(None, ge=0, description="Per-GPU memory the planner reserves.")
+    runtime_overhead_gib: Optional[float] = Field(None, ge=0, le=L.MAX_GPU_MEMORY_GIB, description="Per-GPU memory the planner reserves.")
 
     @model_validator(mode="before")
     @classmethod
@@ -100,7 +102,7 @@ class SlurmConfig(Section):
     )
     signal_seconds: int = Field(120, ge=10, le=65535, description="How long before the limit the signal comes.")
     max_requeues: int = Field(3, ge=0, le=1000, description="Requeues allowed before giving up.")
-    setup: list[str] = Field(default_factory=list, description="Shell lines run before training (module load ...). "
+    setup: list[Text] = Field(default_factory=list, max_length=L.MAX_LIST_ITEMS, description="Shell lines run before training (module load ...). "
                              "These are shell by design: they run as written.")
     extra: dict[SbatchOption, Union[str, int, bool]] = Field(default_factory=dict, description="Further sbatch options.")
 
@@ -109,8 +111,8 @@ class RecipeConfig(Section):
     """What goes into the Singularity/Apptainer image."""
 
     base_image: Text = Field("docker://nvcr.io/nvidia/pytorch:24.12-py3", description="Bootstrap image (CUDA + PyTorch).")
-    pip: list[Text] = Field(default_factory=list, description="Extra pip packages.")
-    apt: list[Text] = Field(default_factory=list, description="Extra Debian/Ubuntu packages.")
+    pip: list[Text] = Field(default_factory=list, max_length=L.MAX_LIST_ITEMS, description="Extra pip packages.")
+    apt: list[Text] = Field(default_factory=list, max_length=L.MAX_LIST_ITEMS, description="Extra Debian/Ubuntu packages.")
     hpctrain: Optional[Text] = Field(None, description="pip requirement that installs hpctrain in the image, e.g. "
                                      "a VCS URL (default: the checkout hpctrain runs from, copied in by %files).")
 
@@ -119,7 +121,7 @@ class ContainerConfig(Section):
     """Run the ranks inside a Singularity/Apptainer image (with --nv)."""
 
     image: Optional[Text] = Field(None, description="Path to the .sif image; unset runs on the host.")
-    binds: list[Text] = Field(default_factory=list, description="--bind specs, src[:dst[:opts]].")
+    binds: list[Text] = Field(default_factory=list, max_length=L.MAX_LIST_ITEMS, description="--bind specs, src[:dst[:opts]].")
     runtime: Literal["singularity", "apptainer"] = Field("singularity", description="Container command.")
     recipe: RecipeConfig = Field(default_factory=RecipeConfig, description="Image recipe options.")
 
@@ -136,8 +138,8 @@ class CheckpointConfig(Section):
     """Distributed checkpoints (torch.distributed.checkpoint) in step-N/ folders."""
 
     dir: Optional[Text] = Field(None, description="Checkpoint folder; default <run dir>/checkpoints.")
-    every_steps: int = Field(100, ge=1, description="Save every N steps (and on signal / at the end).")
-    keep_last: int = Field(2, ge=1, description="Complete checkpoints to keep.")
+    every_steps: int = Field(100, ge=1, le=L.MAX_STEPS, description="Save every N steps (and on signal / at the end).")
+    keep_last: int = Field(2, ge=1, le=L.MAX_CHECKPOINTS_KEPT, description="Complete checkpoints to keep.")
     async_: bool = Field(False, alias="async", description="Save in a background thread (DCP async_save).")
     adopt: bool = Field(False, description="Continue from checkpoints another run wrote in dir (refused "
                         "otherwise: a checkpoint folder belongs to one run); this run then owns the folder.")
@@ -161,11 +163,11 @@ class MonitorConfig(Section):
     nvidia_smi: bool = Field(False, description="Per-node nvidia-smi CSV every interval.")
     nvidia_smi_interval_s: int = Field(5, ge=1, le=3600, description="nvidia-smi sampling interval.")
     nsys: bool = Field(False, description="Wrap the ranks in `nsys profile` for nsys_steps.")
-    nsys_steps: list[int] = Field([10, 12], min_length=2, max_length=2, description="[first, last] profiled step.")
+    nsys_steps: list[Annotated[int, Field(ge=0, le=L.MAX_STEPS)]] = Field([10, 12], min_length=2, max_length=2, description="[first, last] profiled step.")
     torch_profiler: bool = Field(False, description="PyTorch profiler traces for a few steps.")
     py_spy: bool = Field(False, description="py-spy dump of every rank when the job nears its limit.")
-    py_spy_seconds_before_limit: int = Field(300, ge=10, description="When to dump.")
-    tracker: Union[TrackerName, list[TrackerName]] = Field(
+    py_spy_seconds_before_limit: int = Field(300, ge=10, le=L.MAX_SECONDS, description="When to dump.")
+    tracker: Union[TrackerName, Annotated[list[TrackerName], Field(max_length=8)]] = Field(
         "none", description="Experiment trackers fed by rank 0 from the metrics.jsonl records: none, tensorboard "
         "(event files in <run dir>/tensorboard), wandb, mlflow; one name or a list. Each needs its package "
         "(pip install 'hpctrain[tensorboard]' / '[wandb]' / '[mlflow]').")
@@ -187,5 +189,5 @@ class MonitorConfig(Section):
 class SweepConfig(Section):
     """A grid over dotted job keys, submitted as one job array."""
 
-    grid: dict[Text, list[Any]] = Field(..., min_length=1, description="Dotted key -> list of values.")
+    grid: dict[Text, Annotated[list[Any], Field(max_length=L.MAX_GRID_POINTS)]] = Field(..., min_length=1, max_length=L.MAX_GRID_KEYS, description="Dotted key -> list of values.")
     max_parallel: int = Field(4, ge=1, le=100000, description="Array tasks running at once (%K).")

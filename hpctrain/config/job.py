@@ -174,9 +174,6 @@ def _other_problems(job: Job) -> list[Problem]:
     if t.lr_schedule.warmup_steps >= t.steps and t.steps > 1:
         out.append(Problem("train.lr_schedule.warmup_steps", f"must be below train.steps={t.steps}",
                            t.lr_schedule.warmup_steps, f"use fewer than {t.steps} warm-up steps"))
-    for i, beta in enumerate(t.optimizer.betas):
-        if not 0 <= beta < 1:
-            out.append(Problem(f"train.optimizer.betas.{i}", "must be in [0, 1)", beta, "use e.g. [0.9, 0.95]"))
     if job.container.image is not None and not job.container.image.endswith(".sif"):
         out.append(Problem("container.image", "must be a .sif file", job.container.image,
                            "build one with `singularity build IMAGE.sif <recipe>` and give its path"))

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ValidationError
 
 from hpctrain.config.job import Job, Problem, cross_field_problems
 from hpctrain.config.overrides import apply_overrides
+from hpctrain.config.types import ENV_FIX
 from hpctrain.config.yaml_source import Path, Source, read_yaml_file
 from hpctrain.errors import ConfigError
 
@@ -61,6 +62,7 @@ _FIXES = {
     "zero_stage": "write 0, 1, 2, 3 or auto",
     "slurm_time": "write e.g. '04:00:00'",
     "env_name": "rename the variable",
+    "env_executes": ENV_FIX,
     "sbatch_option": "write the option name only, e.g. mail-type",
     "free_text": "write a non-empty string",
 }

@@ -6,6 +6,7 @@ from typing import Any, Literal, Optional
 
 from pydantic import Field, model_validator
 
+from hpctrain.config import limits as L
 from hpctrain.config.base import Section
 
 # Shapes from the model cards / papers: GPT-3 (Brown et al. 2020, Table 2.1), Llama 2 (Touvron et al.
@@ -42,17 +43,17 @@ class ModelConfig(Section):
     """The decoder-only transformer to train."""
 
     preset: Optional[PresetName] = Field(None, description="Start from a known shape; other fields override it.")
-    layers: Optional[int] = Field(None, ge=1, description="Number of transformer blocks.")
-    hidden: Optional[int] = Field(None, ge=1, description="Model width (embedding size).")
-    heads: Optional[int] = Field(None, ge=1, description="Attention (query) heads.")
-    kv_heads: Optional[int] = Field(None, ge=1, description="Key/value heads (GQA); defaults to heads.")
-    ffn_hidden: Optional[int] = Field(None, ge=1, description="FFN inner width; default 4h (gelu) or ~8h/3 (swiglu).")
-    vocab: Optional[int] = Field(None, ge=2, description="Vocabulary size.")
-    seq_len: Optional[int] = Field(None, ge=1, description="Training sequence length in tokens.")
+    layers: Optional[int] = Field(None, ge=1, le=L.MAX_LAYERS, description="Number of transformer blocks.")
+    hidden: Optional[int] = Field(None, ge=1, le=L.MAX_HIDDEN, description="Model width (embedding size).")
+    heads: Optional[int] = Field(None, ge=1, le=L.MAX_HEADS, description="Attention (query) heads.")
+    kv_heads: Optional[int] = Field(None, ge=1, le=L.MAX_HEADS, description="Key/value heads (GQA); defaults to heads.")
+    ffn_hidden: Optional[int] = Field(None, ge=1, le=L.MAX_FFN_HIDDEN, description="FFN inner width; default 4h (gelu) or ~8h/3 (swiglu).")
+    vocab: Optional[int] = Field(None, ge=2, le=L.MAX_VOCAB, description="Vocabulary size.")
+    seq_len: Optional[int] = Field(None, ge=1, le=L.MAX_SEQ_LEN, description="Training sequence length in tokens.")
     activation: Literal["gelu", "swiglu"] = Field("swiglu", description="FFN activation.")
     tie_embeddings: bool = Field(False, description="Share the input embedding with the output head.")
-    norm_eps: float = Field(1e-5, gt=0, description="RMSNorm epsilon.")
-    rope_theta: float = Field(10000.0, gt=0, description="RoPE base frequency.")
+    norm_eps: float = Field(1e-5, gt=0, le=1, description="RMSNorm epsilon.")
+    rope_theta: float = Field(10000.0, gt=0, le=L.MAX_ROPE_THETA, description="RoPE base frequency.")
 
     @model_validator(mode="before")
     @classmethod

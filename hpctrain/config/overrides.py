@@ -5,34 +5,36 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import yaml
-
-from hpctrain.config.yaml_source import Path, Source, plain_number
+from hpctrain.config.yaml_source import Path, Source, parse_value
 from hpctrain.errors import ConfigError
 
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*$")
 
 
-def parse_override(text: str) -> tuple[Path, Any]:
-    """Split `a.b=value` into the path and the YAML-parsed value."""
+def parse_override(text: str, source: Source | None = None) -> tuple[Path, Any]:
+    """Split `a.b=value` into the path and the YAML-parsed value.
+
+    The value is built under the same limits as the file (yaml_source.parse_value); with `source`,
+    it counts towards that job's total number of values.
+    """
     key, sep, raw = text.partition("=")
     key = key.strip()
     if not sep or not _KEY.match(key):
         raise ConfigError(f"--set {text}: (override): expected KEY=VALUE with a dotted key (got {text!r}); "
                           "e.g. --set parallel.tp=4")
-    try:
-        value = plain_number(yaml.safe_load(raw)) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw  # not valid YAML: take it as the literal string; validation decides
-    if isinstance(value, (dict, list)) and len(raw) > 10_000:
-        raise ConfigError(f"--set {text[:60]}...: (override): value too large; put it in the job file")
-    return tuple(key.split(".")), value
+    if len(raw) > 10_000:
+        raise ConfigError(f"--set {text[:60]}...: (override): value longer than 10000 characters; put it in "
+                          "the job file")
+    label = f"--set {text if len(text) <= 80 else text[:77] + '...'}"
+    path = tuple(key.split("."))
+    value = parse_value(raw, source if source is not None else Source("--set"), label, path) if raw.strip() else ""
+    return path, value
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str], source: Source) -> dict[str, Any]:
     """Set each override into data (creating mappings on the way) and record its origin in source."""
     for text in overrides:
-        path, value = parse_override(text)
+        path, value = parse_override(text, source)
         node: Any = data
         for depth, part in enumerate(path[:-1]):
             child = node.get(part) if isinstance(node, dict) else None

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Annotated, Literal, Optional
 
 from pydantic import Field
 
+from hpctrain.config import limits as L
 from hpctrain.config.base import Section
-from hpctrain.config.types import AutoPositiveInt, ZeroStage
+from hpctrain.config.types import Text, ZeroStage, auto_int
 
 
 class OptimizerConfig(Section):
@@ -15,10 +16,10 @@ class OptimizerConfig(Section):
 
     name: Literal["adamw", "sgd"] = Field("adamw", description="Optimizer.")
     lr: float = Field(3e-4, gt=0, le=10, description="Peak learning rate.")
-    betas: list[float] = Field([0.9, 0.95], min_length=2, max_length=2, description="AdamW betas, each in [0, 1).")
-    eps: float = Field(1e-8, gt=0, description="AdamW epsilon.")
-    weight_decay: float = Field(0.1, ge=0, description="Decoupled weight decay.")
-    grad_clip: Optional[float] = Field(1.0, gt=0, description="Clip the global gradient norm to this; null disables.")
+    betas: list[Annotated[float, Field(ge=0, lt=1)]] = Field([0.9, 0.95], min_length=2, max_length=2, description="AdamW betas, each in [0, 1).")
+    eps: float = Field(1e-8, gt=0, le=1, description="AdamW epsilon.")
+    weight_decay: float = Field(0.1, ge=0, le=100, description="Decoupled weight decay.")
+    grad_clip: Optional[float] = Field(1.0, gt=0, le=1e9, description="Clip the global gradient norm to this; null disables.")
     momentum: float = Field(0.0, ge=0, lt=1, description="SGD momentum.")
 
 
@@ -26,40 +27,40 @@ class LRSchedule(Section):
     """Linear warm-up, then cosine / linear decay to min_lr_ratio × lr, or constant."""
 
     kind: Literal["cosine", "linear", "constant"] = Field("cosine", description="Decay after warm-up.")
-    warmup_steps: int = Field(0, ge=0, description="Steps of linear warm-up from 0 to lr.")
+    warmup_steps: int = Field(0, ge=0, le=L.MAX_STEPS, description="Steps of linear warm-up from 0 to lr.")
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="Final lr as a fraction of lr.")
 
 
 class TrainConfig(Section):
     """What to train and how: batch, steps, precision, optimizer, data."""
 
-    global_batch: int = Field(8, ge=1, description="Sequences per optimizer step, over all data-parallel ranks.")
-    micro_batch: AutoPositiveInt = Field("auto", description="Sequences per forward pass per rank, or auto.")
-    steps: int = Field(100, ge=1, description="Optimizer steps to run.")
+    global_batch: int = Field(8, ge=1, le=L.MAX_GLOBAL_BATCH, description="Sequences per optimizer step, over all data-parallel ranks.")
+    micro_batch: auto_int(1, L.MAX_MICRO_BATCH) = Field("auto", description="Sequences per forward pass per rank, or auto.")
+    steps: int = Field(100, ge=1, le=L.MAX_STEPS, description="Optimizer steps to run.")
     precision: Literal["bf16", "fp16", "fp32"] = Field("bf16", description="Compute precision (master weights fp32).")
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig, description="Optimizer settings.")
     lr_schedule: LRSchedule = Field(default_factory=LRSchedule, description="Learning-rate schedule.")
     activation_checkpointing: Literal["auto", "none", "selective", "full"] = Field(
         "auto", description="Recompute activations in backward: none, selective (attention core), full (whole block)."
     )
-    data: str = Field("synthetic", min_length=1, description="'synthetic', or a flat token file from `hpctrain data prepare`.")
+    data: Text = Field("synthetic", description="'synthetic', or a flat token file from `hpctrain data prepare`.")
     data_dtype: Literal["auto", "uint16", "uint32"] = Field("auto", description="Token file element type.")
-    eval_data: Optional[str] = Field(None, min_length=1, description="Validation token file; default: the "
+    eval_data: Optional[Text] = Field(None, description="Validation token file; default: the "
                                      "validation file `data prepare --val-fraction` wrote beside train.data, if any.")
-    eval_every: int = Field(0, ge=0, description="Compute the validation loss every N steps (and at the end); 0 = never.")
-    eval_batches: int = Field(4, ge=1, description="Global batches per validation (the same ones every time).")
-    seed: int = Field(1234, ge=0, description="Seed for weights, data and dropout.")
-    log_every: int = Field(1, ge=1, description="Write a metrics line every N steps.")
+    eval_every: int = Field(0, ge=0, le=L.MAX_STEPS, description="Compute the validation loss every N steps (and at the end); 0 = never.")
+    eval_batches: int = Field(4, ge=1, le=L.MAX_GLOBAL_BATCH, description="Global batches per validation (the same ones every time).")
+    seed: int = Field(1234, ge=0, le=L.MAX_SEED, description="Seed for weights, data and dropout.")
+    log_every: int = Field(1, ge=1, le=L.MAX_STEPS, description="Write a metrics line every N steps.")
 
 
 class ParallelConfig(Section):
     """The layout: tensor (tp), pipeline (pp) and data (dp) parallel degrees and how each runs."""
 
-    tp: AutoPositiveInt = Field("auto", description="Tensor-parallel degree (kept inside an NVLink island).")
-    pp: AutoPositiveInt = Field("auto", description="Pipeline-parallel degree (stages).")
-    dp: AutoPositiveInt = Field("auto", description="Data-parallel degree (FSDP2 replicas/shards).")
+    tp: auto_int(1, L.MAX_GPUS_PER_NODE) = Field("auto", description="Tensor-parallel degree (kept inside an NVLink island).")
+    pp: auto_int(1, L.MAX_LAYERS) = Field("auto", description="Pipeline-parallel degree (stages).")
+    dp: auto_int(1, L.MAX_WORLD) = Field("auto", description="Data-parallel degree (FSDP2 replicas/shards).")
     schedule: Literal["auto", "gpipe", "1f1b", "interleaved-1f1b"] = Field("auto", description="Pipeline schedule.")
-    virtual_stages: AutoPositiveInt = Field("auto", description="Model chunks per pipeline rank (interleaved-1f1b).")
+    virtual_stages: auto_int(1, L.MAX_LAYERS) = Field("auto", description="Model chunks per pipeline rank (interleaved-1f1b).")
     zero: ZeroStage = Field("auto", description="ZeRO stage over dp: 0/1/2 keep params unsharded in compute, 3 reshards.")
     sequence_parallel: bool = Field(False, description="Shard norm/dropout activations over tp (needs tp > 1).")
     offload_optimizer: bool = Field(False, description="Keep optimizer states and the step on the CPU.")
@@ -68,8 +69,8 @@ class ParallelConfig(Section):
 class Placement(Section):
     """Filled by the planner in the resolved job: where each layer and rank goes."""
 
-    stage_layers: list[list[int]] = Field(
-        default_factory=list, description="[first, end) layer range per virtual stage, in pipeline order."
+    stage_layers: list[Annotated[list[Annotated[int, Field(ge=0, le=L.MAX_LAYERS)]], Field(min_length=2, max_length=2)]] = Field(
+        default_factory=list, max_length=L.MAX_LAYERS, description="[first, end) layer range per virtual stage, in pipeline order."
     )
-    rank_order: Optional[list[int]] = Field(None, description="Global rank -> slot order (tp innermost).")
-    switches: Optional[int] = Field(None, ge=1, description="sbatch --switches request, when one leaf fits the job.")
+    rank_order: Optional[list[Annotated[int, Field(ge=0, lt=L.MAX_WORLD)]]] = Field(None, max_length=L.MAX_WORLD, description="Global rank -> slot order (tp innermost).")
+    switches: Optional[int] = Field(None, ge=1, le=L.MAX_NODES, description="sbatch --switches request, when one leaf fits the job.")

@@ -19,8 +19,8 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def auto_int(minimum: int = 1) -> Any:
-    """An integer >= minimum, or the string "auto" (filled in by the planner)."""
+def auto_int(minimum: int, maximum: int) -> Any:
+    """An integer in [minimum, maximum], or the string "auto" (filled in by the planner)."""
 
     def check(value: Any) -> Union[int, str]:
         if value == AUTO:
@@ -29,13 +29,12 @@ def auto_int(minimum: int = 1) -> Any:
             raise PydanticCustomError("auto_int", f"expected an integer >= {minimum} or 'auto'")
         if value < minimum:
             raise PydanticCustomError("auto_int", f"must be >= {minimum} or 'auto'")
+        if value > maximum:
+            raise PydanticCustomError("auto_int", f"must be <= {maximum} or 'auto'")
         return int(value)
 
-    schema = {"anyOf": [{"type": "integer", "minimum": minimum}, {"const": AUTO}]}
+    schema = {"anyOf": [{"type": "integer", "minimum": minimum, "maximum": maximum}, {"const": AUTO}]}
     return Annotated[Union[int, Literal["auto"]], PlainValidator(check), WithJsonSchema(schema)]
-
-
-AutoPositiveInt = auto_int(1)
 
 ZeroStage = Annotated[
     Union[int, Literal["auto"]],
@@ -55,6 +54,11 @@ def _zero_stage(value: Any) -> Union[int, str]:
 _SLURM_TIME = re.compile(r"^(?:(\d+)-)?(\d{1,2}):(\d{2}):(\d{2})$|^(\d+)$")
 
 
+# Slurm stores a time limit in minutes as uint32; a job asking for more than a year is a typo, and
+# bounding it keeps every figure derived from it (the py-spy delay, the requeue budget) ordinary.
+MAX_SLURM_TIME_S = 366 * 24 * 3600
+
+
 def slurm_time_seconds(text: str) -> int:
     """Seconds in a Slurm time string ("MINUTES", "HH:MM:SS" or "D-HH:MM:SS")."""
     match = _SLURM_TIME.match(text)
@@ -67,29 +71,52 @@ def slurm_time_seconds(text: str) -> int:
 
 
 def _slurm_time(value: Any) -> str:
+    text = None
     if _is_int(value) and value > 0:
-        return str(value)
-    if isinstance(value, str) and _SLURM_TIME.match(value):
+        text = str(value)
+    elif isinstance(value, str) and len(value) <= 32 and _SLURM_TIME.match(value):
         _, _, minutes, seconds, _ = _SLURM_TIME.match(value).groups()  # type: ignore[union-attr]
         if minutes is None or (int(minutes) < 60 and int(seconds) < 60):
-            return value
-    raise PydanticCustomError("slurm_time", "expected a Slurm time such as '04:00:00', '2-00:00:00' or minutes")
+            text = value
+    if text is None:
+        raise PydanticCustomError("slurm_time", "expected a Slurm time such as '04:00:00', '2-00:00:00' or minutes")
+    if slurm_time_seconds(text) > MAX_SLURM_TIME_S:
+        raise PydanticCustomError("slurm_time", "is longer than 366 days")
+    return text
 
 
 SlurmTime = Annotated[
     str,
     PlainValidator(_slurm_time),
-    WithJsonSchema({"anyOf": [{"type": "string", "pattern": _SLURM_TIME.pattern}, {"type": "integer", "minimum": 1}]}),
+    WithJsonSchema({"anyOf": [{"type": "string", "pattern": _SLURM_TIME.pattern, "maxLength": 32},
+                              {"type": "integer", "minimum": 1, "maximum": MAX_SLURM_TIME_S // 60}]}),
 ]
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+
+# nccl.env is data: it tunes the communication libraries and must not change which programs or
+# libraries run. An ALLOW-list, not a deny-list: bash, glibc, Python, CUDA, MPI and each loader read
+# their own names (PATH, LD_PRELOAD, BASH_ENV, ENV, PYTHONPATH, GCONV_PATH, PERL5LIB, ...), and a
+# deny-list misses the next one; the prefixes of the libraries this section exists for are a closed set.
+ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "GLOO_", "TP_", "UCX_", "FI_", "NVSHMEM_",
+                "CUDA_", "PYTORCH_CUDA_", "MLX5_", "HCOLL_", "SHARP_", "OMP_")
+# Names within those prefixes that load code: NCCL's net/tuner/profiler plugins, libfabric's provider
+# folder, UCX's module folder, CUDA's injection library, OpenMP tools, NCCL's config file (it can name a
+# plugin), and any *_PATH / *_DIR search path.
+_LOADS_CODE = re.compile(r"PLUGIN|INJECTION|LIBRAR|CONF_FILE|_TOOL|_PATH$|_DIRS?$|_LIBS?$")
+ENV_FIX = ("put it in slurm.setup instead (those lines are shell by design), e.g. "
+           "`export NAME=value`; nccl.env takes names starting with " + ", ".join(ENV_PREFIXES))
 EnvName = Annotated[str, PlainValidator(lambda v: _env_name(v)), WithJsonSchema({"type": "string", "pattern": _ENV_NAME.pattern})]
 
 
 def _env_name(value: Any) -> str:
-    if isinstance(value, str) and _ENV_NAME.match(value):
-        return value
-    raise PydanticCustomError("env_name", "an environment variable name must match [A-Za-z_][A-Za-z0-9_]*")
+    if not (isinstance(value, str) and _ENV_NAME.match(value)):
+        raise PydanticCustomError("env_name", "an environment variable name must match [A-Za-z_][A-Za-z0-9_]* "
+                                  "(at most 128 characters)")
+    if not value.startswith(ENV_PREFIXES) or _LOADS_CODE.search(value):
+        raise PydanticCustomError("env_executes", "is not a communication-library setting, or it chooses code "
+                                  "to load (a search path, a plugin); nccl.env values are data")
+    return value
 
 
 _SBATCH_OPTION = re.compile(r"^[a-z][a-z0-9-]*$")

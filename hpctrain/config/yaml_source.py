@@ -28,6 +28,7 @@ except AttributeError:  # pragma: no cover - libyaml missing
     _Loader = yaml.SafeLoader
 
 _SCALAR = yaml.SafeLoader("")
+_COLLECTION_TAGS = ("tag:yaml.org,2002:map", "tag:yaml.org,2002:seq")
 # YAML 1.1 (PyYAML) reads 3e-4 as a string; YAML 1.2 and every user read it as a number.
 _EXPONENT_FLOAT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
 
@@ -46,6 +47,7 @@ class Source:
     filename: str
     lines: dict[Path, int] = field(default_factory=dict)
     overrides: dict[Path, str] = field(default_factory=dict)
+    values: int = 0  # values built so far, file and overrides together, against MAX_VALUES
 
     def locate(self, path: Path) -> str:
         """`FILE:LINE` (or `--set k=v`) for the deepest known prefix of path."""
@@ -67,20 +69,30 @@ def _fail(filename: str, line: int, message: str) -> ConfigError:
 
 
 class _Builder:
-    def __init__(self, source: Source) -> None:
+    """Builds plain values from nodes. With `label` (an override's `--set k=v`), errors are placed
+    there and no line numbers are recorded: the lines are the override's, not the file's."""
+
+    def __init__(self, source: Source, label: str = "") -> None:
         self.source = source
-        self.count = 0
+        self.label = label
+
+    def _error(self, node: yaml.Node, message: str) -> ConfigError:
+        if self.label:
+            return ConfigError(f"{self.label}: {message}")
+        return _fail(self.source.filename, node.start_mark.line + 1, message)
 
     def build(self, node: yaml.Node, path: Path) -> Any:
         if len(path) > MAX_DEPTH:
-            raise _fail(self.source.filename, node.start_mark.line + 1,
-                        f"{_dotted(path[:3])}...: nested more than {MAX_DEPTH} levels; a job is a few levels deep")
-        self.count += 1
-        if self.count > MAX_VALUES:
-            raise _fail(self.source.filename, node.start_mark.line + 1,
-                        f"{_dotted(path)}: the document expands to more than {MAX_VALUES} values "
-                        "(an alias bomb?); write the values out instead of nesting aliases")
-        self.source.lines.setdefault(path, node.start_mark.line + 1)
+            raise self._error(node, f"{_dotted(path[:3])}...: nested more than {MAX_DEPTH} levels; a job is a "
+                              "few levels deep")
+        self.source.values += 1
+        if self.source.values > MAX_VALUES:
+            raise self._error(node, f"{_dotted(path)}: the job expands to more than {MAX_VALUES} values "
+                              "(an alias bomb?); write the values out instead of nesting aliases")
+        if not self.label:
+            self.source.lines.setdefault(path, node.start_mark.line + 1)
+        if isinstance(node, (yaml.MappingNode, yaml.SequenceNode)) and node.tag not in _COLLECTION_TAGS:
+            raise self._error(node, f"{_dotted(path)}: unsupported YAML tag {node.tag}; remove the tag")
         if isinstance(node, yaml.MappingNode):
             return self._mapping(node, path)
         if isinstance(node, yaml.SequenceNode):
@@ -92,26 +104,25 @@ class _Builder:
         for key_node, value_node in node.value:
             line = key_node.start_mark.line + 1
             if key_node.tag == "tag:yaml.org,2002:merge":
-                raise _fail(self.source.filename, line, f"{_dotted(path)}: merge keys (<<) are not supported; "
-                            "write the keys out")
+                raise self._error(key_node, f"{_dotted(path)}: merge keys (<<) are not supported; write the keys out")
             key = self._scalar(key_node, path) if isinstance(key_node, yaml.ScalarNode) else None
             if not isinstance(key, str):
-                raise _fail(self.source.filename, line, f"{_dotted(path)}: keys must be strings (got "
-                            f"{key_node.value!r}); quote the key or fix the indentation")
+                raise self._error(key_node, f"{_dotted(path)}: keys must be strings (got {key_node.value!r:.60}); "
+                                  "quote the key or fix the indentation")
             if key in out:
                 first = self.source.lines.get(path + (key,), "?")
-                raise _fail(self.source.filename, line, f"{_dotted(path + (key,))}: duplicate key (first at line "
-                            f"{first}); keep only one")
-            self.source.lines[path + (key,)] = line
+                raise self._error(key_node, f"{_dotted(path + (key,))}: duplicate key (first at line {first}); "
+                                  "keep only one")
+            if not self.label:
+                self.source.lines[path + (key,)] = line
             out[key] = self.build(value_node, path + (key,))
         return out
 
     def _scalar(self, node: yaml.Node, path: Path) -> Any:
         constructor = yaml.SafeLoader.yaml_constructors.get(node.tag)
         if constructor is None or node.tag in ("tag:yaml.org,2002:binary", "tag:yaml.org,2002:timestamp"):
-            raise _fail(self.source.filename, node.start_mark.line + 1,
-                        f"{_dotted(path)}: unsupported YAML tag {node.tag} (got {node.value!r}); "
-                        "quote the value to make it a string")
+            raise self._error(node, f"{_dotted(path)}: unsupported YAML tag {node.tag} (got {node.value!r:.60}); "
+                              "quote the value to make it a string")
         value = constructor(_SCALAR, node)
         return plain_number(value) if not getattr(node, "style", None) else value  # "" (C) or None: plain
 
@@ -125,7 +136,7 @@ _OPEN = (yaml.FlowSequenceStartToken, yaml.FlowMappingStartToken, yaml.BlockSequ
 _CLOSE = (yaml.FlowSequenceEndToken, yaml.FlowMappingEndToken, yaml.BlockEndToken)
 
 
-def _check_depth(text: str, filename: str) -> None:
+def _check_depth(text: str, filename: str, label: str = "") -> None:
     """Refuse deep nesting before composing: the composer recurses (the C one can crash the process).
 
     The pure-Python scanner does the counting on purpose: libyaml (bundled with PyYAML >= 6.0.4) has
@@ -137,8 +148,8 @@ def _check_depth(text: str, filename: str) -> None:
         if isinstance(token, _OPEN):
             depth += 1
             if depth > 2 * MAX_DEPTH:  # a mapping level can take two tokens (indentless sequences)
-                raise _fail(filename, token.start_mark.line + 1, f"(document): nested more than {MAX_DEPTH} "
-                            "levels; a job is a few levels deep")
+                message = f"(document): nested more than {MAX_DEPTH} levels; a job is a few levels deep"
+                raise ConfigError(f"{label}: {message}") if label else _fail(filename, token.start_mark.line + 1, message)
         elif isinstance(token, _CLOSE):
             depth -= 1
 
@@ -171,6 +182,24 @@ def parse_yaml(text: str, filename: str) -> tuple[Any, Source]:
         raise _fail(filename, nodes[0].start_mark.line + 1, f"(document): a job must be a mapping of sections "
                     f"(got {type(data).__name__}); start with `name:` and `model:`")
     return data, source
+
+
+def parse_value(text: str, source: Source, label: str, path: Path = ()) -> Any:
+    """One override's value (`--set k=VALUE`) under the file's limits: depth, tags, duplicate keys and the
+    job's total value count (an alias bomb given through --set is refused like one in the file).
+
+    Text that is not YAML is taken as the literal string; validation decides whether it fits.
+    """
+    try:
+        _check_depth(text, source.filename, label)
+        node = yaml.compose(text, Loader=_Loader)
+    except yaml.YAMLError:
+        return text
+    except RecursionError:
+        raise ConfigError(f"{label}: (override): nested too deeply to read; a job is a few levels deep") from None
+    if node is None:
+        return ""
+    return _Builder(source, label).build(node, path)
 
 
 def read_yaml_file(path: str) -> tuple[Any, Source]:

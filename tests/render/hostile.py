@@ -98,7 +98,7 @@ def hostile_job(value: str, *, cover: str) -> dict[str, Any]:
     job.update(name=value, runs_dir=value)
     job["train"]["data"] = value
     job["checkpoint"] = {"dir": value}
-    job["nccl"] = {"socket_ifname": value, "ib_hca": value, "env": {"HPCT_TEST_ENV": value, "NCCL_ALGO": value}}
+    job["nccl"] = {"socket_ifname": value, "ib_hca": value, "env": {"NCCL_HPCT_TEST_ENV": value, "NCCL_ALGO": value}}
     if sbatch_safe(value):
         job["slurm"]["extra"] = {"comment": value}
     binds = [value] if "," not in value else []

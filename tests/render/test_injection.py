@@ -75,7 +75,7 @@ def test_hostile_value_runs_nothing_and_arrives_intact(value: str, tmp_path: Pat
     assert list(Path(run_dir).glob("nvidia-smi-*.csv")) and list(Path(run_dir).glob("py-spy-*.txt"))
     # The environment the ranks see.
     env = run.runtime_env
-    for name in ("HPCT_TEST_ENV", "NCCL_ALGO", "NCCL_SOCKET_IFNAME", "NCCL_IB_HCA"):
+    for name in ("NCCL_HPCT_TEST_ENV", "NCCL_ALGO", "NCCL_SOCKET_IFNAME", "NCCL_IB_HCA"):
         assert env[name] == value, name
     assert env["HPCTRAIN_REQUEUE_MARKER"] == f"{run_dir}/requeue-requested"
     assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == f"{run_dir}/nccl-flight-recorder-rank-"
