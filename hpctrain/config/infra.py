@@ -36,7 +36,9 @@ _NODES_SCHEMA = {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 100000},
 class ClusterConfig(Section):
     """The machines: how many nodes and GPUs, which GPU, node profile and fabric."""
 
-    executor: Literal["auto", "slurm", "local"] = Field("auto", description="slurm if sbatch is on PATH, else local.")
+    executor: Literal["auto", "slurm", "local", "volcano"] = Field(
+        "auto", description="slurm if sbatch is on PATH, else local; volcano: a Volcano Job on Kubernetes "
+        "(needs the kubernetes section).")
     nodes: Annotated[int, WithJsonSchema(_NODES_SCHEMA)] = Field(1, ge=1, le=100000, description="Number of nodes, or a range such as '4-8' (elastic: Slurm "
                        "starts the job on any count in it and each start re-plans the layout for the nodes it got).")
     min_nodes: Optional[int] = Field(None, ge=1, le=100000, description="Elastic: the fewest nodes the job runs on "

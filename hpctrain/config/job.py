@@ -18,6 +18,7 @@ from hpctrain.config.infra import (
     SlurmConfig,
     SweepConfig,
 )
+from hpctrain.config.kubernetes import KubernetesConfig
 from hpctrain.config.model import ModelConfig
 from hpctrain.config.training import ParallelConfig, Placement, TrainConfig
 from hpctrain.config.types import Text
@@ -42,6 +43,8 @@ class Job(Section):
     nccl: NcclConfig = Field(default_factory=NcclConfig, description="NCCL environment.")
     monitor: MonitorConfig = Field(default_factory=MonitorConfig, description="Optional monitors.")
     sweep: Optional[SweepConfig] = Field(None, description="Grid for `hpctrain sweep`.")
+    kubernetes: Optional[KubernetesConfig] = Field(None, description="Kubernetes with Volcano "
+                                                   "(cluster.executor: volcano).")
 
     @property
     def world_size(self) -> int:
@@ -221,4 +224,7 @@ def cross_field_problems(job: Job) -> list[Problem]:
     model = _model_problems(job)
     if model:
         return model
-    return _elastic_problems(job) or (_parallel_problems(job) + _other_problems(job) + _tracker_problems(job))
+    from hpctrain.config.kubernetes_checks import kubernetes_problems
+
+    return _elastic_problems(job) or (_parallel_problems(job) + _other_problems(job) + _tracker_problems(job)
+                                      + kubernetes_problems(job))

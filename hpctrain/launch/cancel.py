@@ -39,6 +39,12 @@ def cancel_run(run_dir: Path, task_id: Optional[int] = None,
             raise ConfigError("--task: the local executor cancels a whole sweep; drop --task")
         if not local_executor.cancel(job_id):
             return job_id, run_status(run_dir)["state"]
+    elif sub.get("executor") == "volcano":
+        from hpctrain.launch.kubectl import Kubectl
+
+        if task_id is not None:
+            raise ConfigError("--task: a volcano job is one Job, not a sweep; drop --task")
+        Kubectl().delete(job_id)
     else:
         (commands or SlurmCommands()).scancel(job_id)
     rundir.append_event(run_dir, "cancel_requested", job_id=job_id, executor=sub.get("executor"))

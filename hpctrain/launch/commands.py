@@ -88,7 +88,8 @@ def _print_submission(submission: Any, dry_run: bool) -> None:
 
     print(submission.executor_note, file=sys.stderr)
     if dry_run:
-        where = f"; script {submission.script_path}" if submission.script_path else ""
+        kind = "manifest" if submission.executor == "volcano" else "script"
+        where = f"; {kind} {submission.script_path}" if submission.script_path else ""
         where += f"; recipe {submission.recipe_path}" if submission.recipe_path else ""
         print(f"dry run: nothing submitted{where}")
     else:
@@ -185,8 +186,19 @@ def run_logs(args: argparse.Namespace) -> int:
     import sys
 
     from hpctrain.launch.logs import pick_logs
+    from hpctrain.launch.rundir import last_submission
 
-    files, note = pick_logs(_find(args), args.rank, args.attempt)
+    run_dir = _find(args)
+    sub = last_submission(run_dir) or {}
+    if sub.get("executor") == "volcano" and sub.get("job_id"):
+        from hpctrain.launch.kubectl import Kubectl
+
+        # The ranks' logs are on the shared volume (<pvc>/<run>/logs); here, the pods' own output.
+        print(f"hpctrain logs: pod output of {sub['job_id']}; rank logs are in {sub.get('pod_run_dir')}/logs on "
+              "the shared volume", file=sys.stderr)
+        sys.stdout.write(Kubectl().logs(str(sub["job_id"])))
+        return 0
+    files, note = pick_logs(run_dir, args.rank, args.attempt)
     if note:
         print(f"hpctrain logs: {note}", file=sys.stderr)
     for log in files:

@@ -79,6 +79,11 @@ def task_status(run_dir: Path, job_id: Optional[str], executor: Optional[str],
 
         local = task_record(run_dir, job_id)
         state, reason, scheduler_restarts = local.get("state", "UNKNOWN"), local.get("reason"), 0
+    elif executor == "volcano":
+        from hpctrain.launch.kubectl import PHASE_STATES, Kubectl
+
+        phase = Kubectl().phase(str(job_id))
+        state, scheduler_restarts = PHASE_STATES.get(phase, phase.upper()), 0
     else:
         state = record.state if record else "UNKNOWN"
         scheduler_restarts = (record.restarts or 0) if record else 0

@@ -87,7 +87,8 @@ def submit_job(job: Job, *, dry_run: bool = False, commands: Optional[SlurmComma
     if kind == "local":
         check_local(job)
     resolved, plan = stages.resolve(job)
-    if not dry_run:  # a dry run may render for a cluster whose file system this machine does not see
+    if not dry_run and kind != "volcano":  # a volcano job's paths are the pods' (on kubernetes.pvc), not ours
+        # a dry run may render for a cluster whose file system this machine does not see
         check_data(resolved)  # before the run directory exists: a bad token file submits nothing
         if job.checkpoint.dir:  # a new run owns nothing: another run's checkpoints are refused here
             stages.check_checkpoint_dir(Path(job.checkpoint.dir), None, job.checkpoint.adopt)
@@ -108,6 +109,10 @@ def launch(run_dir: Path, resolved: Job, kind: str, note: str, tasks: list[TaskS
     `resolved` is the job the sbatch script is rendered from (for a sweep, its first point).
     """
     out = Submission(run_dir, kind, note, array=array)
+    if kind == "volcano":
+        from hpctrain.launch.volcano_submit import launch_volcano
+
+        return launch_volcano(out, resolved, array=array, dry_run=dry_run)
     if kind == "slurm" or dry_run:  # a dry run shows what Slurm would get whatever the executor
         script, out.script_path = write_script(run_dir, resolved, array)
     if dry_run:

@@ -9,7 +9,7 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     from hpctrain.cli import add_set_option
 
     render = subparsers.add_parser(
-        "render", help="write the sbatch script, the container recipe and the resolved job",
+        "render", help="write the sbatch script, the container recipe and the resolved job (vcjob.yaml for volcano)",
         description="Resolve the job (the planner fills every 'auto'), then write job.sbatch, recipe.def and "
                     "job.resolved.yaml to DIR and print their paths. Every job.yaml value is quoted data in "
                     "the script; only slurm.setup lines are shell.")
@@ -35,6 +35,15 @@ def run_render(args: argparse.Namespace) -> int:
 
     job = load_job(args.job, args.overrides)
     out_dir = args.output_dir or os.path.join(job.runs_dir, f"{slurm_job_name(job.name)}-rendered")
+    if job.cluster.executor == "volcano":
+        from hpctrain.render.vcjob import render_vcjob, write_vcjob
+
+        if args.stdout:
+            print(render_vcjob(job, run_dir=args.run_dir), end="")
+            return 0
+        for path in write_vcjob(job, out_dir, run_dir=args.run_dir).values():
+            print(path)
+        return 0
     if args.stdout:
         print(render_script(job, run_dir=args.run_dir or out_dir, template_dir=args.template_dir), end="")
         return 0

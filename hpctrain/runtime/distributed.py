@@ -10,7 +10,11 @@ Three launchers are recognised, in this order:
    MASTER_PORT if set, else derived from SLURM_JOB_ID and SLURM_RESTART_COUNT (`port_for_job`), so
    every rank computes the same port without talking and a requeued attempt does not meet the
    previous attempt's sockets in TIME_WAIT.
-3. Otherwise a single process.
+3. A Volcano pod (VC_TASK_INDEX, hpctrain/rundir/volcano.py): the pod launcher (hpctrain/launch/pod.py)
+   gives each rank torchrun's variables, so case 1 applies with launcher "volcano" and the attempt
+   from HPCTRAIN_ATTEMPT; a pod started without the launcher is one rank: node rank = task index,
+   world = the svc plugin's host count, master = its first host.
+4. Otherwise a single process.
 
 `detect_env` is a pure function of the environment mapping (table-tested); `init_distributed`
 joins the process group: NCCL on GPUs, gloo on CPU. Nothing here imports torch at module level.
@@ -27,7 +31,8 @@ from typing import Any, Optional
 
 from hpctrain.errors import ConfigError
 from hpctrain.rundir.ports import master_port
-from hpctrain.rundir.ranks import check_rank_order, global_rank
+from hpctrain.rundir.ranks import ATTEMPT_ENV, check_rank_order, global_rank
+from hpctrain.rundir.volcano import in_volcano_pod, pod_rendezvous
 
 DEFAULT_TIMEOUT_S = 1800.0
 
@@ -41,7 +46,7 @@ class DistEnv:
     local_rank: int
     master_addr: str
     master_port: int
-    launcher: str  # "torchrun", "slurm" or "single"
+    launcher: str  # "torchrun", "slurm", "volcano" or "single"
     attempt: int = 0  # SLURM_RESTART_COUNT: how many times Slurm requeued this job
 
 
@@ -81,6 +86,8 @@ def detect_env(environ: Mapping[str, str] | None = None) -> DistEnv:
     """Rank, world size and rendezvous from torchrun's or Slurm's variables, or a single process."""
     env = os.environ if environ is None else environ
     attempt = int(env.get("SLURM_RESTART_COUNT", "0") or 0)
+    if in_volcano_pod(env):
+        return _volcano_env(env)
     if "RANK" in env and "WORLD_SIZE" in env:
         return DistEnv(
             rank=_int(env, "RANK"),
@@ -106,6 +113,19 @@ def detect_env(environ: Mapping[str, str] | None = None) -> DistEnv:
         )
     return DistEnv(rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1", master_port=0,
                    launcher="single", attempt=attempt)
+
+
+def _volcano_env(env: Mapping[str, str]) -> DistEnv:
+    """A rank in a Volcano pod: the pod launcher's torchrun variables, or the pod itself as one rank."""
+    attempt = _int(env, ATTEMPT_ENV) if env.get(ATTEMPT_ENV) else 0
+    if "RANK" in env and "WORLD_SIZE" in env and "MASTER_ADDR" in env and "MASTER_PORT" in env:
+        return DistEnv(rank=_int(env, "RANK"), world_size=_int(env, "WORLD_SIZE"),
+                       local_rank=_int(env, "LOCAL_RANK") if "LOCAL_RANK" in env else 0,
+                       master_addr=env["MASTER_ADDR"], master_port=_int(env, "MASTER_PORT"),
+                       launcher="volcano", attempt=attempt)
+    pod = pod_rendezvous(env)
+    return DistEnv(rank=pod.node_rank, world_size=pod.nodes, local_rank=0, master_addr=pod.master_addr,
+                   master_port=pod.master_port, launcher="volcano", attempt=attempt)
 
 
 def place_rank(env: DistEnv, rank_order: Optional[list[int]], gpus_per_node: int) -> DistEnv:
