@@ -158,14 +158,31 @@ def vcjob_manifest(job: Any, *, run_dir: Optional[str] = None) -> dict[str, Any]
 
 
 def render_vcjob(job: Any, *, run_dir: Optional[str] = None) -> str:
-    """vcjob.yaml's text: the manifest dumped with yaml.safe_dump (every value a quoted-as-needed scalar)."""
+    """vcjob.yaml's text: the manifest dumped by yaml's SafeDumper (every value a scalar, quoted as needed)."""
     import yaml
 
     from hpctrain.render.rendering import resolve
 
     job = resolve(job)
     header = "# Volcano Job rendered by hpctrain; create it with `kubectl create -f vcjob.yaml`.\n"
-    return header + yaml.safe_dump(vcjob_manifest(job, run_dir=run_dir), sort_keys=False, width=120)
+    return header + yaml.dump(vcjob_manifest(job, run_dir=run_dir), Dumper=_dumper(), sort_keys=False, width=120)
+
+
+def _dumper() -> Any:
+    """yaml.SafeDumper writing multi-line strings (the resolved job) as `|` blocks, one line per line, so a
+    golden diff shows the changed line. The emitter itself falls back to a quoted scalar for any string a
+    block cannot carry exactly (trailing spaces, control characters), so this changes layout, never values."""
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    def text(dumper: Any, value: str) -> Any:
+        style = "|" if "\n" in value else None
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+    Dumper.add_representer(str, text)
+    return Dumper
 
 
 def write_vcjob(job: Any, out_dir: str | Path, *, run_dir: Optional[str] = None) -> dict[str, Path]:
