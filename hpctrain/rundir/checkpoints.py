@@ -64,6 +64,8 @@ def read_metadata(folder: str) -> dict[str, Any]:
     path = os.path.join(folder, METADATA_FILE)
     if not os.path.exists(path):
         raise InvalidCheckpoint(f"no {METADATA_FILE} (the save did not finish)")
+    if not os.path.isfile(path):  # a FIFO or a folder: opening it could block, reading it is meaningless
+        raise InvalidCheckpoint(f"{METADATA_FILE} is not a regular file")
     try:
         with open(path, encoding="utf-8") as handle:
             data = json.load(handle)
@@ -103,6 +105,8 @@ def _size_problem(folder: str, name: str, entry: Any) -> Optional[str]:
 
 # -- file checksums ---------------------------------------------------------------------------
 def file_sha256(path: str) -> str:
+    if not os.path.isfile(path):  # never open a FIFO planted in a checkpoint folder (it would block)
+        raise OSError(errno.EINVAL, "not a regular file", path)
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         while chunk := handle.read(_CHUNK_BYTES):
@@ -203,6 +207,8 @@ def run_identity(run_dir: str) -> str:
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except FileExistsError:
+        if not os.path.isfile(path):
+            raise InvalidCheckpoint(f"{path} is not a regular file") from None
         with open(path, encoding="utf-8", errors="replace") as handle:
             text = handle.read(200).strip()
         if re.fullmatch(r"[0-9a-f]{32}", text):
@@ -222,8 +228,11 @@ def run_record(run_id: str, run_dir: str) -> dict[str, str]:
 
 
 def _owner_claim(folder: str) -> Optional[dict[str, Any]]:
+    path = os.path.join(folder, OWNER_FILE)
+    if not os.path.isfile(path):
+        return None
     try:
-        with open(os.path.join(folder, OWNER_FILE), encoding="utf-8") as handle:
+        with open(path, encoding="utf-8") as handle:
             data = json.load(handle)
     except (OSError, ValueError):
         return None  # none, or unreadable: the checkpoints' own records decide

@@ -38,7 +38,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 import hpctrain
-from hpctrain.errors import ConfigError, HpctrainError
+from hpctrain.errors import HpctrainError
 from hpctrain.runtime import rng_state
 from hpctrain.runtime.distributed import barrier
 from hpctrain.runtime.safe_dcp import SafePlanner, SafeReader
