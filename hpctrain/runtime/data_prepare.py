@@ -29,7 +29,7 @@ import numpy as np
 
 from hpctrain.errors import ConfigError
 from hpctrain.runtime.data_sources import Piece, expand_inputs, pieces
-from hpctrain.runtime.tokenizer import BYTES, NEWLINE, Encoder, TokenizerInfo, describe
+from hpctrain.runtime.tokenizer import BYTES, Encoder, TokenizerInfo, describe
 
 CHUNK_CHARS = 1 << 20
 SIDECAR_FORMAT = "hpctrain-tokens/1"
@@ -86,7 +86,8 @@ def _encode_chunk(chunk: list[Piece], fraction: float, dtype: str) -> tuple[byte
         if piece.last:
             docs[val] += 1
             # bytes: a newline only where the document lacks one (today's format); else always EOS.
-            need = info.name != BYTES or not piece.text.endswith("\n")
+            text = piece.text
+            need = info.name != BYTES or not text.endswith(b"\n" if isinstance(text, bytes) else "\n")
             if need:
                 out[val].append(info.eos_id)
             added[val] = need
@@ -227,7 +228,7 @@ def prepare(inputs: Sequence[str], output: str, tokenizer: str = BYTES, field_na
     shown = _Progress(progress)
     start = time.perf_counter()
     try:
-        for train, val, t_docs, v_docs, t_sep, v_sep in _run(_chunks(pieces(files, field_name)), info, workers,
+        for train, val, t_docs, v_docs, t_sep, v_sep in _run(_chunks(pieces(files, field_name, raw=info.name == BYTES)), info, workers,
                                                               val_fraction, dtype):
             sinks[0].write(train, t_docs, t_sep)
             if val_out:

@@ -30,7 +30,7 @@ class Piece:
     """Text of document `doc` (numbered over all inputs, from 0); `last` ends the document."""
 
     doc: int
-    text: str
+    text: str | bytes  # bytes: a text file read for the byte tokenizer, exactly as stored
     last: bool
 
 
@@ -71,10 +71,11 @@ def expand_inputs(inputs: Sequence[str]) -> list[str]:
     return files
 
 
-def _text_pieces(text: str) -> Iterator[tuple[str, bool]]:
+def _text_pieces(text: str | bytes) -> Iterator[tuple[str | bytes, bool]]:
     start = 0
+    newline = b"\n" if isinstance(text, bytes) else "\n"
     while len(text) - start > PIECE_CHARS:
-        cut = text.rfind("\n", start + PIECE_CHARS // 2, start + PIECE_CHARS)
+        cut = text.rfind(newline, start + PIECE_CHARS // 2, start + PIECE_CHARS)  # type: ignore[arg-type]
         cut = start + PIECE_CHARS if cut < 0 else cut + 1
         yield text[start:cut], False
         start = cut
@@ -117,8 +118,8 @@ def _parquet_texts(path: str, field: str) -> Iterator[str]:
                 yield str(value)
 
 
-def documents(path: str, field: str) -> Iterator[str]:
-    """The documents of one file, in file order."""
+def documents(path: str, field: str, raw: bool = False) -> Iterator[str | bytes]:
+    """The documents of one file, in file order; `raw`: a text file as its bytes (nothing decoded)."""
     kind = _kind(path)
     if kind == "jsonl":
         yield from _jsonl_texts(path, field)
@@ -126,14 +127,15 @@ def documents(path: str, field: str) -> Iterator[str]:
         yield from _parquet_texts(path, field)
     else:
         with open(path, "rb") as handle:
-            yield handle.read().decode("utf-8", errors="replace")
+            data = handle.read()
+        yield data if raw else data.decode("utf-8", errors="replace")
 
 
-def pieces(files: Sequence[str], field: str) -> Iterator[Piece]:
+def pieces(files: Sequence[str], field: str, raw: bool = False) -> Iterator[Piece]:
     """Every document of every file, numbered in input order, cut into pieces."""
     doc = 0
     for path in files:
-        for text in documents(path, field):
+        for text in documents(path, field, raw):
             for part, last in _text_pieces(text):
                 yield Piece(doc, part, last)
             doc += 1

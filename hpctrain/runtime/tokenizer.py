@@ -78,10 +78,12 @@ class Encoder:
         self.info = info
         self._tok = None if info.name == BYTES else _load_hf(info.name)
 
-    def encode(self, texts: Sequence[str]) -> list[list[int]]:
-        if self._tok is None:
-            return [list(text.encode("utf-8")) for text in texts]
-        return [enc.ids for enc in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+    def encode(self, texts: Sequence[str | bytes]) -> list[list[int]]:
+        if self._tok is None:  # bytes: text files arrive undecoded, JSON/Parquet text as str
+            return [list(t if isinstance(t, bytes) else t.encode("utf-8")) for t in texts]
+        return [enc.ids for enc in self._tok.encode_batch(
+            [t.decode("utf-8", errors="replace") if isinstance(t, bytes) else t for t in texts],
+            add_special_tokens=False)]
 
 
 def train_bpe(files: Sequence[str], output: str, vocab_size: int, min_frequency: int = 2) -> TokenizerInfo:

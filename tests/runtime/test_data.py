@@ -79,6 +79,13 @@ def test_prepare_bytes_round_trip(tmp_path) -> None:
     assert resolve_dtype(out, "auto", 50000) == np.uint16
 
 
+def test_prepare_bytes_keeps_undecodable_bytes(tmp_path) -> None:
+    raw = b"caf\xe9 latin-1\n\xff\xfe"
+    (tmp_path / "a.txt").write_bytes(raw)
+    prepare([str(tmp_path / "a.txt")], str(tmp_path / "t.bin"))
+    assert np.fromfile(tmp_path / "t.bin", dtype=np.uint16).tolist() == list(raw)
+
+
 def test_prepare_rejects_bad_inputs(tmp_path) -> None:
     with pytest.raises(ConfigError, match="no such file"):
         prepare([str(tmp_path / "missing.txt")], str(tmp_path / "t.bin"))
