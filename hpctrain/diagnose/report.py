@@ -165,10 +165,9 @@ def sweep_rows(sweep_dir: Path) -> list[SweepRow]:
     """One row per task of sweep.json, ranked by measured tokens/s (unmeasured last)."""
     from hpctrain.diagnose.doctor import run_state
 
-    from hpctrain.rundir.layout import SWEEP_FILE
-    from hpctrain.rundir.read import read_json_object
+    from hpctrain.rundir.sweep_file import read_sweep
 
-    data = read_json_object(sweep_dir / SWEEP_FILE) or {}
+    data = read_sweep(sweep_dir)
     rows = []
     for task in data.get("tasks", []):
         run = load_run(sweep_dir / task["run_dir"])

@@ -17,6 +17,7 @@ from hpctrain.launch.slurm_commands import SlurmCommands
 from hpctrain.rundir.layout import RESOLVED_FILE
 from hpctrain.rundir.metrics import last_metrics, last_value
 from hpctrain.rundir.read import read_yaml_mapping
+from hpctrain.rundir.sweep_file import read_sweep
 
 ACTIVE = parsers.ACTIVE_STATES | {"SUBMITTED"}
 # The local executor's own live states. Its STOPPED (a stop that nothing requeued) has ended, whereas Slurm's
@@ -125,7 +126,7 @@ def run_status(run_dir: Path, commands: Optional[SlurmCommands] = None) -> dict[
     if not rundir.is_sweep(run_dir):
         status = task_status(run_dir, job_id, executor, records.get(str(job_id)) if job_id else None)
         return {"kind": "job", "name": name, **status}
-    sweep = rundir.read_json(run_dir / rundir.SWEEP_FILE) or {}
+    sweep = read_sweep(run_dir)
     tasks = []
     for entry in sweep.get("tasks", []):
         task_id = entry["task_id"]

@@ -72,6 +72,11 @@ def _local_state_of_wrong_type(run: Path) -> str:
     return "local.json: field 'state' is 5 (int), not str"
 
 
+def _sweep_of_wrong_type(run: Path) -> str:
+    (run / "sweep.json").write_text(json.dumps({"job_id": "local-1", "tasks": [{"task_id": "zero", "run_dir": "tasks/0"}]}))
+    return "sweep.json: field 'task_id' is 'zero' (str), not int"
+
+
 CASES = [
     pytest.param(["status"], _non_utf8_events, id="status-events-not-utf8"),
     pytest.param(["resume"], _non_utf8_events, id="resume-events-not-utf8"),
@@ -81,6 +86,8 @@ CASES = [
     pytest.param(["report", "--no-plots"], _rank_of_wrong_type, id="report-rank-summary-wrong-type"),
     pytest.param(["status"], _local_state_of_wrong_type, id="status-local-state-wrong-type"),
     pytest.param(["doctor", "--no-scheduler"], _local_state_of_wrong_type, id="doctor-local-state-wrong-type"),
+    pytest.param(["status"], _sweep_of_wrong_type, id="status-sweep-wrong-type"),
+    pytest.param(["report", "--no-plots"], _sweep_of_wrong_type, id="report-sweep-wrong-type"),
 ]
 
 
