@@ -21,6 +21,7 @@ from hpctrain.launch.rundir import write_json
 from hpctrain.rundir.layout import SUBMIT_DIR
 from hpctrain.rundir.local_state import local_state_path, read_local_state
 from hpctrain.launch.stages import runtime_argv
+from hpctrain.rundir.lock import RunLock, acquire
 
 SUPERVISOR_MODULE = "hpctrain.launch.local_supervisor"
 
@@ -37,12 +38,24 @@ class LocalExecutor:
                max_parallel: int = 1) -> tuple[str, subprocess.Popen[bytes]]:
         """Start the supervisor for `tasks` (task id, run dir holding job.resolved.yaml, that job); return
         (job id, supervisor process)."""
+        # A single job's run directory may hold live ranks (a resume): take its lock before touching anything
+        # there and hand it to the supervisor, so that no second set can start in between (RunLockedError,
+        # exit 2). A sweep's task directories are new; the supervisor locks each when it starts it.
+        held = acquire(tasks[0][1]) if len(tasks) == 1 and tasks[0][0] is None else None
+        try:
+            return self._start(root, tasks, max_parallel, held)
+        finally:
+            if held is not None:
+                held.release()  # the supervisor holds its inherited copy
+
+    def _start(self, root: Path, tasks: list[tuple[Optional[int], Path, Job]], max_parallel: int,
+               held: Optional[RunLock]) -> tuple[str, subprocess.Popen[bytes]]:
         spec = {"max_parallel": max_parallel,
                 # runtime.python, as in the batch script; else the interpreter running hpctrain now
                 "tasks": [{"task_id": task_id, "run_dir": str(path),
                            "argv": runtime_argv(path, job.runtime.python or self.python),
                            "world_size": job.world_size, "gpus_per_node": job.cluster.gpus_per_node,
-                           "env": rank_environment(job)}
+                           "env": rank_environment(job), "lock_fd": held.fd if held is not None else None}
                           for task_id, path, job in tasks]}
         spec_path = root / SUBMIT_DIR / sup.SPEC_FILE
         write_json(spec_path, spec)
@@ -50,7 +63,8 @@ class LocalExecutor:
             write_json(local_state_path(path), {"state": "PENDING"})
         with open(root / SUBMIT_DIR / "supervisor.log", "ab") as log:
             proc = subprocess.Popen([self.python, "-m", SUPERVISOR_MODULE, str(spec_path)], stdin=subprocess.DEVNULL,
-                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                    pass_fds=(held.fd,) if held is not None else ())
         return f"local-{proc.pid}", proc
 
 

@@ -27,7 +27,7 @@ from typing import Any, Optional
 
 from hpctrain.errors import HpctrainError
 from hpctrain.launch.rundir import append_event, read_events, read_json, write_json
-from hpctrain.rundir.lock import RunLock, RunLockedError, acquire
+from hpctrain.rundir.lock import RunLock, RunLockedError, acquire, adopt
 from hpctrain.rundir.layout import LOGS_DIR
 from hpctrain.rundir.local_state import local_state_path
 from hpctrain.rundir.ranks import ATTEMPT_ENV, LOG_DIR_ENV, global_rank, next_attempt, rank_order_of, task_log_name
@@ -98,6 +98,7 @@ class Task:
     attempt: int = 0
     lock: Optional[RunLock] = None
     events_before: int = 0  # events.jsonl records written before this attempt started
+    lock_fd: Optional[int] = None  # the run directory's lock, taken by the submitting client and inherited
 
     def save(self, **extra: Any) -> None:
         path = local_state_path(self.run_dir)
@@ -118,7 +119,8 @@ class Task:
 
     def start(self) -> None:
         try:  # one live set of ranks per run directory (rundir/lock.py); the ranks inherit the lock
-            self.lock = acquire(self.run_dir, self.job_id)
+            self.lock = (adopt(self.run_dir, self.lock_fd, self.job_id) if self.lock_fd is not None
+                         else acquire(self.run_dir, self.job_id))
         except RunLockedError as exc:
             self.finish("FAILED", str(exc))
             return
@@ -218,7 +220,7 @@ class Task:
 class Supervisor:
     def __init__(self, spec: dict[str, Any]) -> None:
         self.tasks = [Task(Path(t["run_dir"]), t["world_size"], t["gpus_per_node"], t["argv"], t.get("task_id"),
-                           {str(k): str(v) for k, v in (t.get("env") or {}).items()})
+                           {str(k): str(v) for k, v in (t.get("env") or {}).items()}, lock_fd=t.get("lock_fd"))
                       for t in spec["tasks"]]
         self.max_parallel = max(1, int(spec.get("max_parallel", 1)))
         self.cancelled = False

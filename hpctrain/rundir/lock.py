@@ -147,6 +147,14 @@ def acquire(run_dir: Path, job_id: Optional[str] = None) -> RunLock:
     return lock
 
 
+def adopt(run_dir: Path, fd: int, job_id: Optional[str] = None) -> RunLock:
+    """The lock held through an inherited descriptor `fd` (the client took it and passed it on); this process
+    becomes the owner named in the file."""
+    lock = RunLock(lock_path(run_dir), fd, Owner(socket.gethostname(), os.getpid(), job_id, time.time()))
+    lock.update()
+    return lock
+
+
 def live_owner(run_dir: Path) -> Optional[Owner]:
     """The owner of a live set of ranks in run_dir, or None when no process holds the lock."""
     path = lock_path(run_dir)

@@ -2,7 +2,8 @@
 
 One process per GPU (srun, torchrun, or a single process). Exit codes (ARCHITECTURE.md 4):
 0 trained (or stopped cleanly after a checkpoint on slurm.signal / SIGTERM / a near time limit, having
-asked for the requeue: requeue.py), 1 this rank failed, 2 the job, the run dir,
+asked for the requeue: requeue.py), 1 this rank failed (or, on rank 0, it stopped and nothing will
+requeue it: the `stopped` event says why), 2 the job, the run dir,
 the checkpoint or the launcher's variables are wrong (one line per problem, no traceback).
 Without --resume-from the run continues from the newest complete checkpoint in its checkpoint
 folder, if there is one, so a requeued job picks up where it left.
