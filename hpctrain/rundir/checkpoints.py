@@ -29,11 +29,12 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
+from hpctrain.rundir.layout import CHECKPOINTS_DIR, RUN_ID_FILE  # noqa: F401 - CHECKPOINTS_DIR: for the runtime
+
 FORMAT = 2  # 1: no file manifest, no run id, pickled RNG files
 METADATA_FILE = "metadata.json"
 DCP_METADATA_FILE = ".metadata"  # written last by DCP's FileSystemWriter
 OWNER_FILE = "owner.json"  # in the checkpoint directory: the run that writes there
-RUN_ID_FILE = "run_id"  # in the run directory: the run's identity, written once
 STEP_DIR = re.compile(r"^step-(\d+)$")
 PARTIAL_DIR = re.compile(r"^step-(\d+)\.partial$")
 _CHUNK_BYTES = 8 << 20

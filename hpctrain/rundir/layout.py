@@ -2,7 +2,7 @@
 
     runs/<name-slug>-<YYYYmmdd-HHMMSS>/
         job.yaml  job.resolved.yaml  plan.json  submit/  logs/  metrics.jsonl  ranks/
-        events.jsonl  checkpoints/
+        events.jsonl  checkpoints/  run_id
 
 A sweep is such a directory with `sweep.json` and one run directory per array task in `tasks/<i>/`.
 Every stage names these files through the constants here, never by a literal of its own.
@@ -29,6 +29,7 @@ METRICS_FILE = "metrics.jsonl"
 RANKS_DIR = "ranks"  # ranks/rank-R.json (ranks.py)
 EVENTS_FILE = "events.jsonl"
 CHECKPOINTS_DIR = "checkpoints"  # the default checkpoint.dir
+RUN_ID_FILE = "run_id"  # the run's identity, written once; checkpoints record it (checkpoints.py)
 SWEEP_FILE = "sweep.json"
 TASKS_DIR = "tasks"
 # Files between the batch script (on the host) and the runtime (maybe in a container): the runtime

@@ -43,8 +43,8 @@ from hpctrain.runtime import rng_state
 from hpctrain.runtime.distributed import barrier
 from hpctrain.runtime.safe_dcp import SafePlanner, SafeReader
 from hpctrain.rundir.checkpoints import (  # noqa: F401 - re-exported: the runtime's names for them
-    FORMAT, METADATA_FILE, PARTIAL_DIR, STEP_DIR, InvalidCheckpoint, Scan, checksum, claim, data_files,
-    foreign_owner, hash_files, ownership_error, read_metadata, run_identity, run_record, scan, share,
+    CHECKPOINTS_DIR, FORMAT, METADATA_FILE, PARTIAL_DIR, STEP_DIR, InvalidCheckpoint, Scan, checksum, claim,
+    data_files, foreign_owner, hash_files, ownership_error, read_metadata, run_identity, run_record, scan, share,
     verify_files, write_metadata)
 
 OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
@@ -119,7 +119,7 @@ class Checkpointer:
                  event: Callable[..., None] | None = None) -> None:
         cfg = job.checkpoint
         self.run_dir = os.path.abspath(run_dir)
-        self.folder = os.path.abspath(cfg.dir or os.path.join(run_dir, "checkpoints"))
+        self.folder = os.path.abspath(cfg.dir or os.path.join(run_dir, CHECKPOINTS_DIR))
         self.every_steps, self.keep_last, self.async_mode = cfg.every_steps, cfg.keep_last, bool(cfg.async_)
         self.adopt = bool(getattr(cfg, "adopt", False))
         self.parts, self.optimizers = model_parts, list(optimizers)

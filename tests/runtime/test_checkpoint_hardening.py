@@ -261,3 +261,34 @@ def test_fifos_in_a_checkpoint_folder_never_block(tmp_path) -> None:
     os.mkfifo(tmp_path / "run_id")
     with pytest.raises(Exception, match="is not a regular file"):
         run_identity(str(tmp_path))
+
+
+_LOGIN_SCAN = """
+import subprocess, sys
+subprocess.Popen = None  # the login path must not start a `python -c` child to scan (issue 11 item 5)
+from pathlib import Path
+from hpctrain.launch.stages import newest_complete_checkpoint
+newest, rejected = newest_complete_checkpoint(Path(sys.argv[1]))
+assert "torch" not in sys.modules, "the login path imported torch"
+print(newest.name, len(rejected))
+"""
+
+
+def test_issue11_checkpoint_discovery_on_the_login_path_is_torch_free_and_in_process(tmp_path) -> None:
+    import sys
+
+    from hpctrain.rundir.checkpoints import write_metadata
+
+    from ._entry import REPO
+
+    for step in (2, 4):
+        folder = tmp_path / f"step-{step}"
+        folder.mkdir()
+        (folder / ".metadata").write_bytes(b"index")
+        write_metadata(str(folder), {"step": step, "files": {".metadata": {"bytes": 5, "sha256": "x"}}})
+    (tmp_path / "step-4" / ".metadata").write_bytes(b"trunc")  # same size: only the ranks' hash sees it
+    (tmp_path / "step-6.partial").mkdir()
+    proc = subprocess.run([sys.executable, "-c", _LOGIN_SCAN, str(tmp_path)], capture_output=True, text=True,
+                          timeout=60, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["step-4", "1"]
