@@ -56,7 +56,9 @@ def run_schema(args: argparse.Namespace) -> int:
 
     text = json.dumps(json_schema(), indent=2) + "\n"
     if args.output:
-        with open(args.output, "w", encoding="utf-8") as handle:
+        from hpctrain.userfiles import writing_output
+
+        with writing_output("-o", args.output), open(args.output, "w", encoding="utf-8") as handle:
             handle.write(text)
         print(args.output)
     else:

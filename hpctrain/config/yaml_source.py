@@ -203,12 +203,10 @@ def parse_value(text: str, source: Source, label: str, path: Path = ()) -> Any:
 
 
 def read_yaml_file(path: str) -> tuple[Any, Source]:
-    """Read and parse a job file, with one-line errors for unreadable files."""
-    try:
-        with open(path, "rb") as handle:
-            raw = handle.read(MAX_FILE_BYTES + 1)
-    except OSError as exc:
-        raise ConfigError(f"{path}:0: (file): cannot read ({exc.strerror}); check the path") from None
+    """Read and parse a job file, with one-line errors for unreadable files (a FIFO or a device too)."""
+    from hpctrain.userfiles import read_regular_file
+
+    raw = read_regular_file(path, MAX_FILE_BYTES + 1, f"{path}:0: (file)")  # +1: the size message below
     if len(raw) > MAX_FILE_BYTES:
         raise _fail(path, 1, f"(document): file is larger than {MAX_FILE_BYTES} bytes; a job file is a short "
                     "YAML mapping")

@@ -192,27 +192,29 @@ def write_report(target: str | Path, out_dir: Optional[str | Path] = None,
                  plots: bool = True) -> tuple[str, list[Path]]:
     """Tables (also written to report.txt) and PNGs of a run or a sweep. Returns (text, files)."""
     from hpctrain.rundir.layout import is_sweep
+    from hpctrain.userfiles import writing_output
 
     root = Path(target)
     out = Path(out_dir) if out_dir else root / "report"
-    out.mkdir(parents=True, exist_ok=True)
     files: list[Path] = []
+    # Read first, then write: an OSError inside the writing block is about the output folder only.
     if is_sweep(root):
         rows = sweep_rows(root)
         text = f"sweep {root}: {len(rows)} configuration(s), ranked by measured tokens/s\n\n" + sweep_table(rows)
-        if plots:
-            from hpctrain.diagnose import plots as plotting
-
-            files.append(plotting.plot_sweep(rows, out / "sweep.png"))
     else:
         summary = summarize(root)
         text = run_tables(summary)
+    with writing_output("-o" if out_dir else "report folder", out):
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "report.txt").write_text(text + "\n", encoding="utf-8")
         if plots:
             from hpctrain.diagnose import plots as plotting
 
-            files += [plotting.plot_training(summary, out / "training.png"),
-                      plotting.plot_memory(memory_table(summary), summary, out / "memory.png")]
-    (out / "report.txt").write_text(text + "\n", encoding="utf-8")
+            if is_sweep(root):
+                files.append(plotting.plot_sweep(rows, out / "sweep.png"))
+            else:
+                files += [plotting.plot_training(summary, out / "training.png"),
+                          plotting.plot_memory(memory_table(summary), summary, out / "memory.png")]
     return text, [out / "report.txt", *files]
 
 

@@ -58,23 +58,22 @@ def run_plan(args: argparse.Namespace) -> int:
 
 def run_topo(args: argparse.Namespace) -> int:
     import json
-    from pathlib import Path
 
     from hpctrain.errors import ConfigError
-    from hpctrain.plan.topology import TopologyParseError, parse_nvidia_smi_topo, parse_slurm_topology
+    from hpctrain.plan.topology import TopologyParseError, parse_nvidia_smi_topo, parse_slurm_topology, read_topology_file
 
     problems, found = [], []
     for path in args.files:
         try:
-            text = Path(path).read_text(encoding="utf-8", errors="replace")
+            text = read_topology_file(path, path)
             if "GPU0" in text:
                 gpus = parse_nvidia_smi_topo(text)
                 found.append({"file": path, "kind": "nvidia-smi", **gpus.to_json()})
             else:
                 tree = parse_slurm_topology(text)
                 found.append({"file": path, "kind": "slurm-topology", **tree.to_json()})
-        except OSError as exc:
-            problems.append(f"{path}: cannot read ({exc.strerror})")
+        except ConfigError as exc:
+            problems += exc.problems
         except TopologyParseError as exc:
             problems.append(f"{path}: {exc}")
     if problems:

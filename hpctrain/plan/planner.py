@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Optional
 
-from hpctrain.errors import PlanError
+from hpctrain.errors import ConfigError, PlanError
 from hpctrain.plan.hardware import Hardware, check_catalog_names, resolve_hardware
 from hpctrain.plan.memory import CPU_RUNTIME_OVERHEAD_BYTES, DEFAULT_RUNTIME_OVERHEAD_BYTES, GIB
 from hpctrain.plan.model_stats import flops_per_token, model_flops_per_token, param_count
@@ -73,10 +72,12 @@ class PlanResult:
 
 
 def _read(path: str, field_path: str) -> str:
+    from hpctrain.plan.topology import read_topology_file
+
     try:
-        return Path(path).read_text(encoding="utf-8", errors="replace")
-    except OSError as exc:
-        raise PlanError(f"{field_path}: cannot read {path!r} ({exc.strerror}); give the path of a saved file") from None
+        return read_topology_file(path, field_path)
+    except ConfigError as exc:
+        raise PlanError(exc.problems) from None
 
 
 def load_topology(job: Any) -> tuple[Optional[GpuTopology], Optional[SwitchTree]]:

@@ -18,8 +18,20 @@ _LINK = re.compile(r"^(X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC|N/A)$")
 LINK_KINDS = ("NV", "PIX", "PXB", "PHB", "NODE", "SYS")
 
 
+# `nvidia-smi topo -m` of a node is a few KiB; the topology.conf of a 100,000-node cluster a few MiB.
+# Read no more than this (a topology file of /dev/zero used to grow to 4 GB).
+MAX_TOPOLOGY_BYTES = 16 << 20
+
+
 class TopologyParseError(ValueError):
     """The text is not the output it should be; the message says where."""
+
+
+def read_topology_file(path: str, label: str) -> str:
+    """The text of a saved topology file: a regular file of at most MAX_TOPOLOGY_BYTES (ConfigError otherwise)."""
+    from hpctrain.userfiles import read_regular_file
+
+    return read_regular_file(path, MAX_TOPOLOGY_BYTES, label).decode("utf-8", errors="replace")
 
 
 @dataclass(frozen=True)
@@ -137,13 +149,18 @@ class SwitchTree:
                 "parents": dict(self.parents), "max_leaf_nodes": self.max_leaf_nodes}
 
 
+# Names expanded from all hostlists of one file: 10x cluster.nodes' bound. python-hostlist caps one
+# expression at 100,000 names, but a file of many lines would still add up to billions.
+MAX_TOPOLOGY_NAMES = 1_000_000
+
+
 def _expand(expression: str) -> list[str]:
     import hostlist  # python-hostlist: Slurm's own hostlist syntax, e.g. node[001-032,040]
 
     try:
         return list(hostlist.expand_hostlist(expression))
     except hostlist.BadHostlist as exc:
-        raise TopologyParseError(f"bad hostlist {expression!r}: {exc}") from None
+        raise TopologyParseError(f"bad hostlist {expression[:80]!r}: {exc}") from None
 
 
 def parse_slurm_topology(text: str) -> SwitchTree:
@@ -151,7 +168,11 @@ def parse_slurm_topology(text: str) -> SwitchTree:
     topology/block plugin's BlockName=... Nodes=..., whose blocks act as leaves)."""
     leaves: dict[str, tuple[str, ...]] = {}
     parents: dict[str, str] = {}
+    names = 0
     for number, raw in enumerate(text.splitlines(), start=1):
+        if names > MAX_TOPOLOGY_NAMES:
+            raise TopologyParseError(f"line {number}: the hostlists name more than {MAX_TOPOLOGY_NAMES} nodes and "
+                                     "switches; is this the cluster's topology.conf?")
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
@@ -168,8 +189,11 @@ def parse_slurm_topology(text: str) -> SwitchTree:
             raise TopologyParseError(f"line {number}: no SwitchName= or BlockName=")
         if "nodes" in fields:
             leaves[name] = tuple(_expand(fields["nodes"]))
+            names += len(leaves[name])
         if "switches" in fields:
-            for child in _expand(fields["switches"]):
+            children = _expand(fields["switches"])
+            names += len(children)
+            for child in children:
                 parents[child] = name
         if "nodes" not in fields and "switches" not in fields:
             raise TopologyParseError(f"line {number}: switch {name!r} has neither Nodes= nor Switches=")

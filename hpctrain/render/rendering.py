@@ -86,8 +86,13 @@ def write_rendered(job: Any, out_dir: str | Path, *, run_dir: Optional[str | Pat
     texts = {"script": _script(resolved, None, str(run), template_dir), "recipe": _recipe(resolved, template_dir),
              "resolved": dump_job(resolved)}
     paths = {"script": out / SCRIPT_FILE, "recipe": out / RECIPE_FILE, "resolved": run / RESOLVED_FILE}
+    from hpctrain.userfiles import writing_output
+
     for key, path in paths.items():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(texts[key], encoding="utf-8")
-    paths["script"].chmod(0o755)
+        with writing_output("--run-dir" if key == "resolved" and run_dir is not None else "-o",
+                            run if key == "resolved" else out):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(texts[key], encoding="utf-8")
+    with writing_output("-o", out):
+        paths["script"].chmod(0o755)
     return paths

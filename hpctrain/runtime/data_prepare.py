@@ -180,11 +180,18 @@ def _check_output(files: Sequence[str], output: str) -> None:
     problems = [f"{path}: is also the output file; choose another -o" for path in files
                 if os.path.abspath(path) in (os.path.abspath(output), os.path.abspath(validation_path(output)))]
     out_dir = os.path.dirname(os.path.abspath(output))
+    for path in (output, validation_path(output), output + ".json"):
+        # the files are written beside and renamed over: a folder, FIFO or device there would be replaced
+        if os.path.lexists(path) and not os.path.isfile(path):
+            problems.append(f"-o {output}: {path} exists and is not a regular file; choose another -o")
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         problems.append(f"-o {output}: {out_dir} is not a folder; choose another -o")
     if problems:
         raise ConfigError(problems)
-    os.makedirs(out_dir, exist_ok=True)  # like `mkdir -p`: nothing is written before the inputs are checked
+    from hpctrain.userfiles import writing_output
+
+    with writing_output("-o", output):
+        os.makedirs(out_dir, exist_ok=True)  # like `mkdir -p`: nothing is written before the inputs are checked
 
 
 def _sidecar(sink: _Sink, info: TokenizerInfo, dtype: str, files: Sequence[str], split: str,
@@ -223,8 +230,11 @@ def prepare(inputs: Sequence[str], output: str, tokenizer: str = BYTES, field_na
     itemsize = np.dtype(dtype).itemsize
     val_out = validation_path(output) if val_fraction > 0 else None
     sinks = [_Sink(output, itemsize)] + ([_Sink(val_out, itemsize)] if val_out else [])
-    for sink in sinks:
-        sink.open()
+    from hpctrain.userfiles import writing_output
+
+    with writing_output("-o", output):
+        for sink in sinks:
+            sink.open()
     shown = _Progress(progress)
     start = time.perf_counter()
     try:
@@ -249,9 +259,10 @@ def prepare(inputs: Sequence[str], output: str, tokenizer: str = BYTES, field_na
                 os.unlink(sink.path + ".tmp")
         raise
     seconds = time.perf_counter() - start
-    for sink, split, other in zip(sinks, ("train", "validation"), (val_out, output)):
-        os.replace(sink.path + ".tmp", sink.path)
-        _write_json(sink.path + ".json", _sidecar(sink, info, dtype, files, split, val_fraction, other))
+    with writing_output("-o", output):
+        for sink, split, other in zip(sinks, ("train", "validation"), (val_out, output)):
+            os.replace(sink.path + ".tmp", sink.path)
+            _write_json(sink.path + ".json", _sidecar(sink, info, dtype, files, split, val_fraction, other))
     done = Prepared(output, sinks[0].tokens, len(files), dtype, info.vocab, sinks[0].documents,
                     seconds=seconds, tokenizer=info.name)
     if val_out:

@@ -62,3 +62,16 @@ def test_plan_json_and_the_planner_give_the_same_prediction():
                  "mfu", "comm_share", "bubble_share", "stage_imbalance"):
         assert getattr(recorded, name) == pytest.approx(getattr(direct, name), rel=2e-3, abs=1e-3 * 2**30), name
     assert recorded.stage_layers == direct.stage_layers and recorded.peak_rank == direct.peak_rank
+
+
+def test_report_to_a_blocked_output_is_one_line(tmp_path, capsys):
+    """Issue 18, finding 6: `report -o` under a file (or into a device) was a traceback."""
+    from hpctrain.cli import main
+
+    metrics, ranks = healthy_telemetry()
+    run = make_run(tmp_path, gpu_job(), metrics=metrics, ranks=ranks)
+    (tmp_path / "afile").write_text("x")
+    for out in (tmp_path / "afile" / "r", tmp_path / "afile"):
+        assert main(["report", str(run), "--no-plots", "-o", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and f"-o '{out}': cannot write there" in err, err
