@@ -16,8 +16,11 @@ from typing import Iterator
 from hpctrain.errors import ConfigError
 
 
-def read_regular_file(path: str, limit_bytes: int, label: str) -> bytes:
+def read_regular_file(path: str, limit_bytes: int, label: str, *, larger: str = "refuse") -> bytes:
     """At most limit_bytes of the regular file at path; ConfigError for anything else.
+
+    larger="return": a file over the limit is not refused here; its first limit_bytes + 1 bytes are
+    returned, for a caller that words the size error itself.
 
     The file is opened non-blocking and checked with fstat on the open descriptor, so a FIFO is refused
     without waiting for a writer and the check holds for the file actually read. `label` starts each
@@ -41,7 +44,7 @@ def read_regular_file(path: str, limit_bytes: int, label: str) -> bytes:
     finally:
         if fd >= 0:
             os.close(fd)
-    if len(data) > limit_bytes:
+    if len(data) > limit_bytes and larger == "refuse":
         raise ConfigError(f"{label}: {path!r:.200} is larger than {limit_bytes} bytes; give the saved file itself")
     return data
 

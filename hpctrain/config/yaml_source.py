@@ -206,7 +206,7 @@ def read_yaml_file(path: str) -> tuple[Any, Source]:
     """Read and parse a job file, with one-line errors for unreadable files (a FIFO or a device too)."""
     from hpctrain.userfiles import read_regular_file
 
-    raw = read_regular_file(path, MAX_FILE_BYTES + 1, f"{path}:0: (file)")  # +1: the size message below
+    raw = read_regular_file(path, MAX_FILE_BYTES, f"{path}:0: (file)", larger="return")
     if len(raw) > MAX_FILE_BYTES:
         raise _fail(path, 1, f"(document): file is larger than {MAX_FILE_BYTES} bytes; a job file is a short "
                     "YAML mapping")
