@@ -33,12 +33,21 @@ _NODES_SCHEMA = {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 100000},
                             "maxLength": 32}]}
 
 
+class RayConfig(Section):
+    """Where `cluster.executor: ray` submits (the Ray Jobs API of a running Ray cluster)."""
+
+    address: Optional[Text] = Field(None, description="Ray dashboard address, e.g. http://head:8265; default: "
+                                    "RAY_ADDRESS, else http://127.0.0.1:8265.")
+    cpus_per_worker: float = Field(1.0, gt=0, le=1024, description="CPUs each worker reserves (one worker per "
+                                   "GPU; on a CPU cluster, per CPU slot).")
+
+
 class ClusterConfig(Section):
     """The machines: how many nodes and GPUs, which GPU, node profile and fabric."""
 
-    executor: Literal["auto", "slurm", "local", "volcano"] = Field(
+    executor: Literal["auto", "slurm", "local", "volcano", "ray"] = Field(
         "auto", description="slurm if sbatch is on PATH, else local; volcano: a Volcano Job on Kubernetes "
-        "(needs the kubernetes section).")
+        "(needs the kubernetes section); ray: a Ray job through the Ray Jobs API (cluster.ray).")
     nodes: Annotated[int, WithJsonSchema(_NODES_SCHEMA)] = Field(1, ge=1, le=100000, description="Number of nodes, or a range such as '4-8' (elastic: Slurm "
                        "starts the job on any count in it and each start re-plans the layout for the nodes it got).")
     min_nodes: Optional[int] = Field(None, ge=1, le=100000, description="Elastic: the fewest nodes the job runs on "
@@ -51,6 +60,7 @@ class ClusterConfig(Section):
     fabric: str = Field("ib-hdr200", min_length=1, max_length=L.MAX_NAME_CHARS, description="Inter-node fabric catalog name.")
     topology: Topology = Field(default_factory=Topology, description="Topology files for islands and leaf switches.")
     runtime_overhead_gib: Optional[float] = Field(None, ge=0, le=L.MAX_GPU_MEMORY_GIB, description="Per-GPU memory the planner reserves.")
+    ray: RayConfig = Field(default_factory=lambda: RayConfig(), description="The Ray cluster (cluster.executor: ray).")
 
     @model_validator(mode="before")
     @classmethod

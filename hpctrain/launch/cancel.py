@@ -45,6 +45,13 @@ def cancel_run(run_dir: Path, task_id: Optional[int] = None,
         if task_id is not None:
             raise ConfigError("--task: a volcano job is one Job, not a sweep; drop --task")
         Kubectl().delete(job_id)
+    elif sub.get("executor") == "ray":
+        from hpctrain.launch import ray_executor
+
+        if task_id is not None:
+            raise ConfigError("--task: a Ray run is a single job; drop --task")
+        if not ray_executor.cancel(job_id, str(sub.get("address") or "")):
+            return job_id, run_status(run_dir)["state"]
     else:
         (commands or SlurmCommands()).scancel(job_id)
     rundir.append_event(run_dir, "cancel_requested", job_id=job_id, executor=sub.get("executor"))

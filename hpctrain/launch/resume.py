@@ -62,7 +62,7 @@ def resume_run(run_dir: Path, overrides: Sequence[str] = (), *, dry_run: bool = 
         raise ConfigError(f"RUN: no complete checkpoint in {checkpoint_dir(run_dir, job.checkpoint.dir)}{skipped}; "
                           f"nothing to resume from (submit the job afresh: `hpctrain submit {run_dir / 'job.yaml'}`)")
     kind, note = choose_executor(job, commands.env if commands else None, dry_run=dry_run)
-    if kind == "local":
+    if kind in ("local", "ray"):
         check_local(job)
     resolved, plan = stages.resolve(job)
     kept = _keep_previous(run_dir)

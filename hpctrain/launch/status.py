@@ -75,6 +75,12 @@ def task_status(run_dir: Path, job_id: Optional[str], executor: Optional[str],
                                                else "NOT_SUBMITTED")
         reason = failed[-1].get("reason") if failed else None
         scheduler_restarts = 0
+    elif executor == "ray":
+        from hpctrain.launch.ray_executor import job_record
+
+        submitted = rundir.last_submission(run_dir) or {}
+        state, reason = job_record(job_id, str(submitted.get("address") or ""))
+        scheduler_restarts = 0
     elif executor == "local":
         from hpctrain.launch.local_executor import task_record
 

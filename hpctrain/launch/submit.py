@@ -48,6 +48,10 @@ def choose_executor(job: Job, env: Optional[dict[str, str]] = None, *, dry_run: 
         if sbatch:
             return "slurm", f"executor: slurm (cluster.executor auto, sbatch found at {sbatch})"
         return "local", "executor: local (cluster.executor auto, no sbatch on PATH)"
+    if kind == "ray":
+        from hpctrain.launch.ray_executor import address_of
+
+        return kind, f"executor: ray (cluster.executor; Ray Jobs API at {address_of(job, env)})"
     if kind == "slurm" and sbatch is None:
         if dry_run:
             return kind, "executor: slurm (cluster.executor; dry run: no sbatch on PATH, none needed)"
@@ -56,6 +60,11 @@ def choose_executor(job: Job, env: Optional[dict[str, str]] = None, *, dry_run: 
 
 
 def check_local(job: Job) -> None:
+    """The local and Ray executors start the ranks on the host (no Singularity image)."""
+    if job.container.image is not None and job.cluster.executor == "ray":
+        raise ConfigError(f"container.image: the ray executor runs the ranks in the Ray workers' environment, "
+                          f"not in an image (got {job.container.image!r}); unset container.image (a Ray cluster "
+                          "brings its own image) or use cluster.executor: slurm")
     if job.container.image is not None:
         raise ConfigError(f"container.image: the local executor runs on the host, not in an image (got "
                           f"{job.container.image!r}); unset container.image or use cluster.executor: slurm")
@@ -84,7 +93,7 @@ def write_recipe(run_dir: Path, resolved: Job) -> Path:
 def submit_job(job: Job, *, dry_run: bool = False, commands: Optional[SlurmCommands] = None) -> Submission:
     """Resolve, create the run directory, render and submit one job."""
     kind, note = choose_executor(job, commands.env if commands else None, dry_run=dry_run)
-    if kind == "local":
+    if kind in ("local", "ray"):
         check_local(job)
     resolved, plan = stages.resolve(job)
     if not dry_run and kind != "volcano":  # a volcano job's paths are the pods' (on kubernetes.pvc), not ours
@@ -113,6 +122,7 @@ def launch(run_dir: Path, resolved: Job, kind: str, note: str, tasks: list[TaskS
         from hpctrain.launch.volcano_submit import launch_volcano
 
         return launch_volcano(out, resolved, array=array, dry_run=dry_run)
+    extra: dict[str, Any] = {}  # executor facts later commands need (the Ray address)
     if kind == "slurm" or dry_run:  # a dry run shows what Slurm would get whatever the executor
         script, out.script_path = write_script(run_dir, resolved, array)
     if dry_run:
@@ -125,6 +135,12 @@ def launch(run_dir: Path, resolved: Job, kind: str, note: str, tasks: list[TaskS
 
             executor = RenderedSlurmExecutor(run_dir / SUBMIT_DIR, script, commands or SlurmCommands())
             out.job_id = executor.submit_rendered()
+        elif kind == "ray":
+            from hpctrain.launch import ray_executor
+            from hpctrain.render.context import rank_python
+
+            out.job_id, address = ray_executor.submit(run_dir, resolved, rank_python(resolved))
+            extra["address"] = address
         else:
             from hpctrain.launch.local_executor import LocalExecutor
 
@@ -132,7 +148,7 @@ def launch(run_dir: Path, resolved: Job, kind: str, note: str, tasks: list[TaskS
     except SubmissionError as exc:
         append_event(run_dir, "failed", reason=str(exc), stage="submit", executor=kind)
         raise SubmissionError(f"{exc}\n(run directory {run_dir} marked failed)") from None
-    append_event(run_dir, event, executor=kind, job_id=out.job_id, array=array)
+    append_event(run_dir, event, executor=kind, job_id=out.job_id, array=array, **extra)
     for task_id, task_dir, _ in tasks:
         if task_id is not None:
             append_event(task_dir, event, executor=kind, job_id=f"{out.job_id}_{task_id}", task_id=task_id)

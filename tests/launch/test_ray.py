@@ -1,0 +1,197 @@
+"""cluster.executor: ray on a real local Ray cluster (head only, loopback, 2 CPUs, dashboard for the Jobs API).
+
+The fixture runs `ray start --head --block` as its own process-session leader and stops it by that
+pid at teardown (SIGTERM makes `ray start --block` stop every process it started; whatever is left
+in that session is killed by pid), never `ray stop`, which would stop every Ray on the machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ._helpers import REPO, job_id_of, log_tail, run_cli, run_dir_of, status_json, tiny_job, wait_status, write_job
+
+ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'hpctrain[ray]')")
+
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED"}
+
+
+def _free_ports(count: int) -> list[int]:
+    import socket
+
+    socks = [socket.socket() for _ in range(count)]
+    try:
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def _session_pids(sid: int) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.getsid(int(entry.name)) == sid:
+                    pids.append(int(entry.name))
+            except OSError:
+                pass
+    return pids
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The Jobs API address of a fresh local Ray head; the cluster sees this checkout of hpctrain."""
+    gcs, dashboard = _free_ports(2)
+    temp = Path("/tmp") / f"hpct-ray-{os.getpid()}"  # Ray's socket paths must stay short
+    log = tmp_path_factory.mktemp("ray") / "ray-start.log"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0"}
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", f"--port={gcs}",
+             "--node-ip-address=127.0.0.1", "--num-cpus=2", "--num-gpus=0", "--include-dashboard=true",
+             "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}", f"--temp-dir={temp}",
+             "--disable-usage-stats"], stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    address = f"http://127.0.0.1:{dashboard}"
+    try:
+        from ray.job_submission import JobSubmissionClient
+
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                JobSubmissionClient(address).list_jobs()
+                break
+            except Exception:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"Ray did not start: {log.read_text()[-2000:]}")
+                time.sleep(0.5)
+        yield address
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            pass
+        for pid in _session_pids(proc.pid):  # only the processes of the session this fixture started
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def _job(name: str, steps: int, **extra: Any) -> dict[str, Any]:
+    job = tiny_job(name, executor="ray", gpus_per_node=2, steps=steps, gpu="cpu", **extra)
+    job["train"]["global_batch"] = 4
+    return job
+
+
+def _losses(run_dir: Path) -> dict[int, float]:
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return {m["step"]: m["loss"] for m in lines if "loss" in m}
+
+
+def _events(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines() if line.strip()]
+
+
+def _cli_env(address: str, **extra: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO), "RAY_ADDRESS": address, **extra}
+
+
+@pytest.mark.timeout(400)
+def test_two_workers_train_like_the_local_executor(ray_cluster: str, tmp_path: Path) -> None:
+    env = _cli_env(ray_cluster)
+    submitted = run_cli(["submit", str(write_job(tmp_path, _job("ray2", 4)))], cwd=tmp_path, env=env)
+    assert submitted.returncode == 0, submitted.stderr
+    assert "executor: ray" in submitted.stderr, submitted.stderr
+    run_dir = run_dir_of(submitted)
+    status = wait_status(run_dir, env, lambda s: s["state"] in TERMINAL, 300, "the Ray job")
+    assert status["state"] == "COMPLETED", f"{status}\n{log_tail(run_dir)}"
+    assert status["executor"] == "ray" and status["step"] == 4
+
+    local_dir = tmp_path / "local"
+    local_dir.mkdir()
+    local_env = {k: v for k, v in env.items() if not k.startswith("SLURM_")}
+    local_env["PATH"] = os.path.dirname(sys.executable)
+    local = run_cli(["submit", str(write_job(local_dir, _job("local2", 4, cluster={"executor": "local"})))],
+                    cwd=local_dir, env=local_env)
+    assert local.returncode == 0, local.stderr
+    local_run = run_dir_of(local)
+    wait_status(local_run, local_env, lambda s: s["state"] in TERMINAL, 240, "the local job")
+    ray_losses, local_losses = _losses(run_dir), _losses(local_run)
+    assert sorted(ray_losses) == [1, 2, 3, 4] and sorted(local_losses) == [1, 2, 3, 4]
+    assert max(abs(ray_losses[s] - local_losses[s]) for s in ray_losses) <= 1e-5, (ray_losses, local_losses)
+
+    started = [e for e in _events(run_dir) if e["event"] == "started"]
+    assert started and started[0]["world_size"] == 2, started
+    for rank in (0, 1):  # `logs` shows each worker's log
+        shown = run_cli(["logs", str(run_dir), "--rank", str(rank)], cwd=tmp_path, env=env)
+        assert shown.returncode == 0 and f"rank {rank} of 2" in shown.stdout, shown
+    driver = (run_dir / "logs" / "ray-driver.log").read_text()
+    assert "attempt 0: 2 rank(s)" in driver and "training finished" in driver, driver
+    assert (run_dir / "logs" / "rank-0.attempt-0.log").is_file() and (run_dir / "logs" / "rank-1.attempt-0.log").is_file()
+
+
+def _rank_pids(run_dir: Path) -> list[int]:
+    """The runtime processes of this run (their command line names its run directory)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"hpctrain.runtime" in argv and str(run_dir).encode() in argv:
+                pids.append(int(entry.name))
+    return pids
+
+
+@pytest.mark.timeout(400)
+def test_a_killed_worker_is_restarted_from_the_checkpoint_and_cancel_stops_it(ray_cluster: str,
+                                                                              tmp_path: Path) -> None:
+    env = _cli_env(ray_cluster, HPCTRAIN_TEST_STEP_DELAY_S="0.7")
+    job = _job("raykill", 40, checkpoint={"every_steps": 2, "keep_last": 5}, slurm={"max_requeues": 2})
+    submitted = run_cli(["submit", str(write_job(tmp_path, job))], cwd=tmp_path, env=env)
+    assert submitted.returncode == 0, submitted.stderr
+    run_dir = run_dir_of(submitted)
+    deadline = time.monotonic() + 180
+    while not list((run_dir / "checkpoints").glob("step-4")):
+        assert time.monotonic() < deadline, f"no checkpoint in time\n{log_tail(run_dir)}"
+        time.sleep(0.5)
+    pids = _rank_pids(run_dir)
+    assert len(pids) == 2, pids
+    os.kill(pids[-1], signal.SIGKILL)  # one worker's rank dies mid-run
+
+    deadline = time.monotonic() + 240
+    while not [e for e in _events(run_dir) if e["event"] == "resumed"]:
+        assert time.monotonic() < deadline, f"no resume in time\n{log_tail(run_dir)}"
+        time.sleep(0.5)
+    events = _events(run_dir)
+    requeued = [e for e in events if e["event"] == "requeued"]
+    assert [(e["reason"], e["attempt"]) for e in requeued] == [("rank-crashed", 0)], requeued
+    resumed = [e for e in events if e["event"] == "resumed"][-1]
+    assert resumed["step"] >= 4
+    status = status_json(run_dir, env)
+    assert status["state"] == "RUNNING" and status["restarts"] >= 1, status
+
+    cancelled = run_cli(["cancel", str(run_dir)], cwd=tmp_path, env=env)
+    assert cancelled.returncode == 0, cancelled.stderr
+    final = wait_status(run_dir, env, lambda s: s["state"] in TERMINAL, 60, "the cancelled Ray job")
+    assert final["state"] == "CANCELLED", final
+    deadline = time.monotonic() + 30
+    while _rank_pids(run_dir):
+        assert time.monotonic() < deadline, f"ranks still running after cancel: {_rank_pids(run_dir)}"
+        time.sleep(0.5)
+    assert (final["step"] or 0) < 40
