@@ -14,6 +14,7 @@ from typing import Any, Optional
 from hpctrain.launch import parsers, rundir
 from hpctrain.launch.parsers import JobRecord
 from hpctrain.launch.slurm_commands import SlurmCommands
+from hpctrain.rundir.events import NOT_REQUEUED, WHY_NOT_REQUEUED
 from hpctrain.rundir.layout import RESOLVED_FILE
 from hpctrain.rundir.metrics import last_metrics, last_value
 from hpctrain.rundir.read import read_yaml_mapping
@@ -96,12 +97,21 @@ def task_status(run_dir: Path, job_id: Optional[str], executor: Optional[str],
         scheduler_restarts = (record.restarts or 0) if record else 0
         reason = record.reason if record and record.reason not in ("", "None") else None
     metrics = last_metrics(run_dir) or {}
+    if state not in ACTIVE:
+        reason = _not_requeued(events) or reason
     out.update(state=state, reason=reason,
                restarts=max(scheduler_restarts, restarts_from_events(events)),
                step=metrics.get("step"), steps=total_steps(run_dir), tokens_per_s=metrics.get("tokens_per_s"),
                loss=metrics.get("loss"), val_loss=_val_loss(run_dir), layouts=layouts(run_dir, events),
                history=[e for e in events if e.get("event") in HISTORY_EVENTS])
     return out
+
+
+def _not_requeued(events: list[dict[str, Any]]) -> Optional[str]:
+    """Why the batch script did not requeue the current submission (its not_requeued event), or None."""
+    refused = [e for e in _since_last_submission(events)
+               if e.get("event") == NOT_REQUEUED and e.get("why_not") in WHY_NOT_REQUEUED]
+    return f"not requeued: {WHY_NOT_REQUEUED[refused[-1]['why_not']]}" if refused else None
 
 
 def _val_loss(run_dir: Path) -> Optional[float]:

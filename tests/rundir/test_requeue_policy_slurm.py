@@ -7,6 +7,7 @@ The real runtime runs under the rendered script: its --job file is missing, whic
 from __future__ import annotations
 
 import copy
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 
 from hpctrain.config import job_from_dict
 from hpctrain.render import render_script
-from hpctrain.rundir.events import WHY_NOT_REQUEUED, read_events
+from hpctrain.rundir.events import WHY_NOT_REQUEUED, append_event, read_events
 
 from tests.render.hostile import BASE_JOB
 
@@ -50,6 +51,16 @@ def test_bad_input_fails_without_requeue(slurm_cluster: Any, tmp_path: Path) -> 
     assert (event["event"], event["why_not"], event["attempt"]) == ("not_requeued", "bad-input", 0)
     assert event["why_not"] in WHY_NOT_REQUEUED and event["job_id"] == jobid
     assert sorted(p.name for p in (run_dir / "logs").glob("task-*.log")) == [f"task-{s}.attempt-0.log" for s in range(4)]
+    # What `hpctrain submit` records before the job runs (sbatch was called directly here).
+    recorded = (run_dir / "events.jsonl").read_text()
+    (run_dir / "events.jsonl").unlink()
+    append_event(run_dir, "submitted", executor="slurm", job_id=jobid)
+    with open(run_dir / "events.jsonl", "a", encoding="utf-8") as handle:
+        handle.write(recorded)
+    status = subprocess.run([sys.executable, "-m", "hpctrain", "status", str(run_dir), "--json"], env=env,
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["reason"] == f"not requeued: {WHY_NOT_REQUEUED['bad-input']}", status.stdout
     doctor = subprocess.run([sys.executable, "-m", "hpctrain", "doctor", str(run_dir), "--no-scheduler"], env=env,
                             capture_output=True, text=True, timeout=120, check=False)
     assert doctor.returncode == 1 and "a rank refused the job's input (exit 2); not requeued" in doctor.stdout, doctor
