@@ -21,6 +21,7 @@ from hpctrain.launch.rundir import write_json
 from hpctrain.rundir.layout import SUBMIT_DIR
 from hpctrain.rundir.local_state import local_state_path, read_local_state
 from hpctrain.launch.stages import runtime_argv
+from hpctrain.launch.submit import writing
 from hpctrain.rundir.lock import RunLock, acquire
 
 SUPERVISOR_MODULE = "hpctrain.launch.local_supervisor"
@@ -41,7 +42,8 @@ class LocalExecutor:
         # A single job's run directory may hold live ranks (a resume): take its lock before touching anything
         # there and hand it to the supervisor, so that no second set can start in between (RunLockedError,
         # exit 2). A sweep's task directories are new; the supervisor locks each when it starts it.
-        held = acquire(tasks[0][1]) if len(tasks) == 1 and tasks[0][0] is None else None
+        with writing(root):
+            held = acquire(tasks[0][1]) if len(tasks) == 1 and tasks[0][0] is None else None
         try:
             return self._start(root, tasks, max_parallel, held)
         finally:
@@ -58,10 +60,12 @@ class LocalExecutor:
                            "env": rank_environment(job), "lock_fd": held.fd if held is not None else None}
                           for task_id, path, job in tasks]}
         spec_path = root / SUBMIT_DIR / sup.SPEC_FILE
-        write_json(spec_path, spec)
-        for _, path, _ in tasks:
-            write_json(local_state_path(path), {"state": "PENDING"})
-        with open(root / SUBMIT_DIR / "supervisor.log", "ab") as log:
+        with writing(root):
+            write_json(spec_path, spec)
+            for _, path, _ in tasks:
+                write_json(local_state_path(path), {"state": "PENDING"})
+            log = open(root / SUBMIT_DIR / "supervisor.log", "ab")
+        with log:
             proc = subprocess.Popen([self.python, "-m", SUPERVISOR_MODULE, str(spec_path)], stdin=subprocess.DEVNULL,
                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                     pass_fds=(held.fd,) if held is not None else ())

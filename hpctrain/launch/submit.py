@@ -7,9 +7,10 @@ through submitit, the local executor starts the same runtime as local processes.
 from __future__ import annotations
 
 import subprocess
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from hpctrain.config import Job, dump_job
 from hpctrain.config.data_files import check_data
@@ -70,8 +71,25 @@ def check_local(job: Job) -> None:
                           f"{job.container.image!r}); unset container.image or use cluster.executor: slurm")
 
 
+@contextmanager
+def writing(run_dir: Path) -> Iterator[None]:
+    """A run directory that cannot be written (a full disk, a quota, read-only) is the user's to fix: one line
+    naming the file and runs_dir, exit 2, instead of a traceback."""
+    try:
+        yield
+    except OSError as exc:
+        where = exc.filename or run_dir
+        raise ConfigError(f"runs_dir: cannot write {where} ({exc.strerror or exc}); free space there or set "
+                          "runs_dir to a writable folder") from None
+
+
 def write_job_files(run_dir: Path, job: Job, resolved: Job, plan: dict[str, Any]) -> None:
     """job.yaml (as submitted, after overrides), job.resolved.yaml and plan.json."""
+    with writing(run_dir):
+        _write_job_files(run_dir, job, resolved, plan)
+
+
+def _write_job_files(run_dir: Path, job: Job, resolved: Job, plan: dict[str, Any]) -> None:
     write_text(run_dir / JOB_FILE, dump_job(job))
     write_text(run_dir / RESOLVED_FILE, dump_job(resolved))
     write_json(run_dir / PLAN_FILE, plan)
@@ -80,7 +98,8 @@ def write_job_files(run_dir: Path, job: Job, resolved: Job, plan: dict[str, Any]
 def write_script(run_dir: Path, resolved: Job, array: Optional[str] = None) -> tuple[str, Path]:
     script = stages.render_script(resolved, run_dir, array=array)
     path = run_dir / SUBMIT_DIR / SCRIPT_NAME
-    write_text(path, script)
+    with writing(run_dir):
+        write_text(path, script)
     return script, path
 
 

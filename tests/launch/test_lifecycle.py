@@ -159,8 +159,25 @@ def test_nccl_env_reaches_the_local_ranks(tmp_path: Path) -> None:
     assert seen and all(record.get("NCCL_DEBUG") == "WARN" for record in seen), seen
 
 
-@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
-                    reason="a real full disk is a small tmpfs, and mounting one needs root")
+def _fill(path: Path) -> None:
+    """Write zeros until the file system is full, to the last byte."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        for size in (65536, 512, 1):
+            try:
+                while True:
+                    os.write(fd, b"\0" * size)
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+
+
+NEEDS_ROOT = pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
+                                reason="a real full disk is a small tmpfs, and mounting one needs root")
+
+
+@NEEDS_ROOT
 def test_a_full_runs_dir_is_recorded_not_left_running(tmp_path: Path) -> None:
     """Finding 8: the disk of runs_dir fills up mid-run; the supervisor records FAILED (it used to die and
     leave `local.json` at RUNNING) and status reports no RUNNING job for a dead supervisor."""
@@ -172,13 +189,7 @@ def test_a_full_runs_dir_is_recorded_not_left_running(tmp_path: Path) -> None:
         env = _env(HPCTRAIN_TEST_STEP_DELAY_S="0.1")
         run_dir = _start(tmp_path, env, tiny_job("full", steps=100000, runs_dir=str(disk / "runs")))
         wait_status(run_dir, env, lambda s: (s["step"] or 0) >= 2, 90, "step 2")
-        with open(disk / "filler", "wb") as filler:  # fill the disk to the last byte
-            try:
-                while True:
-                    filler.write(b"\0" * 65536)
-                    filler.flush()
-            except OSError:
-                pass
+        _fill(disk / "filler")
         status = wait_status(run_dir, env, lambda s: s["state"] != "RUNNING", 60, "the job to end")
         assert status["state"] == "FAILED", status
         recorded = json.loads((run_dir / "submit" / "local.json").read_text())
@@ -187,5 +198,23 @@ def test_a_full_runs_dir_is_recorded_not_left_running(tmp_path: Path) -> None:
         while _alive(recorded["pid"]) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not _alive(recorded["pid"])
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+@NEEDS_ROOT
+def test_submitting_into_a_full_runs_dir_is_one_line_exit_2(tmp_path: Path) -> None:
+    """Finding 8 (a full runs_dir): the submit itself says which file and what to do, no traceback."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        _fill(disk / "filler")
+        job = tiny_job("fullsub", runs_dir=str(disk / "runs"))
+        result = run_cli(["submit", str(write_job(tmp_path, job))], cwd=tmp_path, env=_env(), timeout_s=60)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.startswith("runs_dir: cannot write ") and "No space left" in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
     finally:
         subprocess.run(["umount", "-l", str(disk)], capture_output=True)
