@@ -56,15 +56,16 @@ def _entry(argv: list[str]) -> int:
 
 
 def run_entry(job: dict[str, Any], run_dir: str, world: int | None = None, *extra: str,
-              timeout_s: float = 150.0) -> list[int]:
-    """Run the entry point on `world` ranks (default: the job's tp*pp*dp); exit codes per rank."""
+              timeout_s: float = 150.0, env: dict[str, str] | None = None) -> list[int]:
+    """Run the entry point on `world` ranks (default: the job's tp*pp*dp); exit codes per rank. `env`: extra
+    variables for the ranks (the ranks fork from a server started earlier: os.environ changes miss them)."""
     p = job["parallel"]
     world = world or p["tp"] * p["pp"] * p["dp"]
     os.makedirs(run_dir, exist_ok=True)
     path = write_job(job, os.path.join(os.path.dirname(os.path.abspath(run_dir)),
                                        os.path.basename(run_dir) + ".job.yaml"))
     argv = ["--job", path, "--run-dir", run_dir, *extra]
-    return run_distributed(_entry, world, argv, init_process_group=False, timeout_s=timeout_s)
+    return run_distributed(_entry, world, argv, init_process_group=False, timeout_s=timeout_s, env=env)
 
 
 def run_module(args: list[str], env: dict[str, str] | None = None, timeout_s: float = 120.0) -> subprocess.CompletedProcess:

@@ -15,7 +15,7 @@ from hpctrain.cli import main
 from hpctrain.config import job as job_module
 from hpctrain.runtime.trackers import read_state
 
-from ._entry import make_job, metrics, run_entry
+from ._entry import events, make_job, metrics, run_entry
 
 STEPS = list(range(1, 13))
 
@@ -58,17 +58,16 @@ def _wandb_history(wandb_dir: str) -> tuple[list[int], set[str], int]:
 def test_every_step_once_after_two_resumes(tmp_path, monkeypatch) -> None:
     wandb_dir = tmp_path / "wandb-home"
     wandb_dir.mkdir()
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_DIR", str(wandb_dir))
-    monkeypatch.setenv("WANDB_SILENT", "true")
     # No final checkpoint: each attempt ends after steps its successor does again (4-5, then 10).
-    monkeypatch.setenv("HPCTRAIN_FINAL_CHECKPOINT", "0")
+    env = {"WANDB_MODE": "offline", "WANDB_DIR": str(wandb_dir), "WANDB_SILENT": "true",
+           "HPCTRAIN_FINAL_CHECKPOINT": "0"}
     run = str(tmp_path / "run")
     monitor = {"tracker": ["tensorboard", "wandb", "mlflow"]}
     for steps, dp in ((5, 1), (10, 1), (12, 2)):
         job = make_job(dp=dp, train={"steps": steps}, checkpoint={"every_steps": 3, "keep_last": 3},
                        monitor=monitor)
-        assert run_entry(job, run) == [0] * dp, steps
+        assert run_entry(job, run, env=env) == [0] * dp, steps
+    assert [e["step"] for e in events(run) if e["event"] == "resumed"] == [3, 9]  # steps 4-5 and 10 came twice
     final = {m["step"]: m["loss"] for m in metrics(run)}
     assert sorted(final) == STEPS
 
