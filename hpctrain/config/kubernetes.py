@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal, Optional
 from pydantic import Field, PlainValidator, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
+from hpctrain.config import limits as L
 from hpctrain.config.base import Section
 from hpctrain.config.types import Text
 
@@ -68,7 +69,7 @@ class Toleration(Section):
     value: Optional[LabelValue] = Field(None, description="Taint value (operator Equal).")
     effect: Optional[Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]] = Field(
         None, description="Taint effect to tolerate; unset tolerates every effect.")
-    toleration_seconds: Optional[int] = Field(None, ge=0, description="With effect NoExecute: how long the pod "
+    toleration_seconds: Optional[int] = Field(None, ge=0, le=L.MAX_SECONDS, description="With effect NoExecute: how long the pod "
                                               "stays bound after the taint appears.")
 
 
@@ -83,11 +84,12 @@ class KubernetesConfig(Section):
     priority_class: Optional[DnsSubdomain] = Field(None, description="PriorityClass of the Job "
                                                    "(spec.priorityClassName); unset: the cluster's default.")
     pvc: PvcConfig = Field(..., description="Shared volume for the run directory and checkpoints.")
-    node_selector: dict[QualifiedName, LabelValue] = Field(default_factory=dict,
+    node_selector: dict[QualifiedName, LabelValue] = Field(default_factory=dict, max_length=L.MAX_LIST_ITEMS,
                                                            description="Node labels the pods must match.")
-    tolerations: list[Toleration] = Field(default_factory=list, description="Taints the pods tolerate.")
-    annotations: dict[QualifiedName, Text] = Field(default_factory=dict, description="Extra pod annotations "
-                                                   "(values are free text).")
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=L.MAX_LIST_ITEMS,
+                                          description="Taints the pods tolerate.")
+    annotations: dict[QualifiedName, Text] = Field(default_factory=dict, max_length=L.MAX_LIST_ITEMS,
+                                                   description="Extra pod annotations (values are free text).")
     service_account: Optional[DnsSubdomain] = Field(None, description="ServiceAccount of the pods; unset: "
                                                     "the namespace's default.")
     max_retry: Optional[int] = Field(None, ge=0, le=1000, description="Job restarts Volcano allows "
@@ -98,7 +100,7 @@ class KubernetesConfig(Section):
                                                    "(e.g. rdma/hca_shared_devices_a), requested when the fabric "
                                                    "is InfiniBand or RoCE; unset: none requested.")
     rdma_per_pod: int = Field(1, ge=1, le=64, description="How many rdma_resource devices each pod requests.")
-    shm_size_gib: Optional[float] = Field(None, gt=0, description="sizeLimit of the memory-backed /dev/shm; "
+    shm_size_gib: Optional[float] = Field(None, gt=0, le=L.MAX_GPU_MEMORY_GIB, description="sizeLimit of the memory-backed /dev/shm; "
                                           "unset: no limit (NCCL and data loaders use it).")
     master_port: int = Field(29500, ge=1, le=65535, description="Rendezvous port on the first pod (each "
                              "attempt gets new pods, so a fixed port is safe).")

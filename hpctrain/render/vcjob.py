@@ -136,6 +136,8 @@ def vcjob_manifest(job: Any, *, run_dir: Optional[str] = None) -> dict[str, Any]
         "minAvailable": nodes,  # gang scheduling: all pods or none
         "queue": k8s.queue,
         "maxRetry": k8s.max_retry if k8s.max_retry is not None else job.slurm.max_requeues,
+        # Volcano's job controller (applyPolicies) takes the first policy, in order, whose event or exit
+        # code matches; a failed pod brings both, so the exit-code policy must come first to win.
         "policies": [
             {"exitCode": BAD_INPUT_EXIT, "action": "AbortJob"},
             {"events": ["PodEvicted", "PodFailed"], "action": "RestartJob"},
