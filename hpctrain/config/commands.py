@@ -32,6 +32,10 @@ def run_validate(args: argparse.Namespace) -> int:
         try:
             job, source = load_job_with_source(path, args.overrides)
             found = [locate_problem(line, source) for line in _catalog_problems(job)]
+            if job.sweep is not None:  # the grid as `hpctrain sweep` reads it (config/grid.py)
+                from hpctrain.config.grid import grid_problems
+
+                found += grid_problems(job, job.sweep.grid, source)
         except ConfigError as exc:
             found = exc.problems
         problems += found

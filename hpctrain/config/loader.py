@@ -116,6 +116,15 @@ def _problem_line(problem: Problem, source: Source) -> str:
     return _format(source, path, problem.message, problem.got, problem.fix)
 
 
+def schema_problems(data: dict[str, Any], source: Source) -> list[str]:
+    """The schema's (pydantic's) problems alone, without the cross-field rules: [] when the data fits."""
+    try:
+        Job.model_validate(data)
+    except ValidationError as exc:
+        return _pydantic_lines(exc, source)
+    return []
+
+
 def validate_data(data: dict[str, Any], source: Source) -> Job:
     """Validate plain data against the schema and the cross-field rules."""
     try:

@@ -13,8 +13,9 @@ import shutil
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from hpctrain.config import Job, job_from_dict, job_to_dict
+from hpctrain.config import Job, job_from_dict
 from hpctrain.config.data_files import data_problems
+from hpctrain.config.grid import base_data, check_grid, point_overrides
 from hpctrain.config.overrides import parse_override
 from hpctrain.errors import ConfigError
 from hpctrain.launch import stages
@@ -48,6 +49,7 @@ def grid_of(job: Job, grid_options: Sequence[str]) -> dict[str, list[Any]]:
     for key, values in grid.items():
         if not values:
             raise ConfigError(f"sweep.grid.{key}: empty list of values; give at least one value")
+    check_grid(job, grid)  # the same check as `hpctrain validate`: a typo is refused, not skipped
     return grid
 
 
@@ -64,10 +66,10 @@ def point_label(point: dict[str, Any]) -> str:
 def resolve_points(job: Job, points: list[dict[str, Any]]) -> tuple[list[tuple[dict[str, Any], Job, Job, dict[str, Any]]],
                                                                   list[dict[str, Any]]]:
     """(feasible: [(point, job, resolved, plan)], skipped: [{point, reason}])."""
-    base = {k: v for k, v in job_to_dict(job).items() if k != "sweep"}
+    base = base_data(job)
     feasible, skipped = [], []
     for point in points:
-        overrides = [f"{k}={json.dumps(v)}" for k, v in point.items()]
+        overrides = point_overrides(point)
         try:
             point_job = job_from_dict(base, overrides, origin=job.name)
             resolved, plan = stages.resolve(point_job)
