@@ -8,6 +8,8 @@ append_event`); nothing is imported here, so that modules can be added without t
     events    events.jsonl: the record format, the writer, the reader
     metrics   metrics.jsonl: append, cut back on resume, the last line
     ranks     Slurm slot <-> global rank (placement.rank_order), per-rank log and summary names
+    local_state   submit/local.json, the local executor's record of a job
+    sweep_file    sweep.json, checked
     states    the scheduler's live job states
     ports     the one MASTER_PORT formula
 """
