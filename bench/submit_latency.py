@@ -1,6 +1,9 @@
 """Median time from `hpctrain submit` (and a 64-point `hpctrain sweep`) to the job being visible in squeue.
 
-    python bench/submit_latency.py [--runs 7] [--sweep-runs 3] [--points 64] [--check]
+    python bench/submit_latency.py [--runs 7] [--sweep-runs 3] [--points 64] [--check] [--ray [--ray-runs 3]]
+
+With --ray it also reports submit -> running for Slurm and for Ray side by side (bench/ray_latency.py):
+a local Ray head (tests/ray_cluster.py, 2 CPUs, loopback) is started and stopped for it.
 
 Needs a Slurm: uses the one SLURM_CONF points at when `squeue` answers, else starts the project's
 local test cluster (tests/slurm_cluster.py; root and scripts/install-test-deps) in a temporary folder
@@ -114,6 +117,8 @@ def main() -> int:
     parser.add_argument("--sweep-runs", type=int, default=3)
     parser.add_argument("--points", type=int, default=64)
     parser.add_argument("--check", action="store_true", help="exit 1 when a goal is missed")
+    parser.add_argument("--ray", action="store_true", help="also: submit -> running on Slurm and on Ray")
+    parser.add_argument("--ray-runs", type=int, default=3)
     args = parser.parse_args()
     cluster: Optional[object] = None
     env = dict(os.environ)
@@ -131,6 +136,11 @@ def main() -> int:
             work = Path(tmp) / "work"
             work.mkdir()
             submit_s, sweep_s = run(env, work, args.runs, args.sweep_runs, args.points)
+            if args.ray:
+                sys.path.insert(0, str(REPO / "bench"))
+                from ray_latency import compare_running
+
+                compare_running(env, Path(tmp), args.ray_runs)
         finally:
             if cluster is not None:
                 cluster.stop()  # type: ignore[attr-defined]

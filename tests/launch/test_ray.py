@@ -1,8 +1,7 @@
 """cluster.executor: ray on a real local Ray cluster (head only, loopback, 2 CPUs, dashboard for the Jobs API).
 
-The fixture runs `ray start --head --block` as its own process-session leader and stops it by that
-pid at teardown (SIGTERM makes `ray start --block` stop every process it started; whatever is left
-in that session is killed by pid), never `ray stop`, which would stop every Ray on the machine.
+The fixture (tests/ray_cluster.py) stops the head by its own pid and session, never with `ray stop`,
+which would stop every Ray on the machine.
 """
 
 from __future__ import annotations
@@ -10,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -19,76 +17,30 @@ from typing import Any
 
 import pytest
 
-from ._helpers import REPO, job_id_of, log_tail, run_cli, run_dir_of, status_json, tiny_job, wait_status, write_job
+from ._helpers import REPO, log_tail, run_cli, run_dir_of, status_json, tiny_job, wait_status, write_job
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'hpctrain[ray]')")
 
+try:  # tests/ is on sys.path under pytest's default import mode
+    from ray_cluster import RayCluster
+except ModuleNotFoundError:  # imported as tests.launch.test_ray
+    from tests.ray_cluster import RayCluster  # type: ignore[no-redef]
+
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED"}
-
-
-def _free_ports(count: int) -> list[int]:
-    import socket
-
-    socks = [socket.socket() for _ in range(count)]
-    try:
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in socks]
-    finally:
-        for sock in socks:
-            sock.close()
-
-
-def _session_pids(sid: int) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if os.getsid(int(entry.name)) == sid:
-                    pids.append(int(entry.name))
-            except OSError:
-                pass
-    return pids
 
 
 @pytest.fixture(scope="module")
 def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The Jobs API address of a fresh local Ray head; the cluster sees this checkout of hpctrain."""
-    gcs, dashboard = _free_ports(2)
-    temp = Path("/tmp") / f"hpct-ray-{os.getpid()}"  # Ray's socket paths must stay short
-    log = tmp_path_factory.mktemp("ray") / "ray-start.log"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0"}
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", f"--port={gcs}",
-             "--node-ip-address=127.0.0.1", "--num-cpus=2", "--num-gpus=0", "--include-dashboard=true",
-             "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}", f"--temp-dir={temp}",
-             "--disable-usage-stats"], stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    address = f"http://127.0.0.1:{dashboard}"
+    cluster = RayCluster(tmp_path_factory.mktemp("ray") / "ray-start.log", cpus=2, pythonpath=str(REPO))
     try:
-        from ray.job_submission import JobSubmissionClient
-
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                JobSubmissionClient(address).list_jobs()
-                break
-            except Exception:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"Ray did not start: {log.read_text()[-2000:]}")
-                time.sleep(0.5)
-        yield address
+        cluster.start()
+    except RuntimeError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    try:
+        yield cluster.address
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            pass
-        for pid in _session_pids(proc.pid):  # only the processes of the session this fixture started
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        cluster.stop()
 
 
 def _job(name: str, steps: int, **extra: Any) -> dict[str, Any]:

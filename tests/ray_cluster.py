@@ -1,0 +1,93 @@
+"""A real, throw-away Ray head on this machine (loopback only), for the Ray executor's tests and bench.
+
+`ray start --head --block` runs as the leader of its own process session; stop() sends it SIGTERM
+(which makes it stop every process it started) and then kills, by pid, whatever is left in that
+session. Never `ray stop`: that stops every Ray of the user on the machine, other people's included.
+The Jobs API needs the dashboard, so it is started on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+
+def free_ports(count: int) -> list[int]:
+    socks = [socket.socket() for _ in range(count)]
+    try:
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def session_pids(sid: int) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.getsid(int(entry.name)) == sid:
+                    pids.append(int(entry.name))
+            except OSError:
+                pass
+    return pids
+
+
+class RayCluster:
+    """One Ray head with `cpus` CPUs and no GPUs; `address` is its Jobs API (dashboard) URL."""
+
+    def __init__(self, log_path: Path, *, cpus: int = 2, pythonpath: Optional[str] = None) -> None:
+        self.log_path = log_path
+        self.cpus = cpus
+        self.pythonpath = pythonpath
+        self.proc: Optional[subprocess.Popen[bytes]] = None
+        gcs, dashboard = free_ports(2)
+        self.gcs_port, self.dashboard_port = gcs, dashboard
+        self.address = f"http://127.0.0.1:{dashboard}"
+        self.temp_dir = f"/tmp/hpct-ray-{os.getpid()}-{dashboard}"  # Ray's socket paths must stay short
+
+    def start(self, timeout_s: float = 120.0) -> RayCluster:
+        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+        if self.pythonpath:
+            env["PYTHONPATH"] = self.pythonpath
+        with open(self.log_path, "wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", f"--port={self.gcs_port}",
+                 "--node-ip-address=127.0.0.1", f"--num-cpus={self.cpus}", "--num-gpus=0", "--include-dashboard=true",
+                 "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard_port}", f"--temp-dir={self.temp_dir}",
+                 "--disable-usage-stats"], stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        from ray.job_submission import JobSubmissionClient
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                JobSubmissionClient(self.address).list_jobs()
+                return self
+            except Exception:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"Ray did not start: {self.log_path.read_text()[-2000:]}") from None
+                time.sleep(0.5)
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            pass
+        for pid in session_pids(self.proc.pid):  # only the session this object started
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        self.proc = None
