@@ -147,3 +147,19 @@ def test_the_volcano_login_path_and_pod_launcher_import_no_torch() -> None:
             "hpctrain.rundir.volcano, hpctrain.config.kubernetes; sys.exit(3 if 'torch' in sys.modules else 0)")
     proc = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
     assert proc.returncode == 0
+
+
+def test_the_real_kubectl_without_a_context_leaves_the_manifest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """The same refusal from a real kubectl (when one is installed): an empty kubeconfig has no context."""
+    import shutil
+
+    if shutil.which("kubectl") is None:
+        pytest.skip("kubectl is not installed here; the stub tests above cover the refusal")
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("")
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    assert submit(tmp_path) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no current context" in err[0] and "vcjob.yaml" in err[0]
+    assert len(list((tmp_path / "runs").glob("*/submit/vcjob.yaml"))) == 1
