@@ -153,3 +153,31 @@ def test_every_number_string_and_list_of_the_schema_is_bounded() -> None:
     found: list[str] = []
     _unbounded(schema, "", schema.get("$defs", {}), found)
     assert found == [], found
+
+
+# ---- validate refuses what render refuses (issue 18, finding 8) -----------------------------------
+
+RENDER_REFUSED = [
+    ("partition", "slurm:\n  partition: 'gpu;rm -rf /'\n", "slurm.partition"),
+    ("mem", "slurm:\n  mem: lots\n", "slurm.mem"),
+    ("reserved-option", "slurm:\n  extra:\n    nodes: 3\n", "slurm.extra.nodes"),
+    ("export-option", "slurm:\n  extra:\n    export: LD_PRELOAD=/tmp/x.so\n", "slurm.extra.export"),
+    ("newline-in-extra", "slurm:\n  extra:\n    comment: \"two\\nlines\"\n", "slurm.extra.comment"),
+    ("comma-in-bind", "container:\n  image: /img/x.sif\n  binds: ['/data,x']\n", "container.binds"),
+]
+
+
+@pytest.mark.parametrize("case_id,extra,field", RENDER_REFUSED, ids=[c[0] for c in RENDER_REFUSED])
+def test_validate_refuses_what_render_refuses(tmp_path: Path, capsys: pytest.CaptureFixture[str], case_id: str,
+                                              extra: str, field: str) -> None:
+    from hpctrain.config import load_job
+    from hpctrain.errors import RenderError
+    from hpctrain.render import render_script
+
+    code, out = _run(tmp_path, GOOD.replace("executor: local", "executor: slurm") + extra, [], capsys)
+    assert code == 2, out
+    [line] = out.strip().splitlines()
+    assert line.startswith("t.yaml:") and f": {field}: " in line, line
+    with pytest.raises(RenderError) as refused:  # the same check, the same words, at render
+        render_script(load_job(str(tmp_path / "t.yaml")), run_dir="/runs/x")
+    assert line.split(": ", 1)[1] == str(refused.value)

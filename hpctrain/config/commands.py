@@ -32,6 +32,7 @@ def run_validate(args: argparse.Namespace) -> int:
         try:
             job, source = load_job_with_source(path, args.overrides)
             found = [locate_problem(line, source) for line in _catalog_problems(job)]
+            found += [locate_problem(line, source) for line in _render_problems(job)]
             if job.sweep is not None:  # the grid as `hpctrain sweep` reads it (config/grid.py)
                 from hpctrain.config.grid import grid_problems
 
@@ -44,6 +45,13 @@ def run_validate(args: argparse.Namespace) -> int:
     if problems:
         raise ConfigError(problems)
     return 0
+
+
+def _render_problems(job: object) -> list[str]:
+    """What render would refuse in the #SBATCH lines and the container binds (render/sbatch.py's checks)."""
+    from hpctrain.render.sbatch import sbatch_problems
+
+    return sbatch_problems(job)
 
 
 def _catalog_problems(job: object) -> list[str]:

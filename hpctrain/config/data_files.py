@@ -26,9 +26,10 @@ def read_sidecar(token_file: str, field: str = "train.data") -> Optional[dict[st
     side = sidecar_path(token_file)
     if not os.path.exists(side):
         return None
-    try:
-        with open(side, encoding="utf-8") as handle:
-            body = json.load(handle)
+    from hpctrain.userfiles import read_regular_file
+
+    try:  # bounded, regular files only: a sidecar is a few hundred bytes (a FIFO there would block)
+        body = json.loads(read_regular_file(side, 1 << 20, field).decode("utf-8"))
         if not isinstance(body, dict):
             raise ValueError("not a JSON object")
         return body

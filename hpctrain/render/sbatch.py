@@ -36,6 +36,11 @@ RESERVED = {
     "output": "nothing (hpctrain writes <run dir>/slurm-%j.out)", "error": "nothing (stderr joins the output)",
     "array": "sweep (hpctrain sweep)", "wrap": "nothing (the script is the job)",
     "chdir": "nothing (the job runs where it was submitted, so relative paths in job.yaml hold)",
+    # These change what the job executes (its environment, its root file system), so they are not data:
+    "export": "nccl.env (communication settings) or slurm.setup (shell by design, e.g. export NAME=value)",
+    "export-file": "nccl.env (communication settings) or slurm.setup (shell by design, e.g. export NAME=value)",
+    "get-user-env": "slurm.setup (shell by design)",
+    "container": "container.image", "container-id": "container.image",
 }
 # --gres=gpu:N (or --gpus) in slurm.extra replaces --gpus-per-node, for sites that only accept gres.
 _GPU_REQUEST_OPTIONS = ("gres", "gpus", "gpus-per-task")
@@ -70,8 +75,7 @@ def sbatch_lines(job: Any, *, run_dir: str, array: Optional[str]) -> list[Sbatch
     extra = dict(s.extra)
     for key in extra:
         if key in RESERVED:
-            raise RenderError(f"slurm.extra.{key}: hpctrain writes --{key} itself (got {extra[key]!r:.80}); "
-                              f"set it through {RESERVED[key]}")
+            raise _reserved(key, extra[key])
     lines = [sbatch_line("job-name", slurm_job_name(job.name), field="name"), sbatch_line("nodes", c.nodes_spec)]
     if c.elastic:
         # --ntasks-per-node would fix the task count at min_nodes x tasks and Slurm (cons_tres) would then
@@ -111,6 +115,48 @@ def sbatch_lines(job: Any, *, run_dir: str, array: Optional[str]) -> list[Sbatch
             continue
         lines.append(sbatch_line(key, None if value is True else value, field=f"slurm.extra.{key}"))
     return lines
+
+
+def _reserved(key: str, value: object) -> RenderError:
+    return RenderError(f"slurm.extra.{key}: hpctrain writes --{key} itself or refuses it (got {value!r:.80}); "
+                       f"set it through {RESERVED[key]}")
+
+
+def _raise(error: RenderError) -> None:
+    raise error
+
+
+def sbatch_problems(job: Any) -> list[str]:
+    """Every problem sbatch_lines (render, submit) would refuse, one line per field, without rendering.
+
+    `validate` runs this, so a value that render refuses never validates. Each check is the one
+    sbatch_lines makes (same functions, same messages); they are only collected instead of raised.
+    """
+    from hpctrain.render.context import container_binds
+
+    s = job.slurm
+    checks: list[Any] = [lambda: sbatch_line("job-name", slurm_job_name(job.name), field="name"),
+                         lambda: container_binds(job, "")]
+    if s.time is not None:
+        checks.append(lambda: sbatch_line("time", s.time, field="slurm.time"))
+    for key in ("partition", "account", "qos", "constraint", "mem"):
+        value = getattr(s, key)
+        if value is not None:
+            checks.append(lambda key=key, value=value: sbatch_line(key, _identifier(f"slurm.{key}", value),
+                                                                   field=f"slurm.{key}"))
+    for key, value in s.extra.items():
+        if key in RESERVED:
+            checks.append(lambda key=key, value=value: _raise(_reserved(key, value)))
+        elif value is not False:
+            checks.append(lambda key=key, value=value: sbatch_line(key, None if value is True else value,
+                                                                   field=f"slurm.extra.{key}"))
+    problems: list[str] = []
+    for check in checks:
+        try:
+            check()
+        except RenderError as exc:
+            problems += exc.problems
+    return problems
 
 
 def check_array(array: Optional[str]) -> Optional[str]:
