@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional
 
 from hpctrain.rundir.events import read_jsonl
 from hpctrain.rundir.layout import EVENTS_FILE, JOB_FILE, LOGS_DIR, METRICS_FILE, PLAN_FILE, RESOLVED_FILE
+from hpctrain.rundir.lock import pid_alive
 from hpctrain.rundir.local_state import read_local_state
 from hpctrain.rundir.ranks import RANK_LOG, read_rank_summaries
 from hpctrain.rundir.read import read_json, read_yaml_mapping
@@ -165,8 +166,12 @@ def _scheduler_view(run_dir: Path, events: list[dict[str, Any]], query: Optional
     """The local executor's state file, else Slurm's record of the job (when a query is given)."""
     local = read_local_state(run_dir)
     if local and local.get("state"):
-        return {"state": str(local["state"]).upper(), "exit_codes": local.get("exit_codes") or [],
-                "reason": local.get("reason"), "source": "local executor"}
+        state, reason = str(local["state"]).upper(), local.get("reason")
+        pid = local.get("pid")
+        if state in ("PENDING", "RUNNING") and isinstance(pid, int) and not pid_alive(pid):
+            state, reason = "FAILED", "the local supervisor process is gone"  # as `status` says (local_executor)
+        return {"state": state, "exit_codes": local.get("exit_codes") or [], "reason": reason,
+                "source": "local executor"}
     submitted = [e for e in events if e["event"] == "submitted" and e.get("job_id")]
     if not submitted or query is None:
         return {}

@@ -69,6 +69,8 @@ def test_ranks_die_with_a_killed_supervisor_and_resume_writes_each_step_once(tmp
         time.sleep(0.1)
     assert not any(_alive(p) for p in ranks), f"ranks {ranks} outlived their supervisor"
     assert status_json(run_dir, env)["state"] == "FAILED"
+    doctor = run_cli(["doctor", str(run_dir), "--json", "--no-scheduler"], cwd=tmp_path, env=env, timeout_s=60)
+    assert json.loads(doctor.stdout)["state"] == "failed", doctor.stdout  # not "running": the supervisor is dead
     again = run_cli(["resume", str(run_dir)], cwd=tmp_path, env=_env(**probe), timeout_s=60)
     assert again.returncode == 0, again.stderr
     status = wait_status(run_dir, env, lambda s: s["state"] in TERMINAL, 120, "the resumed run to end")
