@@ -30,6 +30,7 @@ RULES: tuple[Rule, ...] = (
     rules_health.signal_rule,
     rules_health.checkpoint_interval_rule,
     rules_health.checkpoint_failed_rule,
+    rules_eval.training_divergence_rule,
     rules_eval.validation_rule,
     rules_perf.comm_rule,
     rules_perf.imbalance_rule,

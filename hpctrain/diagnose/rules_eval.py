@@ -1,4 +1,10 @@
-"""The validation loss (train.eval_every): not finite, or rising away from its best.
+"""The loss: the training loss diverging or not finite, the validation loss (train.eval_every) not
+finite or rising away from its best.
+
+Training divergence: the median of the last `RECENT` logged losses is more than `DIVERGED` times the
+best loss so far AND above the first logged loss. A spike that recovers leaves the median low; a run
+whose loss ends above where it started (5.5 -> 1292) has lost what it learned. The usual cause is a
+learning rate too high for the batch or for the warm-up, so the fixes lower it or warm up longer.
 
 A validation loss that has risen on each of the last `RISING` evaluations and now lies more than
 `thresholds.val_divergence` above its best means the run is getting worse on held-out data: with the
@@ -15,6 +21,8 @@ from hpctrain.diagnose.findings import ERROR, WARNING, Finding, Fix
 from hpctrain.diagnose.fixes import validated
 
 RISING = 2  # consecutive rises before it counts as a trend, not noise
+RECENT = 3  # logged training losses whose median is "where the loss is now" (one spike is not a trend)
+DIVERGED = 2.0  # that median above DIVERGED x the best loss (and above the first) is a divergence
 
 
 def _series(ctx: Context, key: str) -> list[tuple[int, float]]:
@@ -66,3 +74,45 @@ def validation_rule(ctx: Context) -> list[Finding]:
         Fix(f"keep the checkpoint nearest step {best_step} (the best validation loss), or train on more data")]
     return [Finding("validation", WARNING, f"validation loss diverging since step {best_step}", evidence,
                     tuple(fixes))]
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def training_divergence_rule(ctx: Context) -> list[Finding]:
+    """The training loss not finite, or risen far above its best and above where it started."""
+    series = _series(ctx, "loss")
+    bad = [(s, v) for s, v in series if not math.isfinite(v)]
+    if bad:
+        finite = [(s, v) for s, v in series if math.isfinite(v) and s < bad[0][0]]
+        evidence = [f"{len(bad)} of {len(series)} logged step(s) have a loss that is not finite"]
+        if finite:
+            evidence.append(f"last finite loss {finite[-1][1]:.4g} at step {finite[-1][0]}")
+        return [Finding("divergence", ERROR, f"training loss is {bad[0][1]} at step {bad[0][0]}", tuple(evidence),
+                        tuple(_lr_fixes(ctx)))]
+    if len(series) < RECENT + 1:
+        return []
+    first_step, first = series[0]
+    best_step, best = min(series, key=lambda item: item[1])
+    now = _median([v for _, v in series[-RECENT:]])
+    last_step, last = series[-1]
+    if best <= 0 or now <= DIVERGED * best or now <= first:
+        return []
+    evidence = [f"training loss {last:.4g} at step {last_step} (median of the last {RECENT} logged: {now:.4g}), "
+                f"{now / best:.0f}x its best {best:.4g} at step {best_step} and above its first {first:.4g} at "
+                f"step {first_step}"]
+    grad = [(s, v) for s, v in _series(ctx, "grad_norm") if math.isfinite(v)]
+    at_best = [v for s, v in grad if s <= best_step]
+    if grad and at_best and at_best[-1] > 0 and grad[-1][1] > 10 * at_best[-1]:
+        evidence.append(f"gradient norm {grad[-1][1]:.3g} at step {grad[-1][0]}, {grad[-1][1] / at_best[-1]:.0f}x "
+                        f"its value at step {best_step}: the updates grew until the optimisation left its basin")
+    lrs = [(s, v) for s, v in _series(ctx, "lr") if s >= best_step]
+    if lrs:
+        evidence.append(f"learning rate {lrs[0][1]:.3g} at step {lrs[0][0]} (where the loss turned)")
+    fixes = _lr_fixes(ctx) + [Fix(f"resume from the newest checkpoint before step {best_step} with the lower "
+                                  "learning rate (`hpctrain resume RUN --set ...`), or start again")]
+    return [Finding("divergence", ERROR, f"training loss diverged after step {best_step} "
+                    f"({best:.4g} -> {last:.4g})", tuple(evidence), tuple(fixes))]
