@@ -41,17 +41,24 @@ def find(ck: Checkpointer, resume_from: str | None) -> str | None:
     if isinstance(plan, ConfigError):
         raise plan
     candidates, explicit_one = plan
-    chosen, damaged = None, []
+    chosen, damaged, first_problem = None, [], ""
     for path in candidates:
         problems = _verify_share(ck, path)
         if not problems:
             chosen = path
             break
         damaged.append(path)
+        first_problem = first_problem or problems[0]
         if ck.rank == 0:
             _skip(ck, path, problems[0])
         if explicit_one:
             raise ConfigError(f"--resume-from {path}: not a complete checkpoint: {problems[0]}")
+    if chosen is None and damaged:
+        # Starting afresh would overwrite the run's history with step 1 (and a torch whose DCP index
+        # the allow-list does not know would look exactly like this): stop, keep every folder as it is.
+        raise ConfigError(f"checkpoint.dir {ck.folder}: none of its {len(damaged)} checkpoint(s) passed "
+                          f"verification ({os.path.basename(damaged[0])}: {first_problem}); nothing was loaded "
+                          "or moved: restore the files, or move the damaged step-N folders away to start afresh")
     if ck.rank == 0:
         step = int(read_metadata(chosen)["step"]) if chosen else 0
         if resume_from is not None or damaged:

@@ -51,6 +51,23 @@ def test_finding5_a_damaged_data_file_falls_back_to_the_newest_intact_checkpoint
     assert curve == [(m["loss"], m["grad_norm"]) for m in metrics(full)]  # steps 5 and 6 redone bit-identically
 
 
+def test_finding5_no_intact_checkpoint_stops_instead_of_starting_afresh(tmp_path) -> None:
+    """Nothing already saved is lost: with every checkpoint damaged, the run does not restart from
+    step 1 over them; it exits 2 and leaves the folders where they are."""
+    job = make_job(train={"steps": 2}, checkpoint={"every_steps": 2, "keep_last": 3})
+    run = str(tmp_path / "run")
+    assert run_entry(job, run) == [0]
+    ck = os.path.join(run, "checkpoints")
+    _garble(os.path.join(ck, "step-2", "__0_0.distcp"))
+    job["train"]["steps"] = 4
+    proc = run_module(["--job", write_job(job, str(tmp_path / "job.yaml")), "--run-dir", run])
+    assert proc.returncode == 2, proc.stderr
+    assert "none of its 1 checkpoint(s) passed verification (step-2:" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert _steps(ck) == ["step-2"]
+    assert [m["step"] for m in metrics(run)] == [1, 2]  # no second step 1
+
+
 def test_finding5_a_damaged_shard_of_rank_1_falls_back_on_every_rank(tmp_path) -> None:
     job = make_job(dp=2, train={"steps": 4, "micro_batch": 1}, checkpoint={"every_steps": 2, "keep_last": 2})
     run = str(tmp_path / "run")
