@@ -102,5 +102,8 @@ class KubernetesConfig(Section):
     rdma_per_pod: int = Field(1, ge=1, le=64, description="How many rdma_resource devices each pod requests.")
     shm_size_gib: Optional[float] = Field(None, gt=0, le=L.MAX_GPU_MEMORY_GIB, description="sizeLimit of the memory-backed /dev/shm; "
                                           "unset: no limit (NCCL and data loaders use it).")
+    termination_grace_s: int = Field(120, ge=1, le=L.MAX_SECONDS, description="Seconds from SIGTERM to SIGKILL "
+                                     "when a pod is deleted or evicted (terminationGracePeriodSeconds): time for "
+                                     "the ranks to save a checkpoint.")
     master_port: int = Field(29500, ge=1, le=65535, description="Rendezvous port on the first pod (each "
                              "attempt gets new pods, so a fixed port is safe).")

@@ -72,8 +72,11 @@ class Kubectl:
         return f"{namespace}/{name}"
 
     def phase(self, job_id: str) -> str:
-        """The Job's phase (Pending, Running, Restarting, Completed, Failed, ...), or UNKNOWN."""
+        """The Job's phase (Pending, Running, Restarting, Completed, Failed, ...), or UNKNOWN (also without
+        kubectl: `status` still shows what the local run directory knows)."""
         namespace, name = split_job_id(job_id)
+        if self._path() is None:
+            return "UNKNOWN"
         proc = self._run(["get", RESOURCE, name, "--namespace", namespace, "-o", "jsonpath={.status.state.phase}"],
                          check=False)
         return proc.stdout.strip() if proc.returncode == 0 and proc.stdout.strip() else "UNKNOWN"

@@ -108,6 +108,8 @@ def _pod_spec(job: Any, run_dir: str, job_text: str) -> dict[str, Any]:
     spec: dict[str, Any] = {
         # Volcano restarts the whole Job (RestartJob); the kubelet must not restart one container alone.
         "restartPolicy": "Never",
+        # On deletion or eviction the ranks get SIGTERM and save a checkpoint (runtime/requeue.py) before this.
+        "terminationGracePeriodSeconds": k8s.termination_grace_s,
         "containers": [container],
         "volumes": [{"name": "run", "persistentVolumeClaim": {"claimName": k8s.pvc.claim_name}},
                     {"name": "dshm", "emptyDir": shm}],

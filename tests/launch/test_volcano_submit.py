@@ -136,6 +136,14 @@ def test_submit_status_logs_cancel_go_through_kubectl(tmp_path: Path, kubectl: P
     assert calls(kubectl)[-1][:5] == ["logs", "--namespace", "ml-training", "--selector",
                                       "volcano.sh/job-name=llama3-8b-volcano"]
 
+    path = os.environ["PATH"]
+    os.environ["PATH"] = str(tmp_path / "nowhere")  # kubectl gone: status still answers, from the run dir
+    try:
+        assert main(["status", str(run), "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["state"] == "UNKNOWN"
+    finally:
+        os.environ["PATH"] = path
+
     assert main(["cancel", str(run)]) == 0
     assert "cancelled job ml-training/llama3-8b-volcano" in capsys.readouterr().out
     assert calls(kubectl)[-1] == ["delete", "jobs.batch.volcano.sh", "llama3-8b-volcano", "--namespace",

@@ -104,7 +104,7 @@ def test_gang_restart_and_resources_follow_the_job() -> None:
     assert set(spec["plugins"]) == {"env", "svc"}  # not pytorch: its per-pod RANK must not reach the ranks
     assert spec["queue"] == "research" and spec["priorityClassName"] == "high-priority"
     pod = task["template"]["spec"]
-    assert pod["restartPolicy"] == "Never"
+    assert pod["restartPolicy"] == "Never" and pod["terminationGracePeriodSeconds"] == 120
     assert container(doc)["resources"]["limits"] == {"nvidia.com/gpu": 8, "rdma/hca_shared_devices_a": 1}
     assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "65536Mi"}} in pod["volumes"]
     assert {"name": "dshm", "mountPath": "/dev/shm"} in container(doc)["volumeMounts"]

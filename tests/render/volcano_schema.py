@@ -79,6 +79,7 @@ POD_SPEC = _object({
     "containers": {"type": "array", "items": CONTAINER, "minItems": 1},
     "volumes": {"type": "array", "items": VOLUME},
     "restartPolicy": {"enum": ["Always", "OnFailure", "Never"]},
+    "terminationGracePeriodSeconds": {"type": "integer", "minimum": 0},
     "serviceAccountName": DNS_SUBDOMAIN,
     "nodeSelector": {"type": "object", "propertyNames": QUALIFIED_NAME, "additionalProperties": LABEL_VALUE},
     "tolerations": {"type": "array", "items": TOLERATION},
