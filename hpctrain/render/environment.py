@@ -57,6 +57,33 @@ def _bytecode_cache() -> Any:
     return jinja2.FileSystemBytecodeCache(str(folder)) if os.access(folder, os.W_OK) else None
 
 
+MAX_TEMPLATE_BYTES = 1 << 20  # the shipped script template is ~10 KiB; a user's is an input like job.yaml
+
+
+def _bounded_loader(search: list[str]) -> Any:
+    """FileSystemLoader that refuses a template over MAX_TEMPLATE_BYTES (Jinja reads a file whole).
+
+    Jinja's loader already skips anything that is not a regular file (a FIFO, /dev/zero), so only the
+    size needs a check here.
+    """
+    import jinja2
+
+    class BoundedLoader(jinja2.FileSystemLoader):
+        def get_source(self, environment: Any, template: str) -> Any:
+            from jinja2.loaders import split_template_path
+
+            for folder in self.searchpath:  # the file Jinja will pick, measured before it is read
+                path = os.path.join(folder, *split_template_path(template))
+                if os.path.isfile(path):
+                    if os.path.getsize(path) > MAX_TEMPLATE_BYTES:
+                        raise RenderError(f"{path}: template larger than {MAX_TEMPLATE_BYTES} bytes; a job "
+                                          "template is a page of text")
+                    break
+            return super().get_source(environment, template)
+
+    return BoundedLoader(search)
+
+
 @functools.lru_cache(maxsize=8)
 def environment(user_dir: Optional[str] = None) -> Any:
     """The environment for one user template folder (None: shipped templates only)."""
@@ -67,7 +94,7 @@ def environment(user_dir: Optional[str] = None) -> Any:
 
     search = ([user_dir] if user_dir else []) + [str(d) for d in shipped_dirs()]
     env = ImmutableSandboxedEnvironment(
-        loader=jinja2.FileSystemLoader(search),
+        loader=_bounded_loader(search),
         undefined=jinja2.StrictUndefined,
         finalize=finalize,
         autoescape=False,

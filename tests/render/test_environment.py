@@ -173,3 +173,11 @@ def test_user_template_cannot_run_code(payload: str, tmp_path: Path, capsys: pyt
     assert err.startswith("job.sbatch.j2:2: ")
     # lipsum is no longer a global at all (undefined); every other payload reaches the sandbox's wall
     assert "reaches outside the values it is given" in err or "'lipsum' is undefined" in err, err
+
+
+def test_user_template_size_is_bounded(tmp_path: Path) -> None:
+    """Issue 18, finding 7 (every input bounded): a template is read whole, so its size is checked first."""
+    with open(tmp_path / "job.sbatch.j2", "wb") as handle:
+        handle.truncate(2 << 20)  # sparse: 2 MiB without writing them
+    with pytest.raises(RenderError, match=r"job\.sbatch\.j2: template larger than 1048576 bytes"):
+        render_script(job_from_dict(BASE_JOB), run_dir="/runs/x", template_dir=str(tmp_path))
