@@ -72,15 +72,15 @@ def test_user_errors_exit_2_with_one_line_each(tmp_path) -> None:
 
 
 def test_a_failing_rank_exits_1_and_records_why(tmp_path) -> None:
-    blocker = tmp_path / "a-file"
-    blocker.write_text("")
-    job = make_job(train={"steps": 1}, checkpoint={"dir": str(blocker / "checkpoints")})
+    # An unexpected error inside the rank (not bad input, which exits 2 before training): a folder
+    # where the runtime must write metrics.jsonl.
     run = tmp_path / "run"
-    proc = run_module(["--job", _write(tmp_path, job), "--run-dir", str(run)])
+    (run / "metrics.jsonl").mkdir(parents=True)
+    proc = run_module(["--job", _write(tmp_path, make_job(train={"steps": 1})), "--run-dir", str(run)])
     assert proc.returncode == 1
-    assert "failed: NotADirectoryError" in proc.stderr
+    assert "failed: IsADirectoryError" in proc.stderr
     failed = [e for e in events(str(run)) if e["event"] == "failed"]
-    assert failed and failed[0]["exit_code"] == 1 and "NotADirectoryError" in failed[0]["reason"]
+    assert failed and failed[0]["exit_code"] == 1 and "IsADirectoryError" in failed[0]["reason"]
     assert json.load(open(run / "ranks" / "rank-0.json"))["status"] == "failed"
 
 
