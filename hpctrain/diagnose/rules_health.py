@@ -219,6 +219,10 @@ def signal_rule(ctx: Context) -> list[Finding]:
         end = _attempt_end(ctx, signal.get("attempt"), signal["t"])
         saved = [e for e in run.events_named("checkpoint_saved") if e.get("t") and e["t"] >= signal["t"]
                  and (end is None or e["t"] <= end["t"])]
+        # The step the ranks stopped at may have been saved just before the signal (checkpoint.every_steps):
+        # nothing was lost, so the signal was not late.
+        saved += [e for e in run.events_named("checkpoint_saved") if signal.get("step") is not None
+                  and e.get("step") == signal.get("step") and e.get("attempt") == signal.get("attempt")]
         if end is not None and not saved:
             late.append(f"attempt {signal.get('attempt', '?')}: signal {signal.get('signal', '')} "
                         f"{end['t'] - signal['t']:.0f} s before it {end['event']}, no checkpoint saved in between")

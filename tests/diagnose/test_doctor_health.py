@@ -136,3 +136,23 @@ def test_finding8_a_full_disk_is_named_not_taken_for_a_comms_problem(tmp_path):
     assert finding.severity == "error" and finding.title == f"a checkpoint save failed: {reason}"
     assert finding.evidence == (f"attempt 0: saving step 100 to /scratch/ck/step-100.partial: {reason}",)
     assert "make room in /scratch/ck" in finding.fixes[0].why
+
+
+def test_finding3_a_stop_that_nothing_requeued_is_reported_and_its_saved_step_is_not_late(tmp_path):
+    """A stray SIGTERM at step 16 of a local run: the step was already saved (every_steps) just before the
+    signal, so the signal was not late; the run stopped unfinished and nothing requeued it."""
+    import json
+
+    events = [event("started", 0.0, attempt=0),
+              event("checkpoint saved", 30.0, attempt=0, step=16, duration_s=1.0),
+              event("signal", 30.5, attempt=0, signal="TERM", step=16),
+              event("not_requeued", 30.5, attempt=0, reason="signal TERM at step 16", why_not="not-under-slurm",
+                    step=16),
+              event("stopped", 30.6, attempt=0, step=16, requeue="not-requeued", why_not="not-under-slurm"),
+              event("ended", 31.0, state="STOPPED", attempt=0, executor="local")]
+    run = make_run(tmp_path, gpu_job(train={"steps": 30}), metrics=metrics_lines(16, 2.2, mfu=0.42), events=events)
+    (run / "submit").mkdir(exist_ok=True)
+    (run / "submit" / "local.json").write_text(json.dumps({"state": "STOPPED", "reason": "signal TERM at step 16"}))
+    finding = _only(run, "requeue")
+    assert finding.severity == "error" and finding.title == "the run stopped at step 16 of 30 and nothing requeued it"
+    assert "hpctrain resume" in finding.fixes[0].why
