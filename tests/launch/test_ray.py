@@ -147,3 +147,13 @@ def test_a_killed_worker_is_restarted_from_the_checkpoint_and_cancel_stops_it(ra
         assert time.monotonic() < deadline, f"ranks still running after cancel: {_rank_pids(run_dir)}"
         time.sleep(0.5)
     assert (final["step"] or 0) < 40
+
+    # `resume` sends a new Ray job that continues from the newest checkpoint to the last step.
+    fast = {k: v for k, v in env.items() if k != "HPCTRAIN_TEST_STEP_DELAY_S"}
+    resumed_run = run_cli(["resume", str(run_dir)], cwd=tmp_path, env=fast)
+    assert resumed_run.returncode == 0, resumed_run.stderr
+    done = wait_status(run_dir, fast, lambda s: s["state"] in TERMINAL and s["job_id"] != final["job_id"], 240,
+                       "the resumed Ray job")
+    assert done["state"] == "COMPLETED" and done["step"] == 40, f"{done}\n{log_tail(run_dir)}"
+    last_resume = [e for e in _events(run_dir) if e["event"] == "resumed"][-1]
+    assert last_resume["step"] >= resumed["step"], last_resume
