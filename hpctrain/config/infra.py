@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import Field, WithJsonSchema, model_validator
+from pydantic import Field, PlainValidator, WithJsonSchema, model_validator
+from pydantic_core import PydanticCustomError
 
 from hpctrain.config import limits as L
 from hpctrain.config.base import Section
@@ -33,6 +34,13 @@ _NODES_SCHEMA = {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 100000},
                             "maxLength": 32}]}
 
 
+def _node_count(value: Any) -> int:
+    """A whole number of nodes (a valid range string was already split by ClusterConfig._node_range)."""
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 100000:
+        return value
+    raise PydanticCustomError("node_count", "expected a whole number of nodes (1-100000) or a range such as '4-8'")
+
+
 class RayConfig(Section):
     """Where `cluster.executor: ray` submits (the Ray Jobs API of a running Ray cluster)."""
 
@@ -48,7 +56,7 @@ class ClusterConfig(Section):
     executor: Literal["auto", "slurm", "local", "volcano", "ray"] = Field(
         "auto", description="slurm if sbatch is on PATH, else local; volcano: a Volcano Job on Kubernetes "
         "(needs the kubernetes section); ray: a Ray job through the Ray Jobs API (cluster.ray).")
-    nodes: Annotated[int, WithJsonSchema(_NODES_SCHEMA)] = Field(1, ge=1, le=100000, description="Number of nodes, or a range such as '4-8' (elastic: Slurm "
+    nodes: Annotated[int, PlainValidator(_node_count), WithJsonSchema(_NODES_SCHEMA)] = Field(1, description="Number of nodes, or a range such as '4-8' (elastic: Slurm "
                        "starts the job on any count in it and each start re-plans the layout for the nodes it got).")
     min_nodes: Optional[int] = Field(None, ge=1, le=100000, description="Elastic: the fewest nodes the job runs on "
                                      "(with max_nodes; `nodes: 4-8` sets both).")

@@ -59,6 +59,7 @@ _FIXES = {
     "int_parsing": "write a whole number",
     "float_parsing": "write a number",
     "auto_int": "write a whole number or auto",
+    "node_count": "write e.g. 4, or a range such as '4-8'",
     "zero_stage": "write 0, 1, 2, 3 or auto",
     "slurm_time": "write e.g. '04:00:00'",
     "env_name": "rename the variable",

@@ -42,6 +42,8 @@ def test_fixed_count_is_not_elastic() -> None:
 
 @pytest.mark.parametrize("cluster, parallel, train, message", [
     ({"nodes": "3-2"}, {}, {}, "cluster.nodes: the range's low end is above its high end"),
+    ({"nodes": "two"}, {}, {}, "cluster.nodes: expected a whole number of nodes (1-100000) or a range such as '4-8'"),
+    ({"nodes": 0}, {}, {}, "cluster.nodes: expected a whole number of nodes (1-100000) or a range such as '4-8'"),
     ({"min_nodes": 2}, {}, {}, "cluster.min_nodes: a node range needs both"),
     ({"nodes": 5, "min_nodes": 2, "max_nodes": 3}, {}, {}, "cluster.nodes: is outside cluster.min_nodes..max_nodes"),
     ({"nodes": "2-3"}, {"dp": 3}, {}, "cluster.nodes: a node range needs a layout that can change"),
