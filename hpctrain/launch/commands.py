@@ -120,11 +120,14 @@ def run_submit(args: argparse.Namespace) -> int:
 
 def _wait(submission: Any, job: Any, timeout: Any) -> None:
     """`--wait`: follow the job to its end (JobFailedError unless it completed)."""
-    from hpctrain.launch.follow import follow
+    from hpctrain.launch.follow import FollowInterrupted, follow
 
-    timeout_s = timeout if timeout is not None else _wait_timeout_s(job)
-    proc = submission.process
-    status = follow(submission.run_dir, timeout_s, on_poll=proc.poll if proc else None, job_id=submission.job_id)
+    try:
+        timeout_s = timeout if timeout is not None else _wait_timeout_s(job)
+        proc = submission.process
+        status = follow(submission.run_dir, timeout_s, on_poll=proc.poll if proc else None, job_id=submission.job_id)
+    except KeyboardInterrupt:  # Ctrl-C between the submission and the first poll: the job goes on all the same
+        raise FollowInterrupted(submission.run_dir, submission.job_id) from None
     print(f"{status['state']} at step {status.get('step')}")
 
 

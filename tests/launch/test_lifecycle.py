@@ -189,7 +189,8 @@ def test_a_full_runs_dir_is_recorded_not_left_running(tmp_path: Path) -> None:
         pytest.skip("cannot mount a tmpfs here")
     try:
         env = _env(HPCTRAIN_TEST_STEP_DELAY_S="0.1")
-        run_dir = _start(tmp_path, env, tiny_job("full", steps=100000, runs_dir=str(disk / "runs")))
+        # bounded steps: a job leaked by a failed test ends by itself
+        run_dir = _start(tmp_path, env, tiny_job("full", steps=3000, runs_dir=str(disk / "runs")))
         wait_status(run_dir, env, lambda s: (s["step"] or 0) >= 2, 90, "step 2")
         _fill(disk / "filler")
         status = wait_status(run_dir, env, lambda s: s["state"] != "RUNNING", 60, "the job to end")
@@ -201,6 +202,8 @@ def test_a_full_runs_dir_is_recorded_not_left_running(tmp_path: Path) -> None:
             time.sleep(0.1)
         assert not _alive(recorded["pid"])
     finally:
+        for runs in (disk / "runs").glob("*"):  # a failed test must not leave its job training
+            run_cli(["cancel", str(runs)], cwd=tmp_path, env=_env(), timeout_s=30)
         subprocess.run(["umount", "-l", str(disk)], capture_output=True)
 
 
