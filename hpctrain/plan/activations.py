@@ -10,10 +10,14 @@ seq x seq matrix (flash attention saves its output and the log-sum-exp instead).
 
 Precision modes (how the runtime casts, see hpctrain/runtime/precision.py, data_parallel.py):
 - "fp32": everything fp32.
-- "autocast": fp32 parameters and residual stream; autocast casts every matmul input and weight
-  to 16 bits, and each linear saves its own cast input and cast weight.
+- "autocast": fp32 parameters; the model casts the residual stream to 16 bits after the
+  embedding, so every activation is 16-bit; autocast casts each weight to 16 bits and each
+  linear saves its cast weight.
 - "fsdp-mp": FSDP2's MixedPrecisionPolicy holds 16-bit unsharded parameters, so the whole
-  forward is 16-bit; RMSNorm upcasts its input to fp32 internally.
+  forward is 16-bit.
+In every mode RMSNorm (runtime/norm.py) saves its input as it came and one fp32 rstd per token,
+as a fused kernel does; under sequence parallelism the inputs of attention and the FFN are kept
+as sequence shards and gathered again in backward (runtime/sequence_parallel.py).
 """
 
 from __future__ import annotations
@@ -39,9 +43,6 @@ class Dtypes:
     casts_weights: bool  # autocast: each linear saves a 16-bit copy of its weight
 
 
-# RMSNorm's composite (torch.nn.functional.rms_norm on CPU and in eager) upcasts its input to fp32
-# and saves that fp32 input, the fp32 normalised x_hat and the fp32 rstd, whatever the dtype.
-NORM_SAVED_BYTES_PER_HIDDEN = 2 * FP32_BYTES
 
 
 def precision_mode(precision: str, fsdp: bool) -> str:
@@ -55,7 +56,7 @@ def dtypes(mode: str) -> Dtypes:
     if mode == "fp32":
         return Dtypes(FP32_BYTES, FP32_BYTES, FP32_BYTES, False, False)
     if mode == "autocast":
-        return Dtypes(FP32_BYTES, FP32_BYTES, HALF_BYTES, True, True)
+        return Dtypes(HALF_BYTES, HALF_BYTES, HALF_BYTES, False, True)
     if mode == "fsdp-mp":
         return Dtypes(HALF_BYTES, HALF_BYTES, HALF_BYTES, False, False)
     raise ValueError(f"unknown precision mode {mode!r}")
@@ -81,8 +82,9 @@ def _widths(model: Any, tp: int) -> tuple[float, float, float, float, float]:
 def layer_saved_bytes_per_token_no_ac(model: Any, tp: int, sp: bool, mode: str) -> float:
     """Per token: every tensor one layer saves without checkpointing (see module docstring).
 
-    Per RMSNorm: input x and normalised x_hat (+ fp32 rstd); per linear group: its input (one
-    shared fp32 tensor, or one 16-bit cast per linear under autocast); SDPA: q, repeated k and v,
+    Per RMSNorm: its input x and an fp32 rstd; per linear group: its input (one shared tensor,
+    a sequence shard under sequence parallelism, or one 16-bit cast per linear when autocast
+    casts inputs); SDPA: q, repeated k and v,
     output (which wo reuses as its input) and the fp32 log-sum-exp per head; swiglu: w1 out,
     silu out, w3 out and their product (w2's input); gelu: w1 out and gelu out.
     With sequence parallelism the norm-region tensors are split over tp (Korthikanti, section 4.2.2).
@@ -90,9 +92,9 @@ def layer_saved_bytes_per_token_no_ac(model: Any, tp: int, sp: bool, mode: str) 
     d = dtypes(mode)
     hidden, q_width, repeated, _, ffn = _widths(model, tp)
     seq_split = tp if sp else 1
-    norm = (NORM_SAVED_BYTES_PER_HIDDEN * hidden + FP32_BYTES) / seq_split
+    norm = (d.stream * hidden + FP32_BYTES) / seq_split
     casts = 3 + (2 if model.activation == "swiglu" else 1)  # q, k, v; w1 (and w3)
-    inputs = casts * d.matmul * hidden if d.casts_inputs else 2 * d.norm_out * hidden
+    inputs = casts * d.matmul * hidden if d.casts_inputs else 2 * d.norm_out * hidden / seq_split
     attention = d.matmul * (2 * q_width + 2 * repeated) + FP32_BYTES * model.heads / tp
     ffn_saved = (4 if model.activation == "swiglu" else 2) * d.matmul * ffn
     return 2 * norm + inputs + attention + ffn_saved
@@ -106,16 +108,14 @@ def layer_saved_bytes_per_token_selective(model: Any, tp: int, sp: bool, mode: s
     block_input = d.stream * hidden / (tp if sp else 1)
     qkv = d.matmul * (q_width + 2 * kv_width)
     sdpa = d.matmul * q_width + FP32_BYTES * model.heads / tp
-    projections = 2 * d.matmul * hidden  # wo and w2 outputs (partial sums before the TP reduce)
+    # wo and w2 outputs; under TP these are partial sums the policy recomputes, saving the reduced
+    # outputs instead: all-reduced (full) or, under sequence parallelism, reduce-scattered (1/tp).
+    # The all-gathers of sequence parallelism are recomputed, not saved.
+    projections = 2 * d.matmul * hidden if tp == 1 else 0.0
     ffn_out = (2 if model.activation == "swiglu" else 1) * d.matmul * ffn
-    # The policy also saves collective outputs: under TP the two all-reduced projections; under
-    # sequence parallelism instead their reduce-scatters (1/tp) and the all-gathered norm outputs
-    # that feed attention and the FFN.
     collectives = 0.0
-    if tp > 1 and sp:
-        collectives = 2 * d.matmul * hidden / tp + 2 * d.norm_out * hidden
-    elif tp > 1:
-        collectives = 2 * d.matmul * hidden
+    if tp > 1:
+        collectives = 2 * d.matmul * hidden / (tp if sp else 1)
     return block_input + qkv + sdpa + projections + ffn_out + collectives
 
 
@@ -134,9 +134,9 @@ def layer_activations(model: Any, tokens: int, tp: int, sp: bool, ac: str, mode:
 
 
 def rope_table_copy_bytes(model: Any, mode: str) -> float:
-    """apply_rope casts the fp32 cos/sin tables to 16 bits for q and for k: four [seq, head_dim]
-    copies per layer, saved by the multiplications (none in fp32, where the cast is a no-op)."""
-    return 0.0 if mode == "fp32" else 4.0 * HALF_BYTES * model.seq_len * head_dim(model)
+    """Per layer: nothing. The model casts the fp32 cos/sin tables to 16 bits once per forward
+    and every layer saves views of those two [seq, head_dim] copies (under 1 MiB at seq 2048)."""
+    return 0.0
 
 
 def weight_copy_bytes_per_layer(model: Any, tp: int, mode: str) -> float:
@@ -165,7 +165,7 @@ def head_activations(model: Any, tokens: int, tp: int, sp: bool, mode: str) -> H
     d = dtypes(mode)
     vocab = model.vocab / tp
     hidden = float(model.hidden)
-    norm = (NORM_SAVED_BYTES_PER_HIDDEN * hidden + FP32_BYTES) / (tp if sp else 1)
+    norm = (d.stream * hidden + FP32_BYTES) / (tp if sp else 1)
     head_input = (d.matmul if d.casts_inputs else d.norm_out) * hidden
     log_softmax = FP32_BYTES * vocab
     saved = (norm + head_input + log_softmax) * tokens

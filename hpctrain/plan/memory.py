@@ -269,13 +269,13 @@ def pipeline_buffer_bytes(model: Any, s: RankSetup, pp_rank: int, tokens: int, i
     non-last chunk keeps the output of each in-flight micro-batch for its backward; the last
     chunk keeps every micro-batch's logits until the step returns (the schedule merges them); a
     non-first chunk has one receive buffer per micro-batch, of which the in-flight ones are the
-    very tensors its first RMSNorm saves (except under fsdp-mp, where the norm saves an fp32 copy)."""
+    very tensors its first RMSNorm saves (runtime/norm.py keeps its input as it came)."""
     if s.pp == 1:
         return 0.0
     d = dtypes(mode)
     stages = s.pp * s.virtual_stages
     hidden_bytes = tokens * d.stream * model.hidden / (s.tp if s.sequence_parallel else 1)
-    shared = 0 if mode == "fsdp-mp" else math.ceil(in_flight)
+    shared = math.ceil(in_flight)
     total = 0.0
     for stage in range(pp_rank, stages, s.pp):
         if stage == stages - 1:

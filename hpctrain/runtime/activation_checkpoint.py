@@ -2,8 +2,10 @@
 
 - full: each block keeps only its input; its whole forward is recomputed in backward.
 - selective: each block is checkpointed with an op-level policy (PyTorch selective activation
-  checkpointing) that SAVES the outputs of matrix multiplies, attention (SDPA) and collectives and
-  RECOMPUTES everything else (norms, RoPE, activation functions, residual adds). The expensive
+  checkpointing) that SAVES the outputs of matrix multiplies (under TP not those of the
+  row-parallel wo/w2, whose reduced outputs are saved instead), attention (SDPA) and reductions and
+  RECOMPUTES everything else (norms, RoPE, activation functions, residual adds, and the
+  sequence-parallel all-gathers). The expensive
   FLOPs and the communication are never repeated; the many cheap element-wise activations, which
   are most of the memory of a block at small hidden sizes, are. This is torchtitan's "op" policy
   and Megatron's spirit of recomputing what is cheap per byte.
@@ -20,10 +22,16 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from hpctrain.errors import ConfigError
 from hpctrain.runtime.model import AC_MODES, TransformerBlock
+from hpctrain.runtime.sequence_parallel import CHECKPOINTED_ATTR
+
+
+_MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
+            torch.ops.aten.linear.default}
 
 
 def _saved_ops() -> set[Any]:
@@ -42,15 +50,38 @@ def _saved_ops() -> set[Any]:
         ops.add(cudnn.default)
     functional = getattr(torch.ops, "_c10d_functional", None)
     if functional is not None:
-        for name in ("reduce_scatter_tensor", "all_gather_into_tensor", "all_reduce"):
+        # Not all_gather_into_tensor: under sequence parallel its output is the full-sequence
+        # input of attention / the FFN; recomputing it (one more all-gather in backward) keeps
+        # the saved bytes of that tensor at 1/tp, as Megatron-LM does (sequence_parallel.py).
+        for name in ("reduce_scatter_tensor", "all_reduce"):
             op = getattr(functional, name, None)
             if op is not None:
                 ops.add(op.default)
     return ops
 
 
+# > 0 while a row-parallel projection (wo, w2 under TP) runs. Its matmul output is a full-size
+# partial sum [b, s, hidden] that only feeds the all-reduce / reduce-scatter; saving it would keep
+# 2 x hidden per token per layer whatever tp is, more than all the rest of the layer at tp=8. The
+# reduced output is saved instead (1/tp of it under sequence parallel); the price is that the
+# recompute in backward runs those two matmuls again.
+_row_parallel_depth = 0
+
+
+def _enter_row_parallel(module: nn.Module, args: Any) -> None:
+    global _row_parallel_depth
+    _row_parallel_depth += 1
+
+
+def _leave_row_parallel(module: nn.Module, args: Any, output: Any) -> None:
+    global _row_parallel_depth
+    _row_parallel_depth -= 1
+
+
 def _policy(saved: set[Any], ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-    return CheckpointPolicy.MUST_SAVE if op in saved else CheckpointPolicy.PREFER_RECOMPUTE
+    if op in saved and not (_row_parallel_depth and op in _MATMULS):
+        return CheckpointPolicy.MUST_SAVE
+    return CheckpointPolicy.PREFER_RECOMPUTE
 
 
 def _selective_context() -> Any:
@@ -69,4 +100,12 @@ def apply_ac(modules: nn.Module | Iterable[nn.Module], mode: str) -> None:
         for block in root.modules():
             if isinstance(block, TransformerBlock):
                 block.ac_mode = mode
+                for gathered in (block.attention, block.feed_forward):
+                    setattr(gathered, CHECKPOINTED_ATTR, mode != "none")
+                if mode == "selective" and not getattr(block, "_hpctrain_row_hooks", False):
+                    for proj in (block.attention.wo, block.feed_forward.w2):
+                        if isinstance(proj.weight, DTensor):  # tensor parallel applied
+                            proj.register_forward_pre_hook(_enter_row_parallel)
+                            proj.register_forward_hook(_leave_row_parallel, always_call=True)
+                    block._hpctrain_row_hooks = True
                 block.ac_context_fn = _selective_context if mode == "selective" else None

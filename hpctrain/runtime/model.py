@@ -25,6 +25,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from hpctrain.errors import ConfigError
+from hpctrain.runtime.norm import RMSNorm
 
 INIT_STD = 0.02
 AC_MODES = ("none", "selective", "full")
@@ -143,9 +144,9 @@ class TransformerBlock(nn.Module):
 
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
-        self.attention_norm = nn.RMSNorm(args.hidden, eps=args.norm_eps)
+        self.attention_norm = RMSNorm(args.hidden, eps=args.norm_eps)
         self.attention = Attention(args)
-        self.ffn_norm = nn.RMSNorm(args.hidden, eps=args.norm_eps)
+        self.ffn_norm = RMSNorm(args.hidden, eps=args.norm_eps)
         self.feed_forward = FeedForward(args)
         self.ac_mode = "none"
         self.ac_context_fn: Any = None
@@ -176,7 +177,7 @@ class Transformer(nn.Module):
         self.args = args
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(args.vocab, args.hidden)
         self.layers = nn.ModuleDict({str(i): TransformerBlock(args) for i in range(args.layers)})
-        self.norm: nn.RMSNorm | None = nn.RMSNorm(args.hidden, eps=args.norm_eps)
+        self.norm: RMSNorm | None = RMSNorm(args.hidden, eps=args.norm_eps)
         self.output: nn.Linear | None = nn.Linear(args.hidden, args.vocab, bias=False)
         if args.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
@@ -186,8 +187,17 @@ class Transformer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.tok_embeddings(x) if self.tok_embeddings is not None else x
+        if h.is_floating_point() and torch.is_autocast_enabled(h.device.type):
+            # bf16/fp16 without FSDP: autocast computes the matmuls in 16 bits but would leave
+            # the residual stream (embedding output, adds, norms) in fp32. Casting it once here
+            # keeps every activation 16-bit, as under FSDP's mixed precision; the parameters,
+            # the master weights, stay fp32.
+            h = h.to(torch.get_autocast_dtype(h.device.type))
+        # One 16-bit copy of the RoPE tables per forward, shared by every layer (a per-layer
+        # cast would make each layer save its own copies).
+        cos, sin = self.rope_cos.to(_compute_dtype(h)), self.rope_sin.to(_compute_dtype(h))
         for layer in self.layers.values():
-            h = layer(h, self.rope_cos, self.rope_sin)
+            h = layer(h, cos, sin)
         if self.norm is not None:
             h = self.norm(h)
         if self.output is not None:
@@ -218,6 +228,10 @@ class Transformer(nn.Module):
             for name, param in self.named_parameters():
                 source = "tok_embeddings.weight" if name == "output.weight" and self.args.tie_embeddings else name
                 copy_full_into(param, full_init(source, tuple(param.shape), seed, self.args.layers))
+
+
+def _compute_dtype(h: torch.Tensor) -> torch.dtype:
+    return h.dtype if h.is_floating_point() else torch.float32
 
 
 def param_seed(seed: int, name: str) -> int:

@@ -6,7 +6,9 @@ the MLP. The embedding is row-parallel over the vocabulary, the head column-para
 
 Sequence parallel (`parallel.sequence_parallel`) keeps the residual stream, the norms and the
 dropout-free element-wise work sharded along the sequence between blocks: the all-reduces become
-reduce-scatter + all-gather pairs and activation memory outside attention/MLP drops by tp.
+reduce-scatter + all-gather pairs and activation memory outside attention/MLP drops by tp. The
+gathered inputs of attention and the FFN are not kept for backward: only their sequence shards
+are, and backward gathers again (sequence_parallel.py; Korthikanti et al. 2022, section 4.2.2).
 
 Loss parallel is always on when tp > 1: the head's logits stay sharded over the vocabulary and the
 cross-entropy is computed without gathering them (`torch.distributed.tensor.parallel.loss_parallel`),
@@ -22,13 +24,13 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
-    PrepareModuleInput,
     RowwiseParallel,
     SequenceParallel,
     parallelize_module,
 )
 
 from hpctrain.runtime.model import Transformer, TransformerBlock
+from hpctrain.runtime.sequence_parallel import gather_sequence_input
 
 
 def apply_tp(model: Transformer, tp_mesh: DeviceMesh, *, sequence_parallel: bool, loss_parallel: bool) -> None:
@@ -68,14 +70,12 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh, *, sequence_parallel: bool
             plan.update(
                 {
                     "attention_norm": SequenceParallel(),
-                    "attention": PrepareModuleInput(
-                        input_layouts=(Shard(1), None, None),
-                        desired_input_layouts=(Replicate(), None, None),
-                    ),
                     "ffn_norm": SequenceParallel(),
-                    "feed_forward": PrepareModuleInput(
-                        input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
-                    ),
                 }
             )
         parallelize_module(block, tp_mesh, plan)
+        if sequence_parallel:
+            # Instead of PrepareModuleInput(Shard(1) -> Replicate): the same all-gather, but the
+            # matmuls keep the sequence shard for backward and gather again there.
+            gather_sequence_input(block.attention, tp_mesh)
+            gather_sequence_input(block.feed_forward, tp_mesh)

@@ -1,0 +1,121 @@
+"""Memory-efficient sequence parallelism: keep the sequence shard, all-gather again in backward.
+
+Under sequence parallelism the normalised input of attention (and of the FFN) is a sequence shard
+[b, s/tp, h]; it is all-gathered to [b, s, h] for the column-parallel matmuls (wq/wk/wv, w1/w3),
+and each of those matmuls saves that full-sequence input for its weight gradient. Korthikanti et
+al. 2022 (section 4.2.2, and Megatron-LM's `LinearWithGradAccumulationAndAsyncCommunication`) keep
+only the shard and redo the all-gather in backward: the saved bytes of that tensor drop by tp for
+one extra all-gather per region per backward (which Megatron overlaps with the input-gradient
+matmul).
+
+Here this is done with torch's own facility, `torch.autograd.graph.saved_tensors_hooks`, around
+the module whose input is gathered: every saved tensor that shares the gathered tensor's storage
+is packed as a reference to the shard (plus its view geometry); the first unpack in backward
+gathers again and the few matmuls that saved it share that one gathered copy. Other tensors go
+to whatever hooks were active outside (so saved-tensor measurement still sees everything).
+
+Only without activation checkpointing: with "full" the block keeps only its input anyway, and the
+"selective" policy (activation_checkpoint.py) recomputes the all-gather instead of saving it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate, Shard
+
+_HOOKS_ATTR = "_hpctrain_sp_hooks"
+# Set by activation_checkpoint.apply_ac on the gathered modules of a checkpointed block.
+CHECKPOINTED_ATTR = "_hpctrain_checkpointed"
+
+
+class _Regather:
+    """The shard behind one gathered tensor; gathers at most once per backward."""
+
+    def __init__(self, shard: DTensor, ptr: int) -> None:
+        self.shard = shard
+        self.ptr = ptr
+        self.pending = 0  # packed references not yet unpacked
+        self.full: torch.Tensor | None = None
+
+    def local_full(self) -> torch.Tensor:
+        if self.full is None:
+            self.full = self.shard.redistribute(self.shard.device_mesh, [Replicate()]).to_local()
+        return self.full
+
+    def release(self) -> None:
+        self.pending -= 1
+        if self.pending <= 0:
+            self.full = None  # the last matmul that needs it has it: drop the gathered copy
+
+
+class _Packed:
+    """A saved tensor replaced by (shard, view geometry)."""
+
+    def __init__(self, source: _Regather, t: torch.Tensor) -> None:
+        local = t.to_local() if isinstance(t, DTensor) else t
+        self.source = source
+        self.geometry = (tuple(local.shape), tuple(local.stride()), local.storage_offset())
+        self.spec = (t.device_mesh, tuple(t.placements), t.shape, t.stride()) if isinstance(t, DTensor) else None
+        self.requires_grad = t.requires_grad
+        source.pending += 1
+
+    def unpack(self) -> torch.Tensor:
+        size, stride, offset = self.geometry
+        local = self.source.local_full().as_strided(size, stride, offset)
+        self.source.release()
+        if self.spec is None:
+            return local
+        mesh, placements, shape, dstride = self.spec
+        return DTensor.from_local(local, mesh, placements, run_check=False, shape=shape, stride=dstride)
+
+
+def _outer_hooks() -> tuple[Any, Any]:
+    top = torch._C._autograd._top_saved_tensors_default_hooks(False)
+    if top is None:
+        return (lambda t: t), (lambda p: p)
+    return top
+
+
+def _pre_hook(mesh: DeviceMesh, module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    x = args[0]
+    shard = x if isinstance(x, DTensor) else DTensor.from_local(x, mesh, [Shard(1)], run_check=False)
+    gathered = shard.redistribute(mesh, [Replicate()])
+    if not torch.is_grad_enabled() or getattr(module, CHECKPOINTED_ATTR, False):
+        return (gathered, *args[1:])
+    source = _Regather(shard.detach(), gathered.to_local().untyped_storage().data_ptr())
+    outer_pack, outer_unpack = _outer_hooks()
+
+    def pack(t: torch.Tensor) -> Any:
+        local = t.to_local() if isinstance(t, DTensor) else t
+        if local.device.type != "meta" and local.untyped_storage().data_ptr() == source.ptr:
+            # Pass the shard through the outer hooks once, so a measurement counts it.
+            return ("regather", _Packed(source, t), outer_pack(source.shard.to_local()))
+        return ("outer", outer_pack(t))
+
+    def unpack(packed: Any) -> torch.Tensor:
+        if packed[0] == "regather":
+            return packed[1].unpack()
+        return outer_unpack(packed[1])
+
+    hooks = torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+    hooks.__enter__()
+    setattr(module, _HOOKS_ATTR, hooks)
+    return (gathered, *args[1:])
+
+
+def _post_hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+    hooks = getattr(module, _HOOKS_ATTR, None)
+    if hooks is not None:
+        setattr(module, _HOOKS_ATTR, None)
+        hooks.__exit__(None, None, None)
+
+
+def gather_sequence_input(module: nn.Module, mesh: DeviceMesh) -> None:
+    """`module(x, ...)` receives x as a sequence shard (Shard(1) over `mesh`) and runs on the
+    all-gathered, replicated x; its backward all-gathers x again instead of keeping it."""
+    module.register_forward_pre_hook(lambda m, a: _pre_hook(mesh, m, a))
+    module.register_forward_hook(_post_hook, always_call=True)
