@@ -29,7 +29,7 @@ from hpctrain.runtime.activation_checkpoint import apply_ac
 from hpctrain.runtime.data_parallel import apply_fsdp, sync_every_microbatch
 from hpctrain.runtime.model import ModelArgs, Transformer, build_model, cross_entropy_loss
 from hpctrain.runtime.parallel_dims import ParallelDims
-from hpctrain.runtime.pipeline_parallel import apply_pp, split_model, stage_layer_ranges
+from hpctrain.runtime.pipeline_parallel import apply_pp, split_model, stage_layer_ranges, step_kwargs
 from hpctrain.runtime.precision import LossScaler, autocast_context, local_tensor
 from hpctrain.runtime.tensor_parallel import apply_tp
 
@@ -148,7 +148,7 @@ class Training:
     def _pipelined_step(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         losses: list[torch.Tensor] = []
         args = (inputs,) if self.has_first_stage else ()
-        self.schedule.step(*args, target=labels, losses=losses)
+        self.schedule.step(*args, target=labels, losses=losses, **step_kwargs(self.schedule))
         if not self.has_last_stage:
             return torch.zeros((), device=self.device)
         scale = self.loss_scaler.scale if self.loss_scaler is not None else 1.0

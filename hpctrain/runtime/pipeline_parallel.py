@@ -10,10 +10,20 @@ computed here.
 Schedules: "gpipe" (all forwards then all backwards), "1f1b" (one forward one backward in steady
 state: at most pp micro-batches of activations alive) and "interleaved-1f1b" (v stages per rank:
 the bubble shrinks by v at the cost of v times more point-to-point messages).
+
+Memory bounded by the schedule, not the micro-batch count: torch's PipelineStage allocates one
+activation receive buffer and one gradient receive buffer per micro-batch when the first step
+starts and keeps them for the run, and the last stage keeps every micro-batch's logits to merge
+them. `BoundedStage` allocates a receive buffer when its receive is posted and drops it once that
+micro-batch's backward has run, and steps run with `return_outputs=False` (the loss is computed
+in the last stage, per micro-batch): with 1F1B at most pp - rank micro-batches are alive per rank
+whatever the micro-batch count (tests/runtime/test_pipeline_memory.py).
 """
 
 from __future__ import annotations
 
+import copy
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -95,6 +105,77 @@ def split_model(
     return parts
 
 
+_SPEC = "_hpctrain_buffer_spec"  # (shape, dtype) of a receive buffer that is not allocated now
+
+
+class BoundedStage(PipelineStage):
+    """A PipelineStage whose receive buffers exist only while their micro-batch is in flight.
+
+    It overrides private hooks of torch.distributed.pipelining (set-up of the receive infos,
+    posting of receives, a micro-batch's backward); on a torch whose stage lacks them, the stock
+    behaviour (a buffer per micro-batch) remains and only memory differs."""
+
+    def _setup_forward_recv_info(self, num_microbatches: int, *args: Any, **kwargs: Any) -> None:
+        super()._setup_forward_recv_info(1, *args, **kwargs)  # type: ignore[misc]
+        self._replicate_lazily(self.args_recv_info, num_microbatches)
+
+    def _setup_backward_recv_info(self, num_microbatches: int) -> None:
+        super()._setup_backward_recv_info(1)
+        self.chunks = num_microbatches
+        self._replicate_lazily(self.grad_recv_info, num_microbatches)
+
+    @staticmethod
+    def _replicate_lazily(infos: dict[int, Any], num_microbatches: int) -> None:
+        template = infos[0]
+        for chunk in range(num_microbatches):
+            infos[chunk] = tuple(copy.copy(info) for info in template)
+            _release(infos[chunk])
+
+    def get_fwd_recv_ops(self, fwd_chunk_id: int) -> list[Any]:
+        _allocate(self.args_recv_info.get(fwd_chunk_id, ()), self.device)
+        return super().get_fwd_recv_ops(fwd_chunk_id)
+
+    def get_bwd_recv_ops(self, bwd_chunk_id: int) -> list[Any]:
+        _allocate(self.grad_recv_info.get(bwd_chunk_id, ()), self.device)
+        return super().get_bwd_recv_ops(bwd_chunk_id)
+
+    def backward_one_chunk(self, bwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
+        result = super().backward_one_chunk(bwd_chunk_id, *args, **kwargs)
+        loss = kwargs.get("loss")
+        if isinstance(loss, torch.Tensor) and loss.grad_fn is not None:
+            # The schedule keeps every micro-batch's loss until the step ends; with its graph
+            # attached, each one pins its received input (the graph's leaf) for the whole step.
+            loss.detach_()
+        # The received activation and gradient of this micro-batch are consumed; the input
+        # gradient to send back lives on in grads_input (and in the pending send) until sent.
+        _release(self.args_recv_info.get(bwd_chunk_id, ()))
+        _release(self.grad_recv_info.get(bwd_chunk_id, ()))
+        return result
+
+
+def _release(infos: Any) -> None:
+    for info in infos or ():
+        buffer = getattr(info, "buffer", None)
+        if getattr(info, "is_root_arg", False) or not isinstance(buffer, torch.Tensor):
+            continue
+        if not hasattr(info, _SPEC) or buffer.numel():
+            setattr(info, _SPEC, (tuple(buffer.shape), buffer.dtype))
+        info.buffer = torch.empty(0, dtype=buffer.dtype, device=buffer.device)
+
+
+def _allocate(infos: Any, device: torch.device) -> None:
+    for info in infos or ():
+        spec = getattr(info, _SPEC, None)
+        if spec is not None and isinstance(info.buffer, torch.Tensor) and info.buffer.numel() == 0:
+            shape, dtype = spec
+            info.buffer = torch.empty(shape, dtype=dtype, device=device)
+
+
+def step_kwargs(schedule: Any) -> dict[str, Any]:
+    """`return_outputs=False` where the schedule accepts it: no logits kept for a merge."""
+    return {"return_outputs": False} if "return_outputs" in inspect.signature(schedule.step).parameters else {}
+
+
 def apply_pp(
     parts: list[tuple[int, Transformer]],
     pp_mesh: DeviceMesh,
@@ -127,7 +208,7 @@ def apply_pp(
             "the pipeline would idle (lower train.micro_batch or raise train.global_batch)"
         )
     group = pp_mesh.get_group()
-    stages = [PipelineStage(module, sid, n_stages, device, group=group) for sid, module in parts]
+    stages = [BoundedStage(module, sid, n_stages, device, group=group) for sid, module in parts]
     cls = SCHEDULES[schedule]
     if schedule == "interleaved-1f1b":
         rounds = max(1, n_microbatches // pp)  # torch's ScheduleInterleaved1F1B requirement
