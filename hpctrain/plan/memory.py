@@ -15,7 +15,6 @@ torch.cuda.max_memory_allocated sees.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -265,26 +264,18 @@ def _phase_items(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, 
 
 
 def pipeline_buffer_bytes(model: Any, s: RankSetup, pp_rank: int, tokens: int, in_flight: float, mode: str) -> float:
-    """What torch.distributed.pipelining keeps beside the model, per model chunk on this rank: a
-    non-last chunk keeps the output of each in-flight micro-batch for its backward; the last
-    chunk keeps every micro-batch's logits until the step returns (the schedule merges them); a
-    non-first chunk has one receive buffer per micro-batch, of which the in-flight ones are the
-    very tensors its first RMSNorm saves (runtime/norm.py keeps its input as it came)."""
+    """What the pipeline keeps beside the model, per model chunk on this rank: a non-last chunk
+    keeps the output of each in-flight micro-batch for its backward. Nothing grows with the
+    micro-batch count (runtime/pipeline_parallel.py's BoundedStage): a receive buffer exists only
+    while its micro-batch is in flight and is the very tensor the chunk's first RMSNorm saves
+    (counted with the layer), and the last chunk computes each micro-batch's loss and keeps no
+    logits (their transient is the head's loss buffers)."""
     if s.pp == 1:
         return 0.0
     d = dtypes(mode)
     stages = s.pp * s.virtual_stages
     hidden_bytes = tokens * d.stream * model.hidden / (s.tp if s.sequence_parallel else 1)
-    shared = math.ceil(in_flight)
-    total = 0.0
-    for stage in range(pp_rank, stages, s.pp):
-        if stage == stages - 1:
-            total += s.micro_batches * tokens * d.matmul * model.vocab / s.tp
-        else:
-            total += in_flight * hidden_bytes
-        if stage > 0:
-            total += max(s.micro_batches - shared, 0) * hidden_bytes
-    return total
+    return sum(in_flight * hidden_bytes for stage in range(pp_rank, stages, s.pp) if stage != stages - 1)
 
 
 def stage_layers_on_rank(stage_layers: list[tuple[int, int]], pp: int, pp_rank: int) -> int:

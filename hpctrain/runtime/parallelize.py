@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,6 +116,11 @@ class Training:
         return loss * self.loss_scaler.scale if self.loss_scaler is not None else loss
 
     def train_step(self, inputs: torch.Tensor, labels: torch.Tensor) -> float:
+        return self._global_mean(self.forward_backward(inputs, labels))
+
+    def forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """train_step without blocking the host: this rank's loss term as a device tensor (the
+        mean over its dp rank's batch on last-stage ranks, 0 elsewhere); `finish_step` reduces it."""
         inputs, labels = inputs.to(self.device), labels.to(self.device)
         if inputs.shape[0] % self.n_microbatches:
             raise ConfigError(
@@ -130,7 +136,7 @@ class Training:
         self._sync_tied_grads()
         if self.loss_scaler is not None:
             self.loss_scaler.unscale_(self.parameters())
-        return self._global_mean(local_loss)
+        return local_loss
 
     def _plain_step(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         model: Any = self.model_parts[0]  # an FSDPModule too when fsdp
@@ -193,6 +199,44 @@ class Training:
         """Global L2 norm of the full-model gradient (each element once, across TP/FSDP shards,
         pipeline stages and tied copies); scales gradients so it is at most max_norm (None or
         inf: measure only). Returns the norm before clipping."""
+        sq = self._grad_sq_local()
+        if self.mesh is not None and self.dims.world_size > 1:
+            dist.all_reduce(sq)
+        norm = math.sqrt(float(sq))
+        self._clip(norm, max_norm)
+        return norm
+
+    def finish_step(self, local_loss: torch.Tensor, max_norm: float | None,
+                    flags: Sequence[int] = ()) -> tuple[float, float, list[int]]:
+        """The end of a step with one collective and one device-to-host transfer: gathers every
+        rank's loss term, squared gradient norm and `flags` (small integers, e.g. the stop
+        request), clips, and returns (global mean loss, gradient norm, each flag's maximum over
+        ranks). Replaces train_step's loss reduction, clip_grad_norm_'s and the stop agreement's,
+        each of which blocked the host (on a GPU: a device synchronisation each)."""
+        parts = [local_loss.detach().reshape(1).double().to(self.device),
+                 self._grad_sq_local().reshape(1),
+                 torch.tensor([float(f) for f in flags], dtype=torch.float64, device=self.device)]
+        vec = torch.cat(parts)
+        if self.mesh is not None and self.dims.world_size > 1:
+            out = torch.empty(self.dims.world_size * vec.numel(), dtype=vec.dtype, device=self.device)
+            dist.all_gather_into_tensor(out, vec)
+            rows = out.view(self.dims.world_size, -1).tolist()  # the step's one host transfer
+        else:
+            rows = [vec.tolist()]
+        loss = sum(row[0] for row in rows) / (self.dims.dp * self.dims.tp)
+        norm = math.sqrt(sum(row[1] for row in rows))
+        agreed = [int(max(row[2 + i] for row in rows)) for i in range(len(flags))]
+        self._clip(norm, max_norm)
+        return loss, norm, agreed
+
+    def _clip(self, norm: float, max_norm: float | None) -> None:
+        if max_norm is not None and math.isfinite(max_norm) and norm > max_norm:
+            coef = max_norm / (norm + 1e-6)
+            grads = [local_tensor(p.grad) for p in self.parameters() if p.grad is not None]
+            torch._foreach_mul_(grads, coef)
+
+    def _grad_sq_local(self) -> torch.Tensor:
+        """This rank's weighted sum of squared gradient elements (float64, on the device)."""
         groups: dict[tuple[torch.device, float], list[torch.Tensor]] = {}
         for p, weight in self._norm_weights:
             if p.grad is not None:
@@ -202,14 +246,7 @@ class Training:
         for (_, weight), grads in groups.items():
             norms = torch._foreach_norm(grads, 2.0)  # one fused kernel per group, fp32 accumulation
             sq += torch.stack(norms).double().pow(2).sum().to(self.device) * weight
-        if self.mesh is not None and self.dims.world_size > 1:
-            dist.all_reduce(sq)
-        norm = math.sqrt(float(sq))
-        if max_norm is not None and math.isfinite(max_norm) and norm > max_norm:
-            coef = max_norm / (norm + 1e-6)
-            grads = [local_tensor(p.grad) for p in self.parameters() if p.grad is not None]
-            torch._foreach_mul_(grads, coef)
-        return norm
+        return sq
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
         """optimizer.step(), unless fp16 loss scaling found inf/nan; returns whether it stepped."""

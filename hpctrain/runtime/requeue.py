@@ -179,6 +179,7 @@ class RequeueController:
         self.why_not: Optional[str] = None  # why a stop did not lead to a requeue (finish())
         self.save_s: Optional[float] = None  # the last save's duration
         self._last_boundary_s: Optional[float] = None
+        self._why = ""  # rank 0: why time is short, from the last local_flags
         self.end_time_s: Optional[float] = None
         self.end_source = "none"
         self._refreshed_s = clock()
@@ -214,18 +215,30 @@ class RequeueController:
     def should_stop(self, step: int, save_s: Optional[float] = None) -> bool:
         """Called by every rank after each step: True on all ranks together when one got a signal or time is short.
 
-        `save_s`: how long the last checkpoint save took (None before the first one).
+        `save_s`: how long the last checkpoint save took (None before the first one). One
+        collective of its own; the trainer folds the same flags into its per-step reduction
+        instead (`local_flags` then `decide`), so that a step blocks the host once.
         """
         if self.decision.stop:
             return True
+        return self.decide(step, *self._agree(*self.local_flags(save_s)))
+
+    def local_flags(self, save_s: Optional[float] = None) -> tuple[int, int]:
+        """This rank's (signal number or 0, TIME_SHORT or 0) at a step boundary; no communication.
+        The flags of all ranks are combined by maximum before `decide`."""
         if self.step_delay_s > 0:
             time.sleep(self.step_delay_s)
         self.save_s = save_s if save_s is not None else self.save_s
         now = time.perf_counter()
         step_s = now - self._last_boundary_s if self._last_boundary_s is not None else None
         self._last_boundary_s = now
-        short, why = self._time_short(step_s) if self.env.rank == 0 else (False, "")
-        signum, time_short = self._agree(self.flag.signum, TIME_SHORT if short else 0)
+        short, self._why = self._time_short(step_s) if self.env.rank == 0 else (False, "")
+        return self.flag.signum, TIME_SHORT if short else 0
+
+    def decide(self, step: int, signum: int, time_short: int) -> bool:
+        """The stop decision from the flags agreed by every rank (their maximum)."""
+        if self.decision.stop:
+            return True
         if not signum and not time_short:
             return False
         if signum:
@@ -234,7 +247,7 @@ class RequeueController:
             delay = round(self.clock() - self.flag.received_s, 3) if self.flag.received_s else None
             self.event("signal", signal=name, step=step, handled_after_s=delay)
         else:
-            reason = why or f"time limit near at step {step}"
+            reason = self._why or f"time limit near at step {step}"
             self.event("time limit near", step=step, reason=reason,
                        end_time=self.end_time_s, end_time_source=self.end_source)
         if self.env.rank == 0:
