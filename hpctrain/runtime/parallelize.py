@@ -218,9 +218,12 @@ class Training:
                  torch.tensor([float(f) for f in flags], dtype=torch.float64, device=self.device)]
         vec = torch.cat(parts)
         if self.mesh is not None and self.dims.world_size > 1:
-            out = torch.empty(self.dims.world_size * vec.numel(), dtype=vec.dtype, device=self.device)
-            dist.all_gather_into_tensor(out, vec)
-            rows = out.view(self.dims.world_size, -1).tolist()  # the step's one host transfer
+            # A gather as a sum: each rank fills its own row (an all-reduce exists on every
+            # backend and torch version; the rows are a few numbers each).
+            table = torch.zeros(self.dims.world_size, vec.numel(), dtype=vec.dtype, device=self.device)
+            table[dist.get_rank()] = vec
+            dist.all_reduce(table)
+            rows = table.tolist()  # the step's one host transfer
         else:
             rows = [vec.tolist()]
         loss = sum(row[0] for row in rows) / (self.dims.dp * self.dims.tp)

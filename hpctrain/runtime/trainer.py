@@ -5,10 +5,18 @@ pipeline; returns the global-batch mean loss, identical on every rank), `clip_gr
 norm over DTensor shards, stages and tied copies), `optimizer_step` (skips on fp16 overflow),
 `Checkpointer.save(step)` and `should_continue()`. A signal or a near time limit, agreed by all
 ranks at a step boundary (requeue.py), ends the loop with a checkpoint and then asks for the requeue.
+
+One host synchronisation per step: the loss, the gradient norm and the stop flags travel in one
+collective and one device-to-host transfer (`Training.finish_step`); nothing else in a step reads
+a device value. Python's cyclic garbage collector is off during the loop (a collection in the
+middle of a step, or inside `dcp.save`, costs as much as the save itself: issue 12) and runs at
+chosen points instead: every GC_EVERY_STEPS steps (young generations only) and in full before a
+checkpoint save.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from typing import Any
@@ -28,6 +36,9 @@ from hpctrain.runtime.trackers import Trackers
 
 # Benchmarks set this to "0" to skip the checkpoint at the end of training (a 1B model writes ~15 GB).
 FINAL_CHECKPOINT_ENV = "HPCTRAIN_FINAL_CHECKPOINT"
+# torchtitan's default (training.gc_freq): often enough that cycles from autograd graphs and
+# DTensor specs never pile up, rare enough that its cost disappears in the step time.
+GC_EVERY_STEPS = 50
 
 
 class Trainer:
@@ -56,6 +67,7 @@ class Trainer:
         self.resume_from = resume_from
         self.last_metrics: dict[str, Any] = {}
         self.trackers: Trackers | None = None  # started once the resumed step is known
+        self._agreed_flags: list[int] | None = None  # the stop flags of the last step, agreed by all ranks
 
     # -- state -----------------------------------------------------------------------------------
     def train_state(self) -> dict[str, Any]:
@@ -99,15 +111,22 @@ class Trainer:
     def should_continue(self) -> bool:
         if self.step >= self.job.train.steps:
             return False
-        # A collective: every rank joins it at every step boundary (signal or time limit -> all stop together).
-        stop = self.requeue.should_stop(self.step, self.checkpointer.last_save_s)
-        return not stop
+        # Every rank agrees at every step boundary (signal or time limit -> all stop together): with
+        # the flags gathered in the last step's one reduction, or before the first step in a
+        # collective of its own.
+        flags, self._agreed_flags = self._agreed_flags, None
+        if flags is None:
+            return not self.requeue.should_stop(self.step, self.checkpointer.last_save_s)
+        signum, time_short = flags
+        return not self.requeue.decide(self.step, signum, time_short)
 
     def train_step(self) -> tuple[float, float, float]:
         inputs, labels = (torch.from_numpy(a) for a in self.data.next_batch())
         self.optimizers.zero_grad()
-        loss = self.training.train_step(inputs, labels)
-        grad_norm = self.training.clip_grad_norm_(self.job.train.optimizer.grad_clip)
+        local_loss = self.training.forward_backward(inputs, labels)
+        flags = self.requeue.local_flags(self.checkpointer.last_save_s)
+        loss, grad_norm, self._agreed_flags = self.training.finish_step(
+            local_loss, self.job.train.optimizer.grad_clip, flags)
         lr = self.optimizers.lr
         self.training.optimizer_step(self.optimizers)  # type: ignore[arg-type]  # duck-typed: step()
         self.lr_schedulers.step()
@@ -117,24 +136,37 @@ class Trainer:
         resumed = self.restore()
         self.telemetry.start(resumed)
         self.trackers = Trackers(self.job, self.run_dir, self.env.rank, resumed)
-        cuda = self.device.type == "cuda"
+        gc.collect()
+        gc.disable()
+        try:
+            return self._loop(resumed)
+        finally:
+            gc.enable()
+
+    def _loop(self, resumed: int) -> dict[str, Any]:
+        assert self.trackers is not None  # started by train()
         while self.should_continue():
             self.step += 1
             self.telemetry.begin_step()
             start = time.perf_counter()
+            # No device synchronisation here: finish_step's transfer already waited for the
+            # backward; the optimizer step's kernels are counted in the next step's time.
             loss, grad_norm, lr = self.train_step()
-            if cuda:
-                torch.cuda.synchronize(self.device)
             self.telemetry.end_step(time.perf_counter() - start)
+            if self.step % GC_EVERY_STEPS == 0:
+                gc.collect(1)
             # Outside the step time: a validation is not part of the training throughput.
             val_loss = self.evaluator.run() if self.evaluator.due(self.step) else None
             if self.step % self.job.train.log_every == 0 or self.step == self.job.train.steps or val_loss is not None:
                 self._log(loss, grad_norm, lr, val_loss)
+            if self.checkpointer.should_save(self.step):
+                gc.collect()  # before the save, never inside it
             if self.checkpointer.save(self.step, self.train_state()):
                 self.telemetry.write_rank_summary(self.state_bytes(), "running")
         stopped = self.step < self.job.train.steps
         # A stop request always saves (the requeue resumes from it); the benches may skip the final save.
         if stopped or os.environ.get(FINAL_CHECKPOINT_ENV, "1") != "0":
+            gc.collect()
             self.checkpointer.save(self.step, self.train_state(), force=True)
         self.checkpointer.wait()
         self.trackers.close(finished=not stopped)
