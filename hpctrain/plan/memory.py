@@ -264,18 +264,25 @@ def _phase_items(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, 
 
 
 def pipeline_buffer_bytes(model: Any, s: RankSetup, pp_rank: int, tokens: int, in_flight: float, mode: str) -> float:
-    """What the pipeline keeps beside the model, per model chunk on this rank: a non-last chunk
-    keeps the output of each in-flight micro-batch for its backward. Nothing grows with the
-    micro-batch count (runtime/pipeline_parallel.py's BoundedStage): a receive buffer exists only
-    while its micro-batch is in flight and is the very tensor the chunk's first RMSNorm saves
-    (counted with the layer), and the last chunk computes each micro-batch's loss and keeps no
-    logits (their transient is the head's loss buffers)."""
+    """What the pipeline keeps beside the layers, per model chunk on this rank; nothing grows with
+    the micro-batch count (runtime/pipeline_parallel.py's BoundedStage): the stage's forward cache
+    holds each in-flight micro-batch's output until its backward (hidden states, or the logits
+    on the last chunk); a non-first chunk also has the next micro-batch's receive buffer (posted
+    before the current backward) and the input gradients being computed and sent, three
+    stream-sized tensors measured against MemTracker (the in-flight receive buffers themselves
+    are the tensors the chunk's first RMSNorm saves, counted with the layer)."""
     if s.pp == 1:
         return 0.0
     d = dtypes(mode)
     stages = s.pp * s.virtual_stages
     hidden_bytes = tokens * d.stream * model.hidden / (s.tp if s.sequence_parallel else 1)
-    return sum(in_flight * hidden_bytes for stage in range(pp_rank, stages, s.pp) if stage != stages - 1)
+    logits_bytes = tokens * d.matmul * model.vocab / s.tp
+    total = 0.0
+    for stage in range(pp_rank, stages, s.pp):
+        total += in_flight * (logits_bytes if stage == stages - 1 else hidden_bytes)
+        if stage > 0:
+            total += 3 * hidden_bytes
+    return total
 
 
 def stage_layers_on_rank(stage_layers: list[tuple[int, int]], pp: int, pp_rank: int) -> int:
