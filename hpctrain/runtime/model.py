@@ -256,10 +256,24 @@ def copy_full_into(param: torch.Tensor, full: torch.Tensor) -> None:
 
     if isinstance(param, DTensor):
         # src_data_rank=None: every rank holds the same full tensor, so no communication is needed.
-        shard = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
+        # The argument came with torch 2.7 (pytorch#143883); before it, distribute_tensor
+        # broadcasts rank 0's copy, which holds the same values (the README's torch range).
+        kwargs = {"src_data_rank": None} if _DISTRIBUTE_HAS_SRC_RANK else {}
+        shard = distribute_tensor(full, param.device_mesh, param.placements, **kwargs)
         param.to_local().copy_(shard.to_local())
     else:
         param.copy_(full)
+
+
+def _distribute_has_src_rank() -> bool:
+    import inspect
+
+    from torch.distributed.tensor import distribute_tensor
+
+    return "src_data_rank" in inspect.signature(distribute_tensor).parameters
+
+
+_DISTRIBUTE_HAS_SRC_RANK = _distribute_has_src_rank()
 
 
 def build_model(args: ModelArgs) -> Transformer:
