@@ -144,3 +144,25 @@ def test_script_starts_and_stops_a_cluster_with_nothing_left(tmp_path: Path) -> 
     status = subprocess.run([*script, "status", str(folder)], capture_output=True, text=True,
                             timeout=30, check=False)
     assert status.returncode == 1
+
+
+def test_rendered_gpu_binding_shows_each_task_its_nodes_gpus(slurm_cluster: SlurmCluster,
+                                                             tmp_path: Path) -> None:
+    """The rendered srun options (--gpus-per-node on the step, no per-task binding): every task
+    sees all GPUs of its node and the runtime's pick by local rank gives each a distinct one
+    (issue 12 item 6: peer-to-peer between a node's ranks needs their GPUs visible)."""
+    from hpctrain.runtime.distributed import _gpu_index
+
+    output = tmp_path / "out.txt"
+    jobid = slurm_cluster.sbatch(
+        "-N2", "--ntasks-per-node=2", "--gpus-per-node=2", f"--output={output}",
+        script="#!/bin/bash\nsrun --ntasks-per-node=2 --distribution=block:block --gpus-per-node=2 "
+               "bash -c 'echo \"$SLURM_PROCID $SLURM_LOCALID $SLURMD_NODENAME ${CUDA_VISIBLE_DEVICES:-none}\"'\n")
+    assert slurm_cluster.wait_job(jobid, "COMPLETED", timeout_s=30) == "COMPLETED"
+    picked: dict[str, list[int]] = {}
+    for line in output.read_text().strip().splitlines():
+        _, local, node, visible = line.split()
+        gpus = visible.split(",")
+        assert len(gpus) == 2, f"task {local} on {node} sees CUDA_VISIBLE_DEVICES={visible!r}, want both"
+        picked.setdefault(node, []).append(_gpu_index(int(local), len(gpus)))
+    assert {node: sorted(ids) for node, ids in picked.items()} == {"node1": [0, 1], "node2": [0, 1]}

@@ -109,7 +109,7 @@ def script_context(job: Any, *, run_dir: str, array: Optional[str]) -> dict[str,
         "nodes": c.nodes,
         "elastic": c.elastic,  # a node range: re-plan for SLURM_JOB_NUM_NODES before the ranks start
         "gpus_per_node": c.gpus_per_node,
-        "gpu_per_task": c.gpu != "cpu",  # srun binds one GPU to each rank
+        "gpu_per_task": c.gpu != "cpu",  # srun shows each rank its node's GPUs (--gpus-per-node)
         "rank_order": job.placement is not None and job.placement.rank_order is not None,
         "cpus_per_task": s.cpus_per_task or 0,  # 0: share the node's CPUs out at run time
         "requeue": s.requeue,

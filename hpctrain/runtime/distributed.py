@@ -144,8 +144,9 @@ def place_rank(env: DistEnv, rank_order: Optional[list[int]], gpus_per_node: int
 
 
 def _gpu_index(local_rank: int, visible: int) -> int:
-    """This rank's GPU: its own when the launcher bound one GPU per task (srun --gpus-per-task=1),
-    else the local_rank-th visible one; never two ranks on one GPU by wrap-around."""
+    """This rank's GPU: the local_rank-th of its node's GPUs (the rendered srun shows every task
+    all of them, keeping peer-to-peer), or the only one when a launcher bound one GPU per task;
+    never two ranks on one GPU by wrap-around."""
     if visible == 1:
         return 0
     if local_rank >= visible:

@@ -189,7 +189,8 @@ def test_ranks_get_the_signal_and_the_protocol_variables(tmp_path: Path, bin_dir
     srun = run.argv_of("srun")[0]
     assert srun[:5] == ["--kill-on-bad-exit=1", "--nodes=2", "--ntasks-per-node=2", "--distribution=block:block",
                         "--cpus-per-task=8"]
-    assert "--cpu-bind=cores" in srun and "--gpus-per-task=1" in srun  # one GPU per rank
+    # every rank sees its node's GPUs (peer-to-peer kept) and picks LOCAL_RANK's; none bound per task
+    assert "--cpu-bind=cores" in srun and "--gpus-per-node=2" in srun and "--gpus-per-task=1" not in srun
 
 
 def test_master_addr_falls_back_to_the_node_name(tmp_path: Path, bin_dir: Path) -> None:
