@@ -13,7 +13,12 @@ losses with TP. FSDP2 combines with both, so every ZeRO stage maps onto it:
 
 zero 0 with dp > 1 therefore behaves like zero 1 (never more memory than DDP's full replica: FSDP2
 reshards after backward). Under pipelining the schedule itself defers the reduce-scatter to the
-last micro-batch (`backward_maybe_with_nosync`), so zero 1 and 2 coincide there.
+last micro-batch (`backward_maybe_with_nosync`), so zero 1 and 2 coincide there; it also keeps
+parameters unsharded from one micro-batch's backward to the next, and `apply_fsdp(pipelined=True)`
+does not reshard after forward: under pipelining zero 3 gathers each unit's parameters once per
+step, not once per micro-batch in forward and again in backward (torchtitan does the same), and
+holds them unsharded for the step (the memory of zero 1/2's parameters, with zero 3's sharded
+gradients and optimizer state).
 
 Precision: parameters stay fp32 (the master weights the optimizer updates); the mixed-precision
 policy casts them to bf16/fp16 for forward and backward and reduces gradients in fp32.
@@ -54,11 +59,12 @@ def apply_fsdp(
     zero: int,
     precision: str,
     offload_optimizer: bool,
+    pipelined: bool = False,
 ) -> None:
     """Shard every block, then each model part (embedding, final norm, head), over `dp_mesh`."""
     if precision not in PARAM_DTYPES:
         raise ConfigError(f"train.precision: got {precision!r}; valid: {', '.join(PARAM_DTYPES)}")
-    reshard = reshard_after_forward(zero)
+    reshard = reshard_after_forward(zero) and not pipelined
     mp_policy = MixedPrecisionPolicy(param_dtype=PARAM_DTYPES[precision], reduce_dtype=torch.float32)
     # Pinned host memory makes the device<->host copies asynchronous; it needs an accelerator.
     pinned = torch.cuda.is_available()

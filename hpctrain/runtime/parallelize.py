@@ -361,6 +361,7 @@ def build_training(job: Any, device: torch.device) -> Training:
             zero=par.zero,
             precision=job.train.precision,
             offload_optimizer=bool(par.offload_optimizer),
+            pipelined=dims.pp_enabled,
         )
     init_device = torch.device("cpu") if par.offload_optimizer else device
     for module in modules:
