@@ -16,23 +16,7 @@ import pytest
 from hpctrain.cli import main
 from hpctrain.config import json_schema
 
-GOOD = """\
-name: ok
-model:
-  preset: tiny
-train:
-  global_batch: 8
-  micro_batch: 2
-parallel:
-  tp: 1
-  pp: 1
-  dp: 2
-cluster:
-  executor: local
-  nodes: 1
-  gpus_per_node: 2
-  gpu: cpu
-"""
+from test_config_errors import GOOD  # the same minimal valid job
 
 # A 10-level alias bomb in flow style, small enough for one --set: 10**6 values once expanded.
 SET_BOMB = "{" + ", ".join(["a0: &a0 [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]"] + [
