@@ -76,6 +76,13 @@ def test_status_json_has_no_nan(tmp_path: Path) -> None:
         assert row["step"] == 3 and row.get("loss", None) is None
 
 
+def _like_a_terminal_foreground_job() -> None:
+    """Ctrl-C reaches a command typed at a terminal with SIGINT at its default and unblocked; a test
+    run can inherit it ignored or blocked (a background CI shell, a library's thread), so set it so."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def test_ctrl_c_of_wait_says_the_job_goes_on_and_how_to_cancel_it(tmp_path: Path) -> None:
     """Finding 8: Ctrl-C stops the following, not the job; the message says so and gives the cancel command."""
     env = _env(HPCTRAIN_TEST_STEP_DELAY_S="0.1")
@@ -83,7 +90,7 @@ def test_ctrl_c_of_wait_says_the_job_goes_on_and_how_to_cancel_it(tmp_path: Path
     out_path, err_path = tmp_path / "client.out", tmp_path / "client.err"
     with open(out_path, "w") as out, open(err_path, "w") as err:
         client = subprocess.Popen([*CLI, "submit", str(write_job(tmp_path, job)), "--wait"], cwd=tmp_path, env=env,
-                                  stdout=out, stderr=err, text=True)
+                                  stdout=out, stderr=err, text=True, preexec_fn=_like_a_terminal_foreground_job)
     run_dir = None
     try:
         deadline = time.monotonic() + 90
