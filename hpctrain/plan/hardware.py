@@ -102,6 +102,12 @@ FABRICS: dict[str, Fabric] = {
     "roce": Fabric("roce", 200e9 / 8, 8e-6, 0.80, "roce", nics_per_node=2),
     # Plain TCP over 100 GbE: NCCL's socket transport rarely exceeds ~60 % of line rate.
     "ethernet": Fabric("ethernet", 100e9 / 8, 30e-6, 0.60, "ethernet", nics_per_node=1),
+    # RoCE v2 at 400 Gb/s per GPU (one NIC each): Meta's Llama 3 training cluster (Dubey et al. 2024,
+    # section 3.3.1: Arista 7800 / Minipack2 switches, 400 Gbps between GPUs); efficiency as "roce".
+    "roce-400": Fabric("roce-400", 400e9 / 8, 8e-6, 0.80, "roce"),
+    # Intel Omni-Path 100 Gb/s, four links per 8-GPU node: Jean Zay's A100 partition, where BLOOM
+    # trained (BigScience 2022, arXiv 2211.05100, section 3.4.1); NCCL reaches it through verbs.
+    "omnipath-100": Fabric("omnipath-100", 100e9 / 8, 5e-6, 0.80, "ib", nics_per_node=4),
 }
 
 

@@ -1,0 +1,269 @@
+"""The planner against published training runs: layout rank, throughput and memory (issue 13 item 5).
+
+    python bench/planner_accuracy.py [--only NAME ...] [--fit] [--corpus PATH]
+
+The corpus (bench/data/published_runs.yaml) lists each run with its source, its published layout and
+its published throughput in the publisher's own unit, split up front into a calibration and a
+validation set (by source; the file's header says how). For each run:
+- rank: where the published (tp, pp) family lands in the planner's full search (families ordered by
+  their best layout; "-" when the planner finds that family infeasible, with its reason);
+- predicted vs published throughput: the planner's best layout within the published layout (the
+  fields the source fixes are fixed, the rest searched; one over the memory budget is still costed
+  and marked "over"), converted to the publisher's unit with the publisher's FLOP formula;
+- predicted memory of that layout, beside the published figure where there is one.
+Then one summary line per set: published (tp, pp) in the top 5 (layout cases), throughput within
++-15 %, median absolute throughput error. `--fit` fits each GPU's GEMM efficiency on the calibration
+set only (hardware.py cites the result) and reports both sets with the fitted values. Torch-free.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Optional
+
+ROOT = Path(__file__).resolve().parents[1]
+CORPUS = Path(__file__).resolve().parent / "data" / "published_runs.yaml"
+TOP = 5
+TOLERANCE = 0.15
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the bench found for one corpus run."""
+
+    name: str
+    set: str
+    layout_case: bool
+    rank: Optional[int]  # of the published (tp, pp) family; None when infeasible
+    rank_note: str  # the planner's best layout, or why the published family is infeasible
+    unit: str
+    published: float
+    predicted: float
+    layout: str  # the costed layout within the published one
+    fits: bool
+    memory_gib: float
+    published_memory_gib: Optional[float]
+
+    @property
+    def error(self) -> float:
+        """Predicted / published - 1, in the publisher's unit (the same ratio as tokens/s)."""
+        return self.predicted / self.published - 1
+
+
+def load_corpus(path: Path = CORPUS) -> list[dict[str, Any]]:
+    import yaml
+
+    runs = yaml.safe_load(path.read_text())["runs"]
+    for run in runs:
+        if run["set"] not in ("calibration", "validation"):
+            raise SystemExit(f"{path}: run {run['name']!r}: set must be calibration or validation (got {run['set']!r})")
+    return runs
+
+
+def _job(run: dict[str, Any], fixed: bool) -> Any:
+    """The hpctrain job of a corpus run: everything auto, or the published layout's fields fixed."""
+    from hpctrain.config import job_from_dict
+
+    hw, lay = run["hardware"], run["layout"]
+    per_node = hw.get("gpus_per_node", 8)
+    parallel: dict[str, Any] = {"tp": "auto", "pp": "auto", "dp": "auto", "schedule": "auto",
+                                "virtual_stages": "auto", "zero": "auto", "offload_optimizer": False,
+                                "sequence_parallel": bool(lay.get("sequence_parallel", False))}
+    train: dict[str, Any] = {"global_batch": run["global_batch"], "micro_batch": "auto",
+                             "activation_checkpointing": "auto", "precision": "bf16"}
+    if fixed:
+        for key in ("tp", "pp", "dp", "zero"):
+            if lay.get(key) is not None:
+                parallel[key] = lay[key]
+        if lay.get("micro_batch") is not None:
+            train["micro_batch"] = lay["micro_batch"]
+        if lay.get("ac") is not None:
+            train["activation_checkpointing"] = lay["ac"]
+    cluster = {"nodes": hw["gpus"] // per_node, "gpus_per_node": per_node, "gpu": hw["gpu"], "fabric": hw["fabric"]}
+    if hw.get("node"):
+        cluster["node"] = hw["node"]
+    return job_from_dict({"name": run["name"], "model": dict(run["model"]), "train": train, "parallel": parallel,
+                          "cluster": cluster})
+
+
+def _hardware(job: Any, gemm_efficiency: Optional[dict[str, float]]) -> Any:
+    from hpctrain.plan.hardware import resolve_hardware
+
+    hw = resolve_hardware(job)
+    if gemm_efficiency and hw.gpu.name in gemm_efficiency:
+        hw = replace(hw, gpu=replace(hw.gpu, gemm_efficiency=gemm_efficiency[hw.gpu.name]))
+    return hw
+
+
+def _search(job: Any, hw: Any, budget_bytes: Optional[float] = None) -> tuple[list[Any], Any]:
+    from hpctrain.plan.memory import DEFAULT_RUNTIME_OVERHEAD_BYTES
+    from hpctrain.plan.search import SearchSettings, optimizer_kind, search
+    from hpctrain.plan.space import Choices
+
+    settings = SearchSettings(global_batch=job.train.global_batch, precision=job.train.precision,
+                              optimizer=optimizer_kind(job),
+                              budget_bytes=float(hw.gpu.memory_bytes) if budget_bytes is None else budget_bytes,
+                              overhead_bytes=DEFAULT_RUNTIME_OVERHEAD_BYTES)
+    layouts, rejected, _ = search(job.model, hw, Choices.from_job(job), settings)
+    return layouts, rejected
+
+
+def publisher_flops_per_token(model: Any, formula: str) -> float:
+    """FLOPs per token by the publisher's own formula (see the corpus header)."""
+    from hpctrain.plan.model_stats import param_count
+
+    layers, hidden, seq, vocab = model.layers, model.hidden, model.seq_len, model.vocab
+    if formula == "megatron_hfu":  # Narayanan et al. 2021, eq. 3, per token
+        return 96.0 * layers * hidden**2 * (1 + seq / (6 * hidden) + vocab / (16 * layers * hidden))
+    if formula == "megatron_mfu":  # Korthikanti et al. 2022, section 6 (model FLOPs)
+        return 72.0 * layers * hidden**2 * (1 + seq / (6 * hidden) + vocab / (12 * layers * hidden))
+    if formula == "palm":  # Chowdhery et al. 2022, appendix B
+        return 6.0 * param_count(model) + 12.0 * layers * hidden * seq
+    raise SystemExit(f"unknown FLOP formula {formula!r}; known: megatron_hfu, megatron_mfu, palm")
+
+
+def to_unit(run: dict[str, Any], model: Any, hw: Any, tokens_per_s_per_gpu: float) -> float:
+    """Tokens/s per GPU in the publisher's unit."""
+    metric = run["metric"]
+    if metric["unit"] == "tokens_per_s_per_gpu":
+        return tokens_per_s_per_gpu
+    flops = publisher_flops_per_token(model, metric["flops"]) * tokens_per_s_per_gpu
+    if metric["unit"] == "tflops_per_gpu":
+        return flops / 1e12
+    if metric["unit"] == "mfu":
+        return flops / hw.gpu.peak_flops_per_s("bf16")
+    raise SystemExit(f"run {run['name']!r}: unknown unit {metric['unit']!r}")
+
+
+def family_rank(layouts: list[Any], family: tuple[int, int]) -> Optional[int]:
+    """1-based rank of a (tp, pp) family, families ordered by their best layout."""
+    seen: list[tuple[int, int]] = []
+    for lay in layouts:
+        key = (lay.tp, lay.pp)
+        if key not in seen:
+            seen.append(key)
+            if key == family:
+                return len(seen)
+    return None
+
+
+def predict(run: dict[str, Any], gemm_efficiency: Optional[dict[str, float]] = None) -> tuple[Any, Any, bool]:
+    """(hardware, layout, fits): the planner's best layout within the published one. Searched
+    without a memory limit so that a layout the memory model rejects is still costed."""
+    job = _job(run, fixed=True)
+    hw = _hardware(job, gemm_efficiency)
+    layouts, _ = _search(job, hw, budget_bytes=float("inf"))
+    if not layouts:
+        raise SystemExit(f"run {run['name']!r}: the published layout is not a valid candidate (check tp/pp/dp/batch)")
+    budget = float(hw.gpu.memory_bytes)
+    fitting = [lay for lay in layouts if lay.memory.total <= budget]
+    best = fitting[0] if fitting else layouts[0]
+    return hw, best, bool(fitting)
+
+
+def evaluate(run: dict[str, Any], gemm_efficiency: Optional[dict[str, float]] = None, rank: bool = True) -> Outcome:
+    hw, lay, fits = predict(run, gemm_efficiency)
+    job = _job(run, fixed=False)
+    position, note = None, ""
+    if rank:
+        layouts, rejected = _search(job, hw)
+        family = (run["layout"]["tp"], run["layout"]["pp"])
+        position = family_rank(layouts, family)
+        if position is None:
+            reason = rejected.family_reasons.get(family)
+            note = f"infeasible: {reason[1]}" if reason else "infeasible"
+        elif layouts:
+            note = f"best: {layouts[0].label()}"
+    world = run["hardware"]["gpus"]
+    predicted = to_unit(run, job.model, hw, lay.cost.tokens_per_s / world)
+    return Outcome(name=run["name"], set=run["set"], layout_case=bool(run["layout_case"]), rank=position,
+                   rank_note=note, unit=run["metric"]["unit"], published=float(run["metric"]["value"]),
+                   predicted=predicted, layout=lay.label(), fits=fits, memory_gib=lay.memory.total / GIB,
+                   published_memory_gib=run.get("memory_gib"))
+
+
+def summary(outcomes: list[Outcome], which: str) -> dict[str, Any]:
+    """The figures of one set: top-5 share of layout cases, +-15 % share and median |error|."""
+    chosen = [o for o in outcomes if o.set == which]
+    layout_cases = [o for o in chosen if o.layout_case]
+    top = sum(1 for o in layout_cases if o.rank is not None and o.rank <= TOP)
+    within = sum(1 for o in chosen if abs(o.error) <= TOLERANCE)
+    errors = [abs(o.error) for o in chosen]
+    return {"set": which, "layout_cases": len(layout_cases), "top5": top,
+            "top5_share": top / len(layout_cases) if layout_cases else float("nan"),
+            "throughput_cases": len(chosen), "within": within,
+            "within_share": within / len(chosen) if chosen else float("nan"),
+            "median_abs_error": statistics.median(errors) if errors else float("nan")}
+
+
+def summary_line(s: dict[str, Any]) -> str:
+    return (f"{s['set']}: published (tp,pp) in top {TOP}: {s['top5']}/{s['layout_cases']} ({s['top5_share']:.0%}); "
+            f"throughput within +-{TOLERANCE:.0%}: {s['within']}/{s['throughput_cases']} ({s['within_share']:.0%}); "
+            f"median |error| {s['median_abs_error']:.1%}")
+
+
+def _format(value: float, unit: str) -> str:
+    return f"{value:.1%}" if unit == "mfu" else (f"{value:,.0f}" if unit == "tokens_per_s_per_gpu" else f"{value:.0f}")
+
+
+def row(o: Outcome) -> str:
+    rank = "-" if o.rank is None else str(o.rank)
+    case = "" if o.layout_case else "*"
+    memory = f"{o.memory_gib:.0f} GiB" + ("" if o.fits else " over") + (
+        f" (published {o.published_memory_gib:.0f})" if o.published_memory_gib is not None else "")
+    return (f"{o.name:<27} {o.set[:3]} rank {rank:>2}{case:1} {o.unit:<20} published {_format(o.published, o.unit):>8} "
+            f"predicted {_format(o.predicted, o.unit):>8} ({o.error:+.0%})  {memory:<24} [{o.layout}] {o.rank_note}")
+
+
+GEMM_GRID = [round(0.50 + 0.01 * i, 2) for i in range(46)]  # 0.50 .. 0.95
+
+
+def fit_gemm_efficiency(runs: list[dict[str, Any]]) -> dict[str, float]:
+    """Per GPU model, the GEMM efficiency that minimises the median |log(predicted / published)|
+    over the CALIBRATION runs on that GPU (validation runs are never looked at)."""
+    import math
+
+    calibration = [r for r in runs if r["set"] == "calibration"]
+    fitted: dict[str, float] = {}
+    for gpu in sorted({r["hardware"]["gpu"] for r in calibration}):
+        mine = [r for r in calibration if r["hardware"]["gpu"] == gpu]
+
+        def loss(value: float) -> float:
+            errs = [abs(math.log(evaluate(r, {gpu: value}, rank=False).predicted / r["metric"]["value"])) for r in mine]
+            return statistics.median(errs)
+
+        fitted[gpu] = min(GEMM_GRID, key=loss)
+    return fitted
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--corpus", type=Path, default=CORPUS)
+    parser.add_argument("--only", nargs="*", help="run names to evaluate (default: all)")
+    parser.add_argument("--fit", action="store_true", help="fit GEMM efficiency per GPU on the calibration set")
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(ROOT))
+    runs = load_corpus(args.corpus)
+    if args.only:
+        runs = [r for r in runs if r["name"] in set(args.only)]
+    fitted: Optional[dict[str, float]] = None
+    if args.fit:
+        fitted = fit_gemm_efficiency(runs)
+        print("fitted on calibration: " + ", ".join(f"{gpu} gemm_efficiency={v:.2f}" for gpu, v in fitted.items()))
+    outcomes = [evaluate(r, fitted) for r in runs]
+    print("rank: of the published (tp,pp) family in the full search (* = not a layout case); "
+          "predicted: the best layout within the published one")
+    for o in outcomes:
+        print(row(o))
+    for which in ("calibration", "validation"):
+        print(summary_line(summary(outcomes, which)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""bench/planner_accuracy.py's machinery on two corpus runs (issue 13 item 5): the corpus loads with
+its required fields, each run is ranked, predicted in the publisher's unit and summarised. The
+accuracy targets themselves are the bench's output, not asserted here."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import planner_accuracy as bench  # noqa: E402
+
+REQUIRED = {"name", "source", "verified", "set", "layout_case", "model", "hardware", "global_batch", "layout", "metric"}
+
+
+@pytest.fixture(scope="module")
+def corpus() -> list[dict]:
+    return bench.load_corpus()
+
+
+def test_corpus_fields_and_split(corpus: list[dict]) -> None:
+    names = [run["name"] for run in corpus]
+    assert len(names) == len(set(names))
+    for run in corpus:
+        assert REQUIRED <= set(run), run["name"]
+        assert {"tp", "pp"} <= set(run["layout"]) and run["metric"]["value"] > 0, run["name"]
+    # The split is by source (one publication's table = one name prefix): none has rows in both sets.
+    sources: dict[str, set[str]] = {}
+    for run in corpus:
+        sources.setdefault(run["name"].split("-")[0], set()).add(run["set"])
+    assert all(len(sets) == 1 for sets in sources.values()), sources
+    assert {run["set"] for run in corpus} == {"calibration", "validation"}
+
+
+def test_two_runs_ranked_predicted_and_summarised(corpus: list[dict]) -> None:
+    runs = {run["name"]: run for run in corpus}
+    chosen = [runs["mpt-1b-a100"], runs["ptdp-1.7b"]]
+    outcomes = [bench.evaluate(run) for run in chosen]
+    for run, o in zip(chosen, outcomes):
+        assert o.rank is not None and o.rank >= 1 and o.rank_note.startswith("best: ")
+        assert o.published == run["metric"]["value"] and o.unit == run["metric"]["unit"]
+        assert o.predicted > 0 and math.isfinite(o.error) and o.memory_gib > 0
+        assert f"tp={run['layout']['tp']} pp={run['layout']['pp']}" in o.layout
+        assert o.name in bench.row(o)
+    # The publisher's unit: tokens/s per GPU is the planner's own figure; TFLOP/s goes through
+    # Megatron's formula (Narayanan et al. 2021, eq. 3) on the same tokens/s.
+    mpt, ptdp = outcomes
+    hw, lay, _ = bench.predict(runs["ptdp-1.7b"])
+    model = bench._job(runs["ptdp-1.7b"], fixed=True).model
+    tokens = lay.cost.tokens_per_s / 32
+    assert ptdp.predicted == pytest.approx(bench.publisher_flops_per_token(model, "megatron_hfu") * tokens / 1e12)
+    s = bench.summary(outcomes, "calibration")
+    assert s["throughput_cases"] == 2 and s["layout_cases"] == 1
+    assert s["median_abs_error"] == pytest.approx(sorted([abs(mpt.error), abs(ptdp.error)])[0] / 2
+                                                  + sorted([abs(mpt.error), abs(ptdp.error)])[1] / 2)
+    assert s["within"] == sum(abs(o.error) <= bench.TOLERANCE for o in outcomes)
+    assert "calibration: published (tp,pp) in top 5" in bench.summary_line(s)
+
+
+def test_family_rank_orders_families_by_their_best_layout() -> None:
+    class L:
+        def __init__(self, tp: int, pp: int) -> None:
+            self.tp, self.pp = tp, pp
+
+    layouts = [L(1, 1), L(1, 1), L(8, 2), L(4, 1), L(8, 2)]
+    assert bench.family_rank(layouts, (8, 2)) == 2
+    assert bench.family_rank(layouts, (4, 1)) == 3
+    assert bench.family_rank(layouts, (2, 2)) is None
