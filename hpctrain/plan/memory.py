@@ -1,16 +1,14 @@
 """Memory per rank: model states, activations and buffers, as a breakdown at the peak moment.
 
-Model states follow the ZeRO paper (Rajbhandari et al. 2019, section 5.1 and figure 1): with
-mixed-precision Adam a parameter costs 2 (16-bit weight) + 2 (16-bit gradient) + K = 12
-(fp32 master, momentum, variance) bytes; ZeRO stage 1 shards the K bytes over the Nd data-parallel
-ranks, stage 2 also the gradients, stage 3 also the weights (`model_states_bytes`).
-
-The runtime (hpctrain/runtime) keeps fp32 parameters as the master weights and fp32 gradients and
-sharding is FSDP2's (data_parallel.py): a parameter costs 4 + 4 + 8 (AdamW moments) bytes, all
-sharded over dp whenever FSDP is on, plus a 16-bit unsharded copy for compute. `rank_memory`
-accounts for that runtime, phase by phase (end of forward, end of backward, optimizer step), and
-reports the components of the phase with the highest total — which is what a memory tracker or
-torch.cuda.max_memory_allocated sees.
+The sharding stages are the ZeRO paper's (Rajbhandari et al. 2019, section 5.1): stage 1 shards the
+optimizer states over the Nd data-parallel ranks, stage 2 also the gradients, stage 3 also the
+weights. The byte counts are not the paper's DeepSpeed layout (16-bit weights and gradients plus
+K = 12 bytes of fp32 state) but the runtime's (hpctrain/runtime): it keeps fp32 parameters as the
+master weights and fp32 gradients, sharded by FSDP2 (data_parallel.py), so a parameter costs
+4 + 4 + 8 (AdamW moments) bytes, all sharded over dp whenever FSDP is on, plus a 16-bit unsharded
+copy for compute. `rank_memory` accounts for that runtime, phase by phase (end of forward, end of
+backward, optimizer step), and reports the components of the phase with the highest total — which
+is what a memory tracker or torch.cuda.max_memory_allocated sees.
 """
 
 from __future__ import annotations
@@ -39,39 +37,6 @@ GIB = 2**30
 # 0.5-1 GiB (nvidia-smi on an idle initialised process); fragmentation adds a few percent.
 DEFAULT_RUNTIME_OVERHEAD_BYTES = 2 * GIB
 CPU_RUNTIME_OVERHEAD_BYTES = GIB // 4  # a local CPU process: the interpreter, torch and gloo buffers
-
-
-def model_states_bytes(
-    params: float, dp: int, zero: int, *, weight_bytes: float = 2, grad_bytes: float = 2,
-    optimizer_bytes: float = 12, offload_optimizer: bool = False,
-) -> float:
-    """Model-state bytes per GPU (ZeRO paper, figure 1: Psi(2 + 2 + K), /Nd per sharded part).
-
-    offload_optimizer moves the optimizer states and the gradients to the CPU (ZeRO-Offload,
-    Ren et al. 2021, section 4.1): the GPU keeps only the 16-bit weights.
-    """
-    weights = params * weight_bytes / (dp if zero >= 3 else 1)
-    if offload_optimizer:
-        return weights
-    grads = params * grad_bytes / (dp if zero >= 2 else 1)
-    optimizer = params * optimizer_bytes / (dp if zero >= 1 else 1)
-    return weights + grads + optimizer
-
-
-def deepspeed_zero3_gpu_bytes(
-    total_params: float, largest_layer_params: float, gpus: int, *, offload_optimizer: bool = False,
-    offload_params: bool = False,
-) -> float:
-    """DeepSpeed's ZeRO-3 estimate (deepspeed.runtime.zero.stage3.estimate_zero3_model_states_mem_needs):
-    4 bytes x the largest layer (its gathered 16-bit weights and gradients) plus 18 bytes/param
-    (2 weight + 4 fp32 gradient + 12 Adam) sharded over the GPUs; offloading the optimizer keeps
-    the 2-byte weight shards only, offloading parameters too keeps nothing but the largest layer."""
-    gathered = 4 * largest_layer_params
-    if offload_params:
-        return gathered
-    states = model_states_bytes(total_params, gpus, 3, weight_bytes=2, grad_bytes=4, optimizer_bytes=12,
-                                offload_optimizer=offload_optimizer)
-    return gathered + states
 
 
 @dataclass(frozen=True)
