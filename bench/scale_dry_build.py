@@ -1,0 +1,350 @@
+"""Scale dry-build: chosen ranks of a large job, built by the runtime on fake tensors (issue 12 item 11).
+
+    python bench/scale_dry_build.py                  # llama3-70b TP8xPP4 and Llama 3 405B TP8xPP16
+    python bench/scale_dry_build.py --layouts 70b    # one layout
+    python bench/scale_dry_build.py --no-trace       # parameter counts only (seconds)
+
+One process stands for each chosen rank: it joins a FAKE process group
+(torch.testing._internal.distributed.fake_pg, backend "fake") of the job's full world size as that
+rank and runs the runtime's own `build_training` (DeviceMesh, tensor + sequence parallel, the
+pipeline stage split, activation checkpointing, FSDP2, the pipeline schedule object). The model is
+built on meta as always; `to_empty` materialises it inside a FakeTensorMode (no storage) and
+initialisation is skipped (values do not matter for shapes or memory). Then one training step is
+traced with PyTorch's MemTracker, the same tracker bench/memory_accuracy.py checks the planner
+against at small scale, and the peak is printed beside `hpctrain.plan.memory.rank_memory` for the
+same layout and rank.
+
+The step: torch's pipeline schedule cannot run on a fake process group (its start-up votes and
+exchanges shapes over point-to-point messages whose values fake tensors cannot give), so this
+script drives the rank's stage in 1F1B order itself: (pp - pp_rank - 1) warm-up forwards, then
+forward/backward pairs, then the cool-down backwards, over pp - pp_rank + 1 micro-batches (enough
+for one steady-state pair: at most pp - pp_rank micro-batches in flight, as the 1F1B schedule
+keeps whatever the micro-batch count). A received activation is a fresh 16-bit tensor of the
+stage-boundary shape ([micro_batch, seq/tp, hidden] with sequence parallel), a received gradient
+one of the output's shape; FSDP's no-sync / final reduce-scatter follow the runtime's stage
+(`perform_reduce_grad`). AdamW states exist before the traced step (a fake optimizer step first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import resource
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+GIB = 2**30
+# Llama 3 405B: Llama Team, "The Llama 3 Herd of Models" (arXiv:2407.21783, 2024), Table 3
+# (126 layers, model dimension 16384, FFN dimension 53248, 128 attention heads, 8 key/value heads,
+# vocabulary 128,256, RoPE base 500,000) and section 3.3.2 (sequence 8192; training layout TP 8,
+# CP 1, PP 16, DP 64-128 with FSDP). hpctrain's config has no 405B preset, so it is defined here.
+LLAMA3_405B = dict(layers=126, hidden=16384, heads=128, kv_heads=8, ffn_hidden=53248, vocab=128256,
+                   seq_len=8192, activation="swiglu", tie_embeddings=False, rope_theta=500000.0)
+
+
+@dataclass(frozen=True)
+class Layout:
+    name: str
+    model: dict[str, Any]
+    tp: int
+    pp: int
+    dp: int
+    zero: int = 3
+    micro_batch: int = 1
+    micro_batches: int = 0  # per step per pipeline; 0: 2 * pp
+    sequence_parallel: bool = True
+    ac: str = "selective"
+    precision: str = "bf16"
+    pp_ranks: tuple[int, ...] = ()  # which pipeline ranks to build; () = first, middle, last
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    def ranks(self) -> tuple[int, ...]:
+        return self.pp_ranks or tuple(sorted({0, self.pp // 2, self.pp - 1}))
+
+    def job(self) -> Any:
+        from hpctrain.config import job_from_dict
+
+        n_micro = self.micro_batches or 2 * self.pp
+        par = dict(tp=self.tp, pp=self.pp, dp=self.dp, zero=self.zero, schedule="1f1b" if self.pp > 1 else "none",
+                   virtual_stages=1, sequence_parallel=self.sequence_parallel, offload_optimizer=False)
+        if self.pp == 1:
+            par.pop("schedule")
+        train = {"global_batch": self.dp * self.micro_batch * n_micro, "micro_batch": self.micro_batch,
+                 "precision": self.precision, "activation_checkpointing": self.ac, "optimizer": {"name": "adamw"}}
+        gpus = min(8, self.world)
+        cluster = {"executor": "local", "nodes": self.world // gpus, "gpus_per_node": gpus}
+        return job_from_dict({"name": self.name.replace(" ", "-").replace("x", "-"),
+                              "model": {"preset": None, **self.model}, "train": train, "parallel": par,
+                              "cluster": cluster})
+
+
+def _layouts() -> dict[str, Layout]:
+    from hpctrain.config.model import PRESETS
+
+    return {
+        "70b": Layout("llama3-70b TP8xPP4 DP2 zero3", dict(PRESETS["llama3-70b"]), tp=8, pp=4, dp=2),
+        "405b": Layout("llama3-405b TP8xPP16 DP2 zero3", LLAMA3_405B, tp=8, pp=16, dp=2),
+    }
+
+
+@dataclass
+class RankResult:
+    pp_rank: int
+    global_rank: int
+    first_layer: int
+    last_layer: int
+    params_tp: int  # after TP, before FSDP (Training.param_count_before_dp)
+    params_local: int  # this rank's FSDP shard
+    planner_params_tp: int
+    traced: dict[str, float] = field(default_factory=dict)
+    planner: dict[str, float] = field(default_factory=dict)
+    build_s: float = 0.0
+    trace_s: float = 0.0
+    maxrss_gib: float = 0.0
+
+
+@contextlib.contextmanager
+def fake_runtime(fake_mode: Any) -> Any:
+    """build_training on fake tensors: `to_empty` inside `fake_mode`, no initialisation, no float loss.
+    Only the materialisation runs in the fake mode: DeviceMesh, TP and FSDP sharding run on meta
+    outside it (DeviceMesh's coordinate arithmetic is data-dependent and fails under fake tensors)."""
+    from torch import nn
+
+    import hpctrain.runtime.parallelize as parallelize
+    from hpctrain.runtime.model import Transformer
+
+    def to_empty(self: Any, *, device: Any, recurse: bool = True) -> Any:
+        with fake_mode:
+            return nn.Module.to_empty(self, device=device, recurse=recurse)
+
+    patches = {(Transformer, "to_empty"): to_empty,
+               (Transformer, "init_weights"): lambda self, seed: None,
+               (parallelize.Training, "_global_mean"): lambda self, local_loss: 0.0}
+    missing = object()
+    saved = {key: key[0].__dict__.get(key[1], missing) for key in patches}
+    for (owner, name), value in patches.items():
+        setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        for (owner, name), value in saved.items():
+            if value is missing:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, value)
+
+
+def planner_figures(layout: Layout, pp_rank: int) -> tuple[int, dict[str, float], tuple[int, int]]:
+    """(parameters per TP rank of the stage, planner bytes per MemTracker category, layer range)."""
+    import memory_accuracy as accuracy
+
+    from hpctrain.plan.memory import RankSetup, rank_memory
+    from hpctrain.plan.model_stats import stage_param_count
+    from hpctrain.plan.stages import balanced_stage_split
+
+    job = layout.job()
+    split = balanced_stage_split(job.model, layout.pp, 1)
+    first, last = split[pp_rank]
+    params = stage_param_count(job.model, first, last, has_embedding=pp_rank == 0,
+                               has_head=pp_rank == layout.pp - 1, tp=layout.tp)
+    setup = RankSetup(tp=layout.tp, pp=layout.pp, dp=layout.dp, micro_batch=layout.micro_batch,
+                      micro_batches=job.train.global_batch // layout.dp // layout.micro_batch,
+                      schedule=job.parallel.schedule if layout.pp > 1 else "none", virtual_stages=1,
+                      ac=layout.ac, zero=layout.zero, offload_optimizer=False,
+                      sequence_parallel=layout.sequence_parallel, precision=layout.precision,
+                      optimizer="adamw", foreach=False, overhead_bytes=0.0)
+    memory = rank_memory(job.model, split, setup, pp_rank)
+    out = dict.fromkeys(accuracy.CATEGORIES, 0.0)
+    for item, value in memory.items:
+        out[accuracy.ITEM_CATEGORY[item]] += value
+    out["Total"] = sum(out[c] for c in accuracy.CATEGORIES)
+    return params, out, (first, last)
+
+
+def _one_f_one_b(pp: int, pp_rank: int, n: int) -> list[tuple[str, int]]:
+    """The 1F1B order of one pipeline rank over n micro-batches: ("F"|"B", micro-batch)."""
+    warm = min(n, pp - pp_rank - 1)
+    order = [("F", i) for i in range(warm)]
+    fwd, bwd = warm, 0
+    while bwd < n:
+        if fwd < n:
+            order.append(("F", fwd))
+            fwd += 1
+        order.append(("B", bwd))
+        bwd += 1
+    return order
+
+
+def _traced_step(training: Any, layout: Layout, pp_rank: int, optimizer: Any) -> None:
+    """One step of this rank's stage in 1F1B order (see the module docstring)."""
+    import torch
+    from torch.distributed.fsdp import FSDPModule
+
+    args, module = training.args, training.model_parts[0]
+    mb, seq = layout.micro_batch, args.seq_len
+    n = min(training.n_microbatches, layout.pp - pp_rank + 1)
+    dtype = torch.bfloat16 if layout.precision == "bf16" else (
+        torch.float16 if layout.precision == "fp16" else torch.float32)
+    boundary = (mb, seq // layout.tp if layout.sequence_parallel and layout.tp > 1 else seq, args.hidden)
+    pending: dict[int, torch.Tensor] = {}
+    with training._contexts():
+        for kind, i in _one_f_one_b(layout.pp, pp_rank, n):
+            if kind == "F":
+                if training.has_first_stage:
+                    x = torch.randint(0, args.vocab, (mb, seq))
+                else:  # the received activation (BoundedStage allocates it when its receive is posted)
+                    x = torch.empty(boundary, dtype=dtype, requires_grad=True)
+                out = module(x)
+                if training.has_last_stage:  # the loss in the last stage: no logits kept
+                    out = training._loss_fn(out, torch.randint(0, args.vocab, (mb, seq)))
+                pending[i] = out
+                del x, out
+            else:
+                if isinstance(module, FSDPModule):  # what the runtime's stage does before each backward
+                    module.set_is_last_backward(False)
+                    module.set_reshard_after_backward(False)
+                    module.set_requires_gradient_sync(False)
+                out = pending.pop(i)
+                if training.has_last_stage:
+                    (out / training.n_microbatches).backward()
+                else:  # the received output gradient
+                    out.backward(torch.empty_like(out))
+                del out
+    if training.schedule is not None:
+        training.schedule._stage.perform_reduce_grad(1)
+    elif isinstance(module, FSDPModule):
+        raise RuntimeError("the dry build drives pipelined layouts only (pp > 1)")
+    training._match_grad_placements()
+    training.optimizer_step(optimizer)
+    optimizer.zero_grad(set_to_none=True)
+
+
+def dry_build(layout: Layout, pp_rank: int, trace: bool = True) -> RankResult:
+    """Build (and trace one step of) pipeline rank `pp_rank`'s first tp/dp rank on a fake group."""
+    import torch
+    import torch.distributed as dist
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    import memory_accuracy as accuracy
+    from hpctrain.runtime.parallelize import build_training
+
+    planner_params, planner_mem, (first, last) = planner_figures(layout, pp_rank)
+    job = layout.job()
+    rank = pp_rank * layout.dp * layout.tp  # mesh order (pp, dp, tp): this stage's first rank
+    # allow_non_fake_inputs: the DeviceMesh's rank tables are real tensors that FSDP reads.
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=layout.world)
+    try:
+        start = time.perf_counter()
+        with fake_runtime(fake_mode):
+            training = build_training(job, torch.device("cpu"))
+        result = RankResult(pp_rank, rank, first, last, training.param_count_before_dp(),
+                            training.param_count_local(), planner_params, planner=planner_mem,
+                            build_s=time.perf_counter() - start)
+        assert training.pp_rank == pp_rank, (training.pp_rank, pp_rank)
+        if trace:
+            start = time.perf_counter()
+            with fake_mode:
+                optimizer = torch.optim.AdamW(training.parameters(), lr=1e-4, foreach=False)
+                for p in training.parameters():  # AdamW's states, as after the first real step
+                    p.grad = torch.zeros_like(p)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                tracker = accuracy._step_tracker()
+                tracker.track_external(*training.model_parts, optimizer)
+                with tracker:
+                    _traced_step(training, layout, pp_rank, optimizer)
+                snapshot = next(iter(tracker.get_tracker_snapshot("peak").values()))
+            named = {str(getattr(k, "name", k)): float(v) for k, v in snapshot.items()}
+            traced = {c: named.get(c, 0.0) for c in accuracy.CATEGORIES}
+            traced["PARAM"] += named.get("BUFFER", 0.0)
+            traced["TEMP"] += named.get("OTH", 0.0)
+            traced["Total"] = sum(traced[c] for c in accuracy.CATEGORIES)
+            result.traced = traced
+            result.trace_s = time.perf_counter() - start
+    finally:
+        dist.destroy_process_group()
+    result.maxrss_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB  # Linux: KiB
+    return result
+
+
+def dry_build_isolated(layout: Layout, pp_rank: int, trace: bool = True) -> RankResult:
+    """dry_build in a fresh process: torch caches meshes (FSDP's TP x DP mesh) across process
+    groups, so a second rank in the same process fails; a fresh process also makes ru_maxrss
+    that rank's own."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn")) as pool:
+        return pool.submit(dry_build, layout, pp_rank, trace).result()
+
+
+def closed_form_params(layout: Layout) -> int:
+    from hpctrain.runtime.model import ModelArgs, param_count
+
+    return param_count(ModelArgs.from_config(layout.job().model))
+
+
+def _ratio(planner: float, traced: float) -> str:
+    return f"{planner / traced:.3f}" if traced else "-"
+
+
+def report(layout: Layout, results: list[RankResult]) -> list[str]:
+    import memory_accuracy as accuracy
+    from tabulate import tabulate
+
+    lines = [f"== {layout.name}: world {layout.world} (fake process group), micro-batch {layout.micro_batch} x "
+             f"seq {layout.model['seq_len']}, {layout.job().train.global_batch // layout.dp // layout.micro_batch} "
+             f"micro-batches/step, {layout.precision}, AC {layout.ac}, SP {layout.sequence_parallel}; "
+             f"full model {closed_form_params(layout) / 1e9:.2f}B parameters (closed form)"]
+    rows = []
+    for r in results:
+        rows.append([r.pp_rank, r.global_rank, f"{r.first_layer}-{r.last_layer - 1}", f"{r.params_tp:,}",
+                     f"{r.planner_params_tp:,}", f"{r.params_local:,}", f"{r.build_s:.1f}", f"{r.trace_s:.1f}",
+                     f"{r.maxrss_gib:.2f}"])
+    lines.append(tabulate(rows, headers=["pp rank", "rank", "layers", "params/TP rank (runtime)",
+                                         "(planner)", "FSDP shard (runtime)", "build s", "trace s",
+                                         "ru_maxrss GiB"]))
+    if any(r.traced for r in results):
+        rows = []
+        for r in results:
+            for key in (*accuracy.CATEGORIES, "Total"):
+                p, t = r.planner.get(key, 0.0), r.traced.get(key, 0.0)
+                rows.append([r.pp_rank if key == "PARAM" else "", key, f"{p / GIB:.2f}", f"{t / GIB:.2f}",
+                             _ratio(p, t)])
+        lines.append("peak of one traced step (GiB): planner (hpctrain.plan.memory.rank_memory, no runtime "
+                     "overhead) vs traced (MemTracker peak snapshot on fake tensors)")
+        lines.append(tabulate(rows, headers=["pp rank", "category", "planner", "traced", "planner/traced"]))
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layouts", nargs="*", default=["70b", "405b"], help="70b, 405b")
+    parser.add_argument("--pp-ranks", type=int, nargs="*", default=None, help="default: first, middle, last")
+    parser.add_argument("--no-trace", action="store_true", help="parameter counts only")
+    args = parser.parse_args(argv)
+    layouts = _layouts()
+    for key in args.layouts:
+        layout = layouts[key]
+        ranks = tuple(args.pp_ranks) if args.pp_ranks else layout.ranks()
+        results = [dry_build_isolated(layout, r, trace=not args.no_trace) for r in ranks]
+        for line in report(layout, results):
+            print(line, flush=True)
+        print(flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
