@@ -279,15 +279,16 @@ def dry_build(layout: Layout, pp_rank: int, trace: bool = True) -> RankResult:
     return result
 
 
-def dry_build_isolated(layout: Layout, pp_rank: int, trace: bool = True) -> RankResult:
-    """dry_build in a fresh process: torch caches meshes (FSDP's TP x DP mesh) across process
-    groups, so a second rank in the same process fails; a fresh process also makes ru_maxrss
-    that rank's own."""
+def dry_build_ranks(layout: Layout, pp_ranks: tuple[int, ...], trace: bool = True, workers: int = 1) -> list[RankResult]:
+    """dry_build of each pipeline rank, each in a fresh process: torch caches meshes (FSDP's
+    TP x DP mesh) across process groups, so a second rank in the same process fails; a fresh
+    process also makes ru_maxrss that rank's own."""
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
-    with ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn")) as pool:
-        return pool.submit(dry_build, layout, pp_rank, trace).result()
+    with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"), max_tasks_per_child=1) as pool:
+        futures = [pool.submit(dry_build, layout, r, trace) for r in pp_ranks]
+        return [f.result() for f in futures]
 
 
 def closed_form_params(layout: Layout) -> int:
@@ -339,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     for key in args.layouts:
         layout = layouts[key]
         ranks = tuple(args.pp_ranks) if args.pp_ranks else layout.ranks()
-        results = [dry_build_isolated(layout, r, trace=not args.no_trace) for r in ranks]
+        results = dry_build_ranks(layout, ranks, trace=not args.no_trace)
         for line in report(layout, results):
             print(line, flush=True)
         print(flush=True)

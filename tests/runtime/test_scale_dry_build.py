@@ -1,0 +1,54 @@
+"""The scale dry-build machinery at a tiny scale (issue 12 item 11), so bench/scale_dry_build.py
+cannot rot silently: two pipeline ranks of a TP2 x PP2 x DP2 job built by the runtime's
+`build_training` on a fake process group and fake tensors, each in its own process; their
+parameter counts must equal the planner's per-rank count and split the closed-form total."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import scale_dry_build as dry  # noqa: E402
+
+from hpctrain.config.model import PRESETS  # noqa: E402
+from hpctrain.plan.model_stats import stage_param_count  # noqa: E402
+
+
+def test_one_f_one_b_order_keeps_pp_minus_rank_in_flight():
+    # torch's Schedule1F1B: pp - rank - 1 warm-up forwards, then one forward / one backward.
+    assert dry._one_f_one_b(4, 0, 5) == [("F", 0), ("F", 1), ("F", 2), ("F", 3), ("B", 0), ("F", 4), ("B", 1),
+                                         ("B", 2), ("B", 3), ("B", 4)]
+    assert dry._one_f_one_b(4, 3, 2) == [("F", 0), ("B", 0), ("F", 1), ("B", 1)]
+    for pp, rank in ((4, 0), (4, 2), (16, 5)):
+        live, peak = 0, 0
+        for kind, _ in dry._one_f_one_b(pp, rank, pp - rank + 1):
+            live += 1 if kind == "F" else -1
+            peak = max(peak, live)
+        assert peak == pp - rank
+
+
+@pytest.mark.timeout(120)
+def test_tiny_dry_build_counts_match_planner_and_closed_form():
+    layout = dry.Layout("tiny", dict(PRESETS["tiny"]), tp=2, pp=2, dp=2, micro_batches=2)
+    results = dry.dry_build_ranks(layout, (0, 1), trace=False, workers=2)
+    model = layout.job().model
+    for r in results:
+        assert r.params_tp == r.planner_params_tp > 0, r
+        # FSDP shards every parameter over dp=2 (dims here are even, so exactly half)
+        assert r.params_local * layout.dp == r.params_tp, r
+        assert r.maxrss_gib < 2.0, r  # fake tensors: no model memory
+    # The two stages split the model: their layer ranges tile it and, counted without TP, their
+    # parameters add up to the closed-form total.
+    assert [(r.first_layer, r.last_layer) for r in results] == [(0, results[1].first_layer), (results[0].last_layer, model.layers)]
+    untp = sum(stage_param_count(model, r.first_layer, r.last_layer, has_embedding=r.pp_rank == 0,
+                                 has_head=r.pp_rank == 1, tp=1) for r in results)
+    assert untp == dry.closed_form_params(layout)
+    # The runtime's own counts against the closed form: TP splits every matrix by tp (the tiny
+    # shapes divide evenly) and replicates the RMSNorm weights (2 per layer and the final one).
+    norms = (2 * model.layers + 1) * model.hidden
+    assert sum(r.params_tp for r in results) == (dry.closed_form_params(layout) - norms) // layout.tp + norms
