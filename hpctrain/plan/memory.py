@@ -29,7 +29,13 @@ from hpctrain.plan.activations import (
     precision_mode,
     weight_copy_bytes_per_layer,
 )
-from hpctrain.plan.model_stats import embedding_param_count, layer_param_count, stage_param_count
+from hpctrain.plan.model_stats import (
+    embedding_param_count,
+    final_norm_param_count,
+    head_param_count,
+    layer_param_count,
+    stage_param_count,
+)
 
 GIB = 2**30
 # CUDA context + cuBLAS/cuDNN workspaces + NCCL buffers + allocator fragmentation, per GPU, when the
@@ -143,11 +149,19 @@ def _states(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, pp_ra
     layer_params = layer_param_count(model) / s.tp
     compute_bytes = HALF_BYTES if mode == "fsdp-mp" else FP32_BYTES
     unsharded_fwd = unsharded_bwd = 0.0
-    if fsdp and s.zero >= 3 and s.pp == 1:
-        # reshard_after_forward: only the last block stays gathered after forward; in the last
-        # block's backward the root (embedding, norm, head) and that block are gathered.
+    if fsdp and s.zero >= 3 and s.pp == 1 and model.tie_embeddings:
+        # The tied embedding, norm and head stay in the root unit (runtime/data_parallel.py):
+        # after forward only the last block stays gathered; in backward the root and one block.
         unsharded_fwd = compute_bytes * layer_params
         unsharded_bwd = compute_bytes * (params - (layers - 1) * layer_params)
+    elif fsdp and s.zero >= 3 and s.pp == 1:
+        # FSDP units of their own (runtime/data_parallel.py's table): after forward the last
+        # block and the norm + head unit stay gathered (the embedding was resharded); in the
+        # backward of the first layer that layer and the embedding are gathered (the head was
+        # resharded after its backward). Measured against MemTracker (bench/memory_accuracy.py).
+        head_unit = (head_param_count(model) + final_norm_param_count(model)) / s.tp
+        unsharded_fwd = compute_bytes * (layer_params + head_unit)
+        unsharded_bwd = compute_bytes * (layer_params + embedding_param_count(model) / s.tp)
     elif fsdp:
         unsharded_fwd = unsharded_bwd = compute_bytes * params
     grads_sharded = FP32_BYTES * params / shard * on_gpu

@@ -20,6 +20,24 @@ step, not once per micro-batch in forward and again in backward (torchtitan does
 holds them unsharded for the step (the memory of zero 1/2's parameters, with zero 3's sharded
 gradients and optimizer state).
 
+FSDP units (what one all-gather and one reduce-scatter move), per model part (pipeline stage):
+
+| unit                        | holds                       | reshard after forward (zero 3, no PP) |
+|-----------------------------|-----------------------------|---------------------------------------|
+| `tok_embeddings`            | the embedding (first stage) | yes                                   |
+| each `TransformerBlock`     | one layer                   | yes, but for the last block           |
+| `[norm, output]`            | final norm + head (last)    | no: its backward comes right after    |
+| the part itself (root)      | nothing; the tied embedding | no (FSDP2 never reshards the root)    |
+|                             | + norm + head when tied     |                                       |
+
+The embedding and the norm + head are units of their own, as in torchtitan's `apply_fsdp`
+(torchtitan/models/llama3/infra/parallelize.py), instead of the root's: under zero 3 without
+pipelining the embedding is freed after its forward, the head is gathered only when needed, and
+neither is gathered before layer 0 (for Llama-3 that is about 1B parameters). A model whose head
+shares the embedding's weight on one part keeps both in the root: one parameter, one unit.
+Under pipelining nothing reshards after forward, so zero 3 all-gathers each unit once per step
+(tests/runtime/test_fsdp_pipeline.py counts them).
+
 Precision: parameters stay fp32 (the master weights the optimizer updates); the mixed-precision
 policy casts them to bf16/fp16 for forward and backward and reduces gradients in fp32.
 `offload_optimizer` keeps the sharded parameters, gradients and optimizer step on the CPU
@@ -61,7 +79,7 @@ def apply_fsdp(
     offload_optimizer: bool,
     pipelined: bool = False,
 ) -> None:
-    """Shard every block, then each model part (embedding, final norm, head), over `dp_mesh`."""
+    """Shard each model part over `dp_mesh` as FSDP units (the table in the module docstring)."""
     if precision not in PARAM_DTYPES:
         raise ConfigError(f"train.precision: got {precision!r}; valid: {', '.join(PARAM_DTYPES)}")
     reshard = reshard_after_forward(zero) and not pipelined
@@ -70,6 +88,11 @@ def apply_fsdp(
     pinned = torch.cuda.is_available()
     offload: OffloadPolicy = CPUOffloadPolicy(pin_memory=pinned) if offload_optimizer else OffloadPolicy()
     for part in model_parts:
+        # A tied embedding and head on one part are one parameter: one unit must own it.
+        tied = part.args.tie_embeddings and part.tok_embeddings is not None and part.output is not None
+        if part.tok_embeddings is not None and not tied:
+            fully_shard(part.tok_embeddings, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp_policy,
+                        offload_policy=offload)
         blocks = list(part.layers.values())
         for i, block in enumerate(blocks):
             # The last block's backward starts right after its forward: keeping it unsharded
@@ -81,4 +104,10 @@ def apply_fsdp(
                 mp_policy=mp_policy,
                 offload_policy=offload,
             )
+        if part.norm is not None and part.output is not None and not tied:
+            # Last in forward, first in backward: never resharded in between (torchtitan: only
+            # with its "always" policy).
+            fully_shard([part.norm, part.output], mesh=dp_mesh, reshard_after_forward=False, mp_policy=mp_policy,
+                        offload_policy=offload)
+        # The root: FSDP2 needs it for its step-level hooks; it owns parameters only when tied.
         fully_shard(part, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp_policy, offload_policy=offload)
