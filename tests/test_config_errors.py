@@ -119,6 +119,12 @@ CASES = [
     ("set-new-nested-key", GOOD, ["model.x.y=1"], ["--set model.x.y=1", "model.x", "unknown key"]),
     ("unknown-gpu", GOOD.replace("gpu: cpu", "gpu: a100-80g"), [], ["cluster.gpu", "a100-80gb"]),
     ("monitor-nsys-steps", GOOD + "monitor:\n  nsys_steps: [5, 2]\n", [], ["monitor.nsys_steps"]),
+    ("lora-unknown-target", GOOD, ["train.lora.targets=[q_proj, wx]"],
+     ["train.lora.targets", "'wx' is not a projection", "gate_proj"]),
+    ("lora-rank-zero", GOOD, ["train.lora.rank=0"], ["train.lora.rank", "greater than or equal to 1"]),
+    ("lora-dropout-one", GOOD, ["train.lora.dropout=1.0"], ["train.lora.dropout", "less than 1"]),
+    ("lora-w3-gelu", GOOD.replace("preset: tiny", "preset: tiny\n  activation: gelu"), ["train.lora.targets=[w3]"],
+     ["train.lora.targets", "swiglu"]),
 ]
 
 

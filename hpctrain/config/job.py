@@ -186,6 +186,10 @@ def _other_problems(job: Job) -> list[Problem]:
         if slurm_time_seconds(s.time) <= job.monitor.py_spy_seconds_before_limit:
             out.append(Problem("monitor.py_spy_seconds_before_limit", f"is not below slurm.time={s.time}",
                                job.monitor.py_spy_seconds_before_limit, "use a smaller value"))
+    lora = t.lora
+    if lora is not None and "w3" in lora.targets and job.model.activation != "swiglu":
+        out.append(Problem("train.lora.targets", "w3 (up_proj) exists only with model.activation swiglu",
+                           lora.targets, "remove w3 / up_proj from the targets"))
     first, last = job.monitor.nsys_steps
     if first > last or first < 0:
         out.append(Problem("monitor.nsys_steps", "must be [first, last] with 0 <= first <= last",

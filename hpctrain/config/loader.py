@@ -66,6 +66,7 @@ _FIXES = {
     "env_executes": ENV_FIX,
     "sbatch_option": "write the option name only, e.g. mail-type",
     "free_text": "write a non-empty string",
+    "lora_target": "use wq wk wv wo w1 w2 w3 (or q_proj k_proj v_proj o_proj gate_proj down_proj up_proj)",
 }
 
 

@@ -8,6 +8,7 @@ from pydantic import Field
 
 from hpctrain.config import limits as L
 from hpctrain.config.base import Section
+from hpctrain.config.lora import LoraConfig
 from hpctrain.config.types import Text, ZeroStage, auto_int
 
 
@@ -51,6 +52,8 @@ class TrainConfig(Section):
     eval_batches: int = Field(4, ge=1, le=L.MAX_GLOBAL_BATCH, description="Global batches per validation (the same ones every time).")
     seed: int = Field(1234, ge=0, le=L.MAX_SEED, description="Seed for weights, data and dropout.")
     log_every: int = Field(1, ge=1, le=L.MAX_STEPS, description="Write a metrics line every N steps.")
+    lora: Optional[LoraConfig] = Field(None, description="Train low-rank adapters on a frozen base (LoRA); "
+                                       "null trains every weight.")
 
 
 class ParallelConfig(Section):

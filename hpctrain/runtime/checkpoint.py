@@ -47,7 +47,11 @@ from hpctrain.rundir.checkpoints import (  # noqa: F401 - re-exported: the runti
     data_files, foreign_owner, hash_files, ownership_error, read_metadata, run_identity, run_record, scan, share,
     verify_files, write_metadata)
 
-OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+# ignore_frozen_params: a LoRA run saves its adapters only; the frozen base is rebuilt on resume (from the
+# seed or model.init_from). Loading then sets only those keys (strict=False; DCP itself fails on a key
+# the checkpoint lacks). Without LoRA no parameter is frozen and both options change nothing.
+OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True, ignore_frozen_params=True)
+FROZEN_BASE_LOAD_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True, ignore_frozen_params=True, strict=False)
 # A single process saves without a process group on purpose; DCP warns about that on every call.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
@@ -293,8 +297,10 @@ class Checkpointer:
         state = self._merge(per_part)
         dcp.load(state, storage_reader=SafeReader(path), planner=SafePlanner())  # nothing unpickled freely
         for (m, o), part, opt in zip(per_part, self.parts, self.optimizers):
+            frozen = any(not p.requires_grad for p in part.parameters())
             set_state_dict(part, opt, model_state_dict={k: state["model"][k] for k in m},
-                           optim_state_dict={k: state["optim"][k] for k in o}, options=OPTIONS)
+                           optim_state_dict={k: state["optim"][k] for k in o},
+                           options=FROZEN_BASE_LOAD_OPTIONS if frozen else OPTIONS)
         rng_file = os.path.join(path, "rng", f"rank-{self.rank}.pt")
         if os.path.exists(rng_file):
             try:

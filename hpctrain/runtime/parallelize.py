@@ -28,6 +28,7 @@ from torch import nn
 from hpctrain.errors import ConfigError
 from hpctrain.runtime.activation_checkpoint import apply_ac
 from hpctrain.runtime.data_parallel import apply_fsdp, sync_every_microbatch
+from hpctrain.runtime.lora import apply_lora, init_lora
 from hpctrain.runtime.model import ModelArgs, Transformer, build_model, cross_entropy_loss
 from hpctrain.runtime.parallel_dims import ParallelDims
 from hpctrain.runtime.pipeline_parallel import apply_pp, split_model, stage_layer_ranges, step_kwargs
@@ -185,7 +186,7 @@ class Training:
 
     def _sync_tied_grads(self) -> None:
         """Tied embeddings across pipeline stages: both copies get the sum of their gradients."""
-        if self.tied_group is None:
+        if self.tied_group is None or self.job.train.lora is not None:  # LoRA: the embedding is frozen
             return
         part = self.model_parts[0] if self.has_first_stage else self.model_parts[-1]
         holder = part.tok_embeddings if self.has_first_stage else part.output
@@ -352,6 +353,8 @@ def build_training(job: Any, device: torch.device) -> Training:
         if dims.tp_enabled:
             assert mesh is not None
             apply_tp(module, mesh["tp"], sequence_parallel=bool(par.sequence_parallel), loss_parallel=True)
+        if job.train.lora is not None:  # after TP (the adapters take the base's placements), before FSDP
+            apply_lora(module, job.train.lora, mesh["tp"] if dims.tp_enabled and mesh is not None else None)
         apply_ac(module, job.train.activation_checkpointing)
     if fsdp:
         assert mesh is not None
@@ -371,6 +374,8 @@ def build_training(job: Any, device: torch.device) -> Training:
         module.rope_sin.data = module.rope_sin.data.to(device)
         with torch.no_grad():
             module.init_weights(job.train.seed)
+            if job.train.lora is not None:
+                init_lora(module, job.train.seed)
 
     training = Training(
         job=job,
