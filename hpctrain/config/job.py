@@ -67,6 +67,9 @@ def _fixed(value: Any) -> Optional[int]:
 
 def _model_problems(job: Job) -> list[Problem]:
     m = job.model
+    init = [Problem(path, message, got, fix) for path, message, got, fix in m.init_problems]
+    if init:
+        return init
     out = [Problem(f"model.{name}", "is required when no preset is given", None,
                    f"set model.{name} or choose model.preset") for name in m.missing_fields()]
     if out:
@@ -78,6 +81,10 @@ def _model_problems(job: Job) -> list[Problem]:
     if m.heads % m.kv_heads:
         out.append(Problem("model.kv_heads", f"must divide model.heads={m.heads}", m.kv_heads,
                            "use a divisor of heads (GQA groups must be equal)"))
+    rs = m.rope_scaling
+    if rs is not None and rs.high_freq_factor <= rs.low_freq_factor:
+        out.append(Problem("model.rope_scaling.high_freq_factor", "must be above low_freq_factor="
+                           f"{rs.low_freq_factor}", rs.high_freq_factor, "use e.g. low 1, high 4 (Llama 3.1)"))
     if m.activation and (m.hidden // m.heads) % 2:
         out.append(Problem("model.hidden", "hidden/heads (the head size) must be even for RoPE", m.hidden,
                            "choose hidden and heads so the head size is even"))

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any, Literal, Optional
 
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 
 from hpctrain.config import limits as L
 from hpctrain.config.base import Section
+from hpctrain.config.types import Text
 
 # Shapes from the model cards / papers: GPT-3 (Brown et al. 2020, Table 2.1), Llama 2 (Touvron et al.
 # 2023, Table 1 and params.json), Llama 3 / 3.2 (Meta's model cards and params.json).
@@ -39,6 +41,24 @@ def default_ffn_hidden(hidden: int, activation: str) -> int:
     return -(-int(8 * hidden / 3) // 256) * 256
 
 
+class RopeScaling(Section):
+    """Llama 3 RoPE frequency scaling (Llama 3.1 and later): transformers' `rope_type: llama3`."""
+
+    rope_type: Literal["llama3"] = Field("llama3", description="The scaling rule; only llama3.")
+    factor: float = Field(..., gt=0, le=1e6, description="Divides the low frequencies (8 in Llama 3.1).")
+    low_freq_factor: float = Field(..., gt=0, le=1e6, description="Wavelengths above original/low_freq_factor "
+                                   "are divided by factor (1 in Llama 3.1).")
+    high_freq_factor: float = Field(..., gt=0, le=1e6, description="Wavelengths below original/high_freq_factor "
+                                    "are kept; between the two they are interpolated (4 in Llama 3.1).")
+    original_max_position_embeddings: int = Field(..., ge=1, le=L.MAX_SEQ_LEN, description="The pretraining "
+                                                  "context length (8192 in Llama 3.1).")
+
+
+# The fields init_from's config.json fills (seq_len, the training length, is always the job's own).
+HF_FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "activation", "tie_embeddings",
+             "norm_eps", "rope_theta", "rope_scaling")
+
+
 class ModelConfig(Section):
     """The decoder-only transformer to train."""
 
@@ -54,6 +74,13 @@ class ModelConfig(Section):
     tie_embeddings: bool = Field(False, description="Share the input embedding with the output head.")
     norm_eps: float = Field(1e-5, gt=0, le=1, description="RMSNorm epsilon.")
     rope_theta: float = Field(10000.0, gt=0, le=L.MAX_ROPE_THETA, description="RoPE base frequency.")
+    rope_scaling: Optional[RopeScaling] = Field(None, description="Llama 3 RoPE scaling; none by default.")
+    init_from: Optional[Text] = Field(None, description="A local Hugging Face folder (config.json and "
+                                      "model.safetensors or its sharded index) to start from: its config.json "
+                                      "gives every shape field the job leaves out and must agree with those it "
+                                      "sets; seq_len stays the job's. Ignored when resuming from a checkpoint.")
+    # Problems found reading init_from, as (field, message, got, fix): reported with the cross-field checks.
+    _init_problems: list[tuple[str, str, Any, str]] = PrivateAttr(default_factory=list)
 
     @model_validator(mode="before")
     @classmethod
@@ -64,11 +91,47 @@ class ModelConfig(Section):
 
     @model_validator(mode="after")
     def _fill_defaults(self) -> "ModelConfig":
+        if self.init_from is not None:
+            self._fill_from_hf(self.init_from)
         if self.kv_heads is None and self.heads is not None:
             self.kv_heads = self.heads
         if self.ffn_hidden is None and self.hidden is not None:
             self.ffn_hidden = default_ffn_hidden(self.hidden, self.activation)
         return self
+
+    def _fill_from_hf(self, folder: str) -> None:
+        """Take the shape from init_from's config.json (hf_config.py says the rules)."""
+        from hpctrain.config.hf_config import HfConfigProblem, read_hf_config, same
+
+        try:
+            hf = read_hf_config(os.path.expanduser(folder))
+        except HfConfigProblem as exc:
+            self._init_problems.append(("model.init_from", str(exc), folder,
+                                        "give a folder written by transformers' save_pretrained"))
+            return
+        given = self.model_fields_set
+        for name in HF_FIELDS:
+            theirs = hf.fields[name]
+            ours = getattr(self, name)
+            if isinstance(ours, RopeScaling):
+                ours = ours.model_dump()
+            if name in given:
+                if not same(ours, theirs):
+                    self._init_problems.append((f"model.{name}", f"differs from init_from's config.json "
+                                                f"({theirs!r})", ours, f"remove model.{name} (it comes from "
+                                                "config.json) or use the folder's value"))
+            elif name == "rope_scaling":
+                self.rope_scaling = None if theirs is None else RopeScaling.model_validate(theirs)
+            else:
+                setattr(self, name, theirs)
+        if self.seq_len is None:
+            limit = f" (config.json's max_position_embeddings is {hf.max_positions})" if hf.max_positions else ""
+            self._init_problems.append(("model.seq_len", f"is required with model.init_from{limit}", None,
+                                        "set model.seq_len, the training sequence length"))
+
+    @property
+    def init_problems(self) -> list[tuple[str, str, Any, str]]:
+        return list(self._init_problems)
 
     @property
     def head_dim(self) -> int:

@@ -19,7 +19,7 @@ def _absolute(path: str | None, base: str) -> str | None:
 
 
 def absolute_paths(job: Job, base: str | None = None) -> Job:
-    """A copy of job with train.data, runs_dir, checkpoint.dir, container.image, topology files and
+    """A copy of job with train.data, model.init_from, runs_dir, checkpoint.dir, container.image, topology files and
     template_dir made absolute against base (default: the current directory)."""
     base = base or os.getcwd()
     train = job.train
@@ -33,6 +33,7 @@ def absolute_paths(job: Job, base: str | None = None) -> Job:
         "runs_dir": _absolute(job.runs_dir, base),
         "template_dir": _absolute(job.template_dir, base),
         "train": train,
+        "model": job.model.model_copy(update={"init_from": _absolute(job.model.init_from, base)}),
         "checkpoint": job.checkpoint.model_copy(update={"dir": _absolute(job.checkpoint.dir, base)}),
         "container": job.container.model_copy(update={"image": _absolute(job.container.image, base)}),
         "cluster": job.cluster.model_copy(update={"topology": topology}),

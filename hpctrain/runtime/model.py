@@ -46,6 +46,9 @@ class ModelArgs:
     tie_embeddings: bool = False
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
+    # Llama 3 scaling (`model.rope_scaling`): (factor, low_freq_factor, high_freq_factor,
+    # original_max_position_embeddings), or None for plain RoPE.
+    rope_scaling: tuple[float, float, float, int] | None = None
 
     def __post_init__(self) -> None:
         problems = []
@@ -69,8 +72,12 @@ class ModelArgs:
     @classmethod
     def from_config(cls, model_cfg: Any) -> ModelArgs:
         """From `job.model` (a pydantic model) or anything with the same attributes."""
-        names = cls.__dataclass_fields__.keys()
-        return cls(**{name: getattr(model_cfg, name) for name in names})
+        names = [name for name in cls.__dataclass_fields__ if name != "rope_scaling"]
+        scaling = getattr(model_cfg, "rope_scaling", None)
+        if scaling is not None and not isinstance(scaling, tuple):
+            scaling = (float(scaling.factor), float(scaling.low_freq_factor), float(scaling.high_freq_factor),
+                       int(scaling.original_max_position_embeddings))
+        return cls(**{name: getattr(model_cfg, name) for name in names}, rope_scaling=scaling)
 
 
 def param_count(args: ModelArgs) -> int:
@@ -83,10 +90,30 @@ def param_count(args: ModelArgs) -> int:
     return args.vocab * h + args.layers * block + h + head
 
 
-def rope_tables(args: ModelArgs, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of RoPE angles, each [seq_len, head_dim] (rotate-half layout), in fp32."""
+def rope_inv_freq(args: ModelArgs, device: torch.device | None = None) -> torch.Tensor:
+    """The RoPE inverse frequencies [head_dim / 2] in fp64, with Llama 3 scaling when set.
+
+    The scaling is transformers' `_compute_llama3_parameters` (modeling_rope_utils.py, transformers
+    5.24), step for step: wavelengths below original/high_freq_factor are kept, those above
+    original/low_freq_factor divided by `factor`, and those between interpolated smoothly."""
     d = args.head_dim
     inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64, device=device) / d))
+    if args.rope_scaling is None:
+        return inv_freq
+    factor, low_freq_factor, high_freq_factor, old_context_len = args.rope_scaling
+    low_freq_wavelen = old_context_len / low_freq_factor
+    high_freq_wavelen = old_context_len / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth_factor = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth_factor) * scaled / factor + smooth_factor * scaled
+    is_medium_freq = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium_freq, smoothed, scaled)
+
+
+def rope_tables(args: ModelArgs, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of RoPE angles, each [seq_len, head_dim] (rotate-half layout), in fp32."""
+    inv_freq = rope_inv_freq(args, device)
     angles = torch.outer(torch.arange(args.seq_len, dtype=torch.float64, device=device), inv_freq)
     angles = torch.cat([angles, angles], dim=-1)
     return angles.cos().float(), angles.sin().float()
