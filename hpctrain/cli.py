@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "hpctrain.plan.cli_commands",
     "hpctrain.render.commands",
     "hpctrain.runtime.data_commands",
+    "hpctrain.runtime.export_commands",
     "hpctrain.launch.commands",
     "hpctrain.diagnose.commands",
 )

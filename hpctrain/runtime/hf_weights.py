@@ -64,6 +64,14 @@ def from_hf_name(hf_name: str) -> str:
     raise KeyError(f"{hf_name}: not a Llama weight")
 
 
+def need_safetensors(what: str) -> None:
+    """A missing package is the user's setup, not a crash: one line, exit 2."""
+    try:
+        import safetensors  # noqa: F401
+    except ImportError:
+        raise ConfigError(f"{what} needs the safetensors package: pip install 'hpctrain[hf]'") from None
+
+
 def weight_files(folder: str) -> dict[str, str]:
     """HF tensor name -> the safetensors file holding it (one file, or a sharded index)."""
     index = os.path.join(folder, INDEX_FILE)
@@ -89,6 +97,7 @@ class HfShardReader:
     (the runtime's master-weight dtype; init copies it into the parameter's own dtype)."""
 
     def __init__(self, folder: str, dtype: torch.dtype = torch.float32) -> None:
+        need_safetensors("model.init_from")
         self.folder, self.dtype = folder, dtype
         self.files = weight_files(folder)
         self._handles: dict[str, Any] = {}

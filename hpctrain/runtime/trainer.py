@@ -87,9 +87,14 @@ class Trainer:
         }
 
     def restore(self) -> int:
-        """Load the newest complete checkpoint (or --resume-from); return the step resumed from."""
+        """Load the newest complete checkpoint (or --resume-from); return the step resumed from. Without
+        one, a job with model.init_from starts from those weights (each rank reads its shards)."""
         path = self.checkpointer.find(self.resume_from)
         if path is None:
+            if self.job.model.init_from:  # a fresh start from pretrained weights (a resume has its own)
+                from hpctrain.runtime.hf_weights import load_init_from
+
+                self.telemetry.event("weights loaded", **load_init_from(self.training))
             return 0
         body = self.checkpointer.load(path)
         self.step = int(body["step"])

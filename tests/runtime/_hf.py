@@ -40,6 +40,18 @@ def save_llama(folder: str, seed: int = 0, max_shard_size: str | None = None, **
     return folder
 
 
+_MODELS: dict[str, dict[str, str]] = {}
+
+
+def saved_models(root: str) -> dict[str, str]:
+    """The VARIANTS saved once per test session (test modules share them: saving needs transformers,
+    whose import is the slow part)."""
+    if not _MODELS:
+        _MODELS["folders"] = {name: save_llama(os.path.join(root, name), seed=i, **cfg)
+                              for i, (name, cfg) in enumerate(VARIANTS.items())}
+    return _MODELS["folders"]
+
+
 def hf_logits(folder: str, tokens: torch.Tensor) -> torch.Tensor:
     from transformers import LlamaForCausalLM
 

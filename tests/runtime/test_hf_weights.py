@@ -15,7 +15,7 @@ import torch
 from hpctrain.config import job_from_dict
 
 from ._dist import run_distributed
-from ._hf import VARIANTS, hf_job_dict, hf_logits, local_bytes, runtime_logits, save_llama, tokens
+from ._hf import VARIANTS, hf_job_dict, hf_logits, local_bytes, runtime_logits, save_llama, saved_models, tokens
 
 LOGIT_TOL = 1e-4
 # (variant, (tp, pp, dp)): the acceptance layouts; tied and llama3 ride along on some of them.
@@ -27,8 +27,7 @@ LAYOUTS: dict[int, list[tuple[str, tuple[int, int, int]]]] = {
 
 @pytest.fixture(scope="session")
 def hf_models(tmp_path_factory) -> dict[str, str]:
-    root = tmp_path_factory.mktemp("hf")
-    return {name: save_llama(str(root / name), seed=i, **cfg) for i, (name, cfg) in enumerate(VARIANTS.items())}
+    return saved_models(str(tmp_path_factory.getbasetemp() / "hf-models"))
 
 
 def _build(folder: str, layout: tuple[int, int, int]) -> Any:

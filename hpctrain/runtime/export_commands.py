@@ -1,0 +1,87 @@
+"""CLI command `hpctrain export RUN [--step N] -o DIR`: a run's checkpoint as a Hugging Face folder.
+
+Imports only argparse at top level; the run, the checkpoint and the output folder are checked without
+torch (a wrong argument answers at once, exit 2), and torch loads only to read the checkpoint
+(hf_export.py does the work).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+
+def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    export = subparsers.add_parser(
+        "export", help="write a run's checkpoint as a Hugging Face Llama folder",
+        description="Convert a complete checkpoint of RUN (any layout) into a Hugging Face folder that "
+                    "transformers' LlamaForCausalLM and inference servers load: config.json, "
+                    "generation_config.json, safetensors weights (sharded with an index above --max-shard-size) "
+                    "and, for a job with model.init_from, that folder's tokenizer files. Runs on the CPU, "
+                    "reading one tensor at a time.")
+    export.add_argument("run", metavar="RUN", help="a run directory, or a run name in --runs-dir")
+    export.add_argument("-o", "--output", required=True, metavar="DIR", help="the folder to write (new or empty)")
+    export.add_argument("--step", type=int, metavar="N", help="the checkpoint step (default: the newest complete one)")
+    export.add_argument("--max-shard-size", default="5GB", metavar="SIZE",
+                        help="largest safetensors file, e.g. 5GB (default), 500MB, or bytes")
+    export.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                        help="weight dtype in the folder (default float32: the checkpoint's master weights, lossless)")
+    export.add_argument("--runs-dir", default="runs", help="where to look for RUN by name (default: runs)")
+    export.set_defaults(handler=run_export)
+
+
+def find_checkpoint(run_dir: str, step: int | None) -> tuple[str, Any]:
+    """(checkpoint folder, the run's `model:` section) for `hpctrain export`; ConfigError (exit 2) if
+    the run has no resolved job or no such complete checkpoint."""
+    import yaml
+
+    from hpctrain.config.model import ModelConfig
+    from hpctrain.errors import ConfigError
+    from hpctrain.rundir.checkpoints import scan
+    from hpctrain.rundir.layout import CHECKPOINTS_DIR, RESOLVED_FILE
+
+    resolved = os.path.join(run_dir, RESOLVED_FILE)
+    try:
+        with open(resolved, encoding="utf-8") as handle:
+            data = yaml.safe_load(handle)
+        model = ModelConfig.model_validate(data["model"])  # init_from problems are only recorded: not needed here
+    except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError) as exc:
+        raise ConfigError(f"RUN: {run_dir} has no readable {RESOLVED_FILE} ({type(exc).__name__}); it is not a "
+                          "run directory that started") from None
+    folder = ((data.get("checkpoint") or {}).get("dir")) or os.path.join(run_dir, CHECKPOINTS_DIR)
+    found = scan(folder)
+    steps = [s for s, _ in found.complete]
+    if not found.complete:
+        raise ConfigError(f"RUN: no complete checkpoint in {folder}; nothing to export")
+    if step is None:
+        return found.complete[-1][1], model
+    for s, path in found.complete:
+        if s == step:
+            return path, model
+    raise ConfigError(f"--step: got {step}; {folder} has complete checkpoints at steps "
+                      f"{', '.join(map(str, steps))}")
+
+
+def _check_output(out: str) -> None:
+    from hpctrain.errors import ConfigError
+
+    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
+        raise ConfigError(f"-o {out}: exists and is not an empty folder; choose a new folder")
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from hpctrain.rundir.layout import find_run
+
+    run_dir = str(find_run(args.run, args.runs_dir))
+    checkpoint, model = find_checkpoint(run_dir, args.step)
+    out = os.path.abspath(args.output)
+    _check_output(out)
+    from hpctrain.runtime.hf_export import export_checkpoint, parse_size
+
+    limit = parse_size(args.max_shard_size)
+    result = export_checkpoint(checkpoint, model, out, max_shard_bytes=limit, dtype=args.dtype)
+    print(f"exported {os.path.basename(checkpoint)} of {run_dir}: {result.tensors} tensors, "
+          f"{result.total_bytes / 1e9:.3f} GB in {len([f for f in result.files if f.endswith('.safetensors')])} "
+          f"safetensors file(s) -> {out}")
+    return 0

@@ -1,0 +1,123 @@
+"""`hpctrain export` (issue 15 item 2) and the init_from start through the runtime entry point.
+
+One real run (2 processes, pp=2, tied embeddings: the checkpoint holds the embedding twice) starts from
+a transformers-saved Llama folder, trains 2 steps and checkpoints; the export of that checkpoint loads in
+transformers' LlamaForCausalLM with the runtime's logits (within 1e-4), unsharded and sharded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from hpctrain.cli import main as cli_main
+
+from ._entry import REPO, run_entry
+from ._hf import hf_job_dict, hf_logits, saved_models, tokens
+
+LOGIT_TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("export")
+    folder = saved_models(str(tmp_path_factory.getbasetemp() / "hf-models"))["tied"]
+    job = hf_job_dict(folder, pp=2, steps=2, log_every=1)
+    job["checkpoint"] = {"every_steps": 2, "keep_last": 2}
+    run_dir = str(root / "run")
+    assert run_entry(job, run_dir) == [0, 0]
+    return {"base": folder, "run": run_dir, "root": str(root)}
+
+
+def _runtime_logits(run_dir: str, checkpoint: str, batch: torch.Tensor) -> torch.Tensor:
+    """The trained weights as the runtime computes with them: one process, loaded straight from DCP."""
+    import torch.distributed.checkpoint as dcp
+
+    from hpctrain.config import load_job
+    from hpctrain.runtime.parallelize import build_training
+
+    job = load_job(os.path.join(run_dir, "job.resolved.yaml"), ["parallel.pp=1", "cluster.gpus_per_node=1"])
+    part = build_training(job, torch.device("cpu")).model_parts[0]
+    state = {"model": part.state_dict()}
+    dcp.load(state, checkpoint_id=checkpoint)
+    part.load_state_dict(state["model"])
+    part.eval()
+    with torch.no_grad():
+        return part(batch)
+
+
+def _export(trained: dict[str, str], out: str, *extra: str) -> int:
+    return cli_main(["export", trained["run"], "-o", out, *extra])
+
+
+def test_export_round_trip_matches_runtime_logits(trained, tmp_path, capsys) -> None:
+    from hpctrain.runtime.hf_weights import iter_hf_tensors
+
+    out = str(tmp_path / "hf")
+    assert _export(trained, out) == 0
+    assert "exported step-2" in capsys.readouterr().out
+    assert sorted(os.listdir(out)) == ["config.json", "generation_config.json", "model.safetensors"]
+    batch = tokens()
+    checkpoint = os.path.join(trained["run"], "checkpoints", "step-2")
+    want = _runtime_logits(trained["run"], checkpoint, batch)
+    got = hf_logits(out, batch)
+    assert (got - want).abs().max().item() <= LOGIT_TOL
+    # The run started from the folder's weights (the entry point's init_from), then trained: close, not equal.
+    exported, base = dict(iter_hf_tensors(out)), dict(iter_hf_tensors(trained["base"]))
+    assert "lm_head.weight" not in exported  # tied: written once, as transformers does
+    moved = max((exported[k] - base[k]).abs().max().item() for k in base)
+    assert 0 < moved < 0.05, moved
+    events = [json.loads(line) for line in open(os.path.join(trained["run"], "events.jsonl"))]
+    loaded = [e for e in events if e["event"] == "weights loaded"]
+    assert len(loaded) == 1 and loaded[0]["bytes_read"] > 0
+
+
+def test_sharded_export_has_an_index_and_equal_weights(trained, tmp_path) -> None:
+    from hpctrain.runtime.hf_weights import iter_hf_tensors
+
+    one, many = str(tmp_path / "one"), str(tmp_path / "many")
+    assert _export(trained, one) == 0
+    limit = 40_000  # bytes; the largest tensor (the embedding, 32 kB in fp32) fits in one shard
+    assert _export(trained, many, "--max-shard-size", str(limit), "--step", "2") == 0
+    files = sorted(f for f in os.listdir(many) if f.endswith(".safetensors"))
+    assert len(files) > 2 and files[0] == f"model-00001-of-{len(files):05d}.safetensors"
+    assert all(os.path.getsize(os.path.join(many, f)) <= limit + 4096 for f in files)  # + the file's header
+    index = json.load(open(os.path.join(many, "model.safetensors.index.json")))
+    assert set(index["weight_map"].values()) == set(files)
+    a, b = dict(iter_hf_tensors(one)), dict(iter_hf_tensors(many))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    batch = tokens()
+    assert (hf_logits(many, batch) - hf_logits(one, batch)).abs().max().item() == 0.0
+
+
+def test_export_bad_input_is_one_line_exit_2(trained, tmp_path, capsys) -> None:
+    cases = [
+        ([str(tmp_path / "nope"), "-o", str(tmp_path / "o1")], "RUN: no run directory"),
+        ([trained["run"], "-o", str(tmp_path / "o2"), "--step", "7"],
+         "--step: got 7; " + os.path.join(trained["run"], "checkpoints") + " has complete checkpoints at steps 2"),
+        ([trained["run"], "-o", trained["root"]], f"-o {trained['root']}: exists and is not an empty folder"),
+        ([trained["run"], "-o", str(tmp_path / "o3"), "--max-shard-size", "lots"], "--max-shard-size: got 'lots'"),
+    ]
+    for argv, start in cases:
+        assert cli_main(["export", *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(start), err
+    empty = tmp_path / "fresh-run"
+    empty.mkdir()
+    (empty / "events.jsonl").write_text("")
+    (empty / "job.resolved.yaml").write_text(open(os.path.join(trained["run"], "job.resolved.yaml")).read())
+    assert cli_main(["export", str(empty), "-o", str(tmp_path / "o4")]) == 2
+    assert capsys.readouterr().err.startswith(f"RUN: no complete checkpoint in {empty / 'checkpoints'}")
+
+
+def test_export_cli_rejects_without_importing_torch(tmp_path) -> None:
+    code = ("import sys\nfrom hpctrain.cli import main\n"
+            f"rc = main(['export', {str(tmp_path / 'missing')!r}, '-o', {str(tmp_path / 'o')!r}])\n"
+            "assert 'torch' not in sys.modules, 'export imported torch before checking its input'\nsys.exit(rc)\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
