@@ -193,7 +193,8 @@ def iter_hf_tensors(folder: str) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def fill_parameters(module: torch.nn.Module, fill: Any, tie_embeddings: bool) -> None:
-    """Copy fill(name, full_shape, index) into each of `module`'s parameters (this rank's shards).
+    """Copy fill(name, full_shape, index) into each of `module`'s parameters (this rank's shards),
+    LoRA adapters excepted.
 
     The tied head of a last pipeline stage (its own copy of the embedding) is read as
     `tok_embeddings.weight`, the tensor it is tied to."""
@@ -201,6 +202,8 @@ def fill_parameters(module: torch.nn.Module, fill: Any, tie_embeddings: bool) ->
 
     with torch.no_grad():
         for name, param in module.named_parameters():
+            if name.endswith((".lora_A", ".lora_B")):
+                continue  # LoRA adapters (lora.py) are not in the folder: they keep their own init
             source = "tok_embeddings.weight" if name == "output.weight" and tie_embeddings else name
             local = param.to_local() if isinstance(param, DTensor) else param
             value = fill(source, tuple(param.shape), local_index(param))

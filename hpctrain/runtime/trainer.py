@@ -88,13 +88,16 @@ class Trainer:
 
     def restore(self) -> int:
         """Load the newest complete checkpoint (or --resume-from); return the step resumed from. Without
-        one, a job with model.init_from starts from those weights (each rank reads its shards)."""
+        one, a job with model.init_from starts from those weights (each rank reads its shards; under
+        LoRA also before a checkpoint, which holds only the adapters)."""
         path = self.checkpointer.find(self.resume_from)
-        if path is None:
-            if self.job.model.init_from:  # a fresh start from pretrained weights (a resume has its own)
-                from hpctrain.runtime.hf_weights import load_init_from
+        # Pretrained weights: at a fresh start; on a resume too under LoRA, whose checkpoints hold the
+        # adapters only (the frozen base comes from init_from every time). Adapters are left as they are.
+        if self.job.model.init_from and (path is None or self.job.train.lora is not None):
+            from hpctrain.runtime.hf_weights import load_init_from
 
-                self.telemetry.event("weights loaded", **load_init_from(self.training))
+            self.telemetry.event("weights loaded", **load_init_from(self.training))
+        if path is None:
             return 0
         body = self.checkpointer.load(path)
         self.step = int(body["step"])

@@ -97,6 +97,24 @@ def test_one_process_logits_match_transformers(hf_models, variant: str) -> None:
     assert diff <= LOGIT_TOL, f"{variant}: max |dlogit| = {diff:.2e}"
 
 
+def test_lora_base_loads_and_adapters_stay(hf_models) -> None:
+    """Under LoRA the folder fills the frozen base; the adapters keep PEFT's init (B = 0), so the model
+    starts at transformers' logits."""
+    from hpctrain.runtime.hf_weights import load_init_from
+    from hpctrain.runtime.parallelize import build_training
+
+    data = hf_job_dict(hf_models["untied"])
+    data["train"]["lora"] = {"rank": 4, "alpha": 8, "targets": ["wq", "w2"]}
+    training = build_training(job_from_dict(data), torch.device("cpu"))
+    part = training.model_parts[0]
+    a_before = part.layers["0"].attention.wq.lora_A.detach().clone()
+    load_init_from(training)
+    assert torch.equal(part.layers["0"].attention.wq.lora_A, a_before) and a_before.abs().sum() > 0
+    batch = tokens()
+    diff = (runtime_logits(training, batch) - hf_logits(hf_models["untied"], batch)).abs().max().item()
+    assert diff <= LOGIT_TOL
+
+
 def test_sharded_folder_loads(hf_models, tmp_path) -> None:
     """A folder saved in several safetensors files with an index (as large checkpoints are published)."""
     folder = save_llama(str(tmp_path / "sharded"), seed=1, max_shard_size="40KB", **VARIANTS["tied"])
