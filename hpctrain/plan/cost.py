@@ -2,10 +2,11 @@
 
 Physics, not a fit: compute time is FLOPs over an achievable fraction of the GPU's dense peak
 (GEMMs and attention separately, hardware.py) plus element-wise memory traffic over HBM
-bandwidth; communication is bytes over link bandwidth with the ring-collective factors of
-Patarasuk & Yuan 2009 (all-reduce moves 2(n-1)/n of the message per rank, all-gather and
-reduce-scatter (n-1)/n); the pipeline bubble is (p-1)/v micro-batch slots (Narayanan et al.
-2021, section 2.2). Every term is a named field of `StepCost`.
+bandwidth; communication is alpha-beta over hierarchical rings (comm.py: NCCL's latency per ring
+step, NVLink inside a node, one NIC per GPU across); TP collectives sit on the critical path, PP
+sends once per micro-batch and stage, FSDP's gathers and reduce-scatters hide per unit behind that
+unit's compute only (comm.fsdp_exposed_s); the pipeline bubble is (p-1)/v micro-batch slots
+(Narayanan et al. 2021, section 2.2). Every term is a named field of `StepCost`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from hpctrain.plan.activations import HALF_BYTES, layer_saved_bytes_per_token_no_ac
+from hpctrain.plan import comm
+from hpctrain.plan.comm import FsdpStep, collective_s, fsdp_exposed_s, group_link
 from hpctrain.plan.hardware import Hardware
 from hpctrain.plan.model_stats import (
     attention_core_forward_flops_per_token,
@@ -24,7 +27,6 @@ from hpctrain.plan.model_stats import (
     model_flops_per_token,
 )
 
-NVLINK_EFFICIENCY = 0.80  # NCCL bus bandwidth / NVLink line rate on DGX A100/H100 (nccl-tests)
 HBM_EFFICIENCY = 0.80  # achievable fraction of HBM bandwidth for streaming kernels (STREAM-like copies)
 # Element-wise traffic in eager PyTorch: each RMSNorm, RoPE, activation and residual add is several
 # unfused kernels (RMSNorm alone: upcast, pow, mean, rsqrt, two muls, downcast), each reading and
@@ -72,6 +74,21 @@ class StepCost:
     tokens_per_s: float
     tflops_per_gpu: float
     mfu: float
+    dp_comm_total_s: float = 0.0  # all of FSDP's collectives, hidden or not
+
+    @property
+    def comm_exposed_s(self) -> float:
+        return self.tp_comm_s + self.pp_comm_s + self.dp_comm_exposed_s
+
+    @property
+    def comm_to_compute(self) -> float:
+        """All communication time (TP and PP on the critical path, every FSDP collective hidden or
+        not) over the compute that could hide it: above 1 the layout is communication-bound."""
+        return (self.tp_comm_s + self.pp_comm_s + self.dp_comm_total_s) / self.compute_s if self.compute_s > 0 else 0.0
+
+    @property
+    def comm_bound(self) -> bool:
+        return self.comm_to_compute > 1.0
 
     @property
     def comm_share(self) -> float:
@@ -113,26 +130,10 @@ def head_time_per_token_s(model: Any, hw: Hardware, tp: int, precision: str) -> 
     return gemm + loss_bytes / (hw.gpu.hbm_bytes_per_s * HBM_EFFICIENCY)
 
 
-def ring_time_s(message_bytes: float, ranks: int, bandwidth_bytes_per_s: float, latency_s: float,
-                all_reduce: bool) -> float:
-    """Ring all-reduce (2(n-1)/n) or all-gather / reduce-scatter ((n-1)/n) of a message per rank."""
-    if ranks <= 1 or message_bytes <= 0:
-        return 0.0
-    factor = (2.0 if all_reduce else 1.0) * (ranks - 1) / ranks
-    steps = (2 if all_reduce else 1) * (ranks - 1)
-    return factor * message_bytes / bandwidth_bytes_per_s + steps * latency_s
-
-
-def _group_bandwidth(hw: Hardware, span_slots: int, ranks: int) -> tuple[float, float]:
-    """(bandwidth per rank, latency) of a group whose members sit `span_slots` apart in the
-    placement (tp innermost, then pp, then dp): inside a node over NVLink, else the node's NICs
-    shared by the groups that cross them at once."""
-    nvlink = hw.intra_node_bytes_per_s * NVLINK_EFFICIENCY
-    if span_slots * ranks <= hw.gpus_per_node:
-        return nvlink, 2e-6
-    members_per_node = max(1, hw.gpus_per_node // span_slots)
-    network = hw.node_fabric_bytes_per_s * members_per_node / hw.gpus_per_node
-    return min(nvlink, network), hw.fabric.latency_s
+def forward_share(ac: str) -> float:
+    """Forward's share of a layer's compute: the backward pass costs twice the forward (two GEMMs
+    per forward GEMM, Narayanan et al. 2021, section 5.1), full recomputation adds a third forward."""
+    return 0.25 if ac == "full" else 1.0 / 3.0
 
 
 def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int) -> StepCost:
@@ -146,23 +147,29 @@ def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int) -> Step
     # TP: two all-reduces forward and two backward per layer (Shoeybi et al. 2019, figure 4), two
     # more when full recompute re-runs the forward; sequence parallelism swaps each for an
     # all-gather + reduce-scatter pair of the same volume (Korthikanti et al. 2022, section 4.2.2).
-    tp_bw, tp_lat = _group_bandwidth(hw, 1, c.tp)
+    # They sit on the critical path: the next GEMM needs their result.
+    tp_link = group_link(hw, 1, c.tp)
     per_layer_collectives = 6 if c.ac == "full" else 4
-    tp_mb = c.max_rank_layers * per_layer_collectives * ring_time_s(
-        tokens_mb * model.hidden * act_bytes, c.tp, tp_bw, tp_lat, all_reduce=True)
+    tp_mb = c.max_rank_layers * per_layer_collectives * collective_s(
+        tokens_mb * model.hidden * act_bytes, tp_link, all_reduce=True)
 
-    # PP: one activation forward and one gradient backward per micro-batch and virtual stage.
+    # PP: one activation forward and one gradient backward per micro-batch and virtual stage,
+    # point-to-point between neighbouring stages (one network latency when they sit on two nodes).
     pp_mb = 0.0
     if c.pp > 1:
-        pp_bw, pp_lat = _group_bandwidth(hw, c.tp, c.pp)
+        pp_link = group_link(hw, c.tp, c.pp)
         message = tokens_mb * model.hidden * act_bytes / c.tp  # scatter-gather optimisation
-        pp_mb = 2.0 * c.virtual_stages * (message / pp_bw + pp_lat)
+        hop = comm.NET_STEP_LATENCY_S if pp_link.nodes > 1 else comm.NVLINK_STEP_LATENCY_S
+        pp_mb = 2.0 * c.virtual_stages * (message / pp_link.bandwidth_bytes_per_s + comm.RING_BASE_LATENCY_S + hop)
 
     slot_s = compute_mb + tp_mb + pp_mb
+    # Bubble: (p-1)/v micro-batch slots for GPipe, 1F1B and interleaved 1F1B alike (Narayanan et
+    # al. 2021, sections 2.2.1-2.2.2; v = 1 but for the interleaved schedule).
     bubble_slots = (c.pp - 1) / c.virtual_stages
     pipeline_s = (c.micro_batches + bubble_slots) * slot_s
 
-    dp_exposed = _dp_exposed_s(hw, c, compute_mb)
+    dp_exposed, dp_total = _dp_comm_s(hw, c, compute_mb + tp_mb)
+    dp_exposed += max(0.0, dp_total - dp_exposed) * comm.overlap_slowdown(hw.gpu.name)
     local_params = c.rank_params / (c.dp if (c.dp > 1 or c.offload_optimizer) else 1)
     if c.offload_optimizer:
         optimizer_s = (OPTIMIZER_BYTES_PER_PARAM * local_params / CPU_OPTIMIZER_BYTES_PER_S
@@ -184,27 +191,31 @@ def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int) -> Step
         tokens_per_s=tokens_per_s,
         tflops_per_gpu=flops_per_token(model, c.ac) * tokens_per_s / world / 1e12,
         mfu=model_flops_per_token(model) * tokens_per_s / world / hw.gpu.peak_flops_per_s(c.precision),
+        dp_comm_total_s=dp_total,
     )
 
 
-def _dp_exposed_s(hw: Hardware, c: CostSetup, compute_mb_s: float) -> float:
-    """FSDP2's gradient reduce-scatter (fp32) and parameter all-gather (16-bit) over dp, minus
-    what overlaps with compute. Deferred reduce-scatters (zero 0/1, or pipelining) overlap only
-    with the last micro-batch's backward; per-micro-batch ones (zero 2/3) with each backward;
-    all-gathers are prefetched under the forward (zero 3 gathers again for the backward)."""
-    if c.dp <= 1:
-        return 0.0
-    bw, lat = _group_bandwidth(hw, c.tp * c.pp, c.dp)
+def _dp_comm_s(hw: Hardware, c: CostSetup, slot_s: float) -> tuple[float, float]:
+    """(exposed, total) time of FSDP2's parameter all-gathers (16-bit) and gradient reduce-scatters
+    (fp32) over dp, per FSDP unit (one per transformer block) on the busiest rank. When each
+    happens follows runtime/data_parallel.py: zero 3 without pipelining gathers again for the
+    backward; zero 2/3 without pipelining reduce every micro-batch, zero 0/1 (and every zero under
+    pipelining, whose schedule defers it) only in the last one, overlapped with the backward of
+    the layers after it; under pipelining the parameters are gathered once per step."""
+    if c.dp <= 1 or c.max_rank_layers <= 0:
+        return 0.0, 0.0
+    link = group_link(hw, c.tp * c.pp, c.dp)
+    units = c.max_rank_layers
+    unit_params = c.rank_params / units
     compute_bytes = 4 if c.precision == "fp32" else HALF_BYTES
-    reduce_scatter = ring_time_s(4.0 * c.rank_params, c.dp, bw, lat, all_reduce=False)
-    all_gather = ring_time_s(compute_bytes * c.rank_params, c.dp, bw, lat, all_reduce=False)
-    backward_s, forward_s = compute_mb_s * 2.0 / 3.0, compute_mb_s / 3.0
-    deferred = c.zero <= 1 or c.pp > 1
-    if deferred:
-        rs_exposed = max(0.0, reduce_scatter - backward_s)
-    else:
-        rs_exposed = c.micro_batches * max(0.0, reduce_scatter - backward_s)
-    gathers_per_mb = 2 if (c.zero >= 3 and c.pp == 1) else 1
-    gathered_mbs = 1 if c.pp > 1 else c.micro_batches
-    ag_exposed = gathered_mbs * gathers_per_mb * max(0.0, all_gather - forward_s)
-    return rs_exposed + ag_exposed
+    per_unit = slot_s / units
+    forward = per_unit * forward_share(c.ac)
+    return fsdp_exposed_s(FsdpStep(
+        units=units,
+        gather_s=collective_s(compute_bytes * unit_params, link, all_reduce=False),
+        reduce_s=collective_s(4.0 * unit_params, link, all_reduce=False),
+        forward_per_unit_s=forward, backward_per_unit_s=per_unit - forward,
+        micro_batches=c.micro_batches,
+        gathers_in_backward=c.zero >= 3 and c.pp == 1,
+        gather_every_micro_batch=c.pp == 1,
+        reduce_every_micro_batch=c.zero >= 2 and c.pp == 1))

@@ -25,9 +25,11 @@ def layout_json(lay: Layout, model: Any) -> dict[str, Any]:
         "step_time_s": round(c.step_time_s, 6), "tokens_per_s": round(c.tokens_per_s, 1),
         "tflops_per_gpu": round(c.tflops_per_gpu, 2), "mfu": round(c.mfu, 4),
         "comm_share": round(c.comm_share, 4), "bubble_share": round(c.bubble_share, 4),
+        "comm_bound": c.comm_bound, "comm_to_compute": round(c.comm_to_compute, 4),
         "time_s": {"compute": round(c.compute_s, 6), "tp_comm": round(c.tp_comm_s, 6),
                    "pp_comm": round(c.pp_comm_s, 6), "dp_comm_exposed": round(c.dp_comm_exposed_s, 6),
-                   "bubble": round(c.bubble_s, 6), "optimizer": round(c.optimizer_s, 6)},
+                   "bubble": round(c.bubble_s, 6), "optimizer": round(c.optimizer_s, 6),
+                   "dp_comm_total": round(c.dp_comm_total_s, 6)},
         "stage_layers": [list(r) for r in lay.stage_layers], "stage_imbalance": round(lay.stage_imbalance, 4),
     }
 
@@ -78,6 +80,10 @@ def three_walls(result: PlanResult, lay: Layout) -> list[str]:
     worst = max(comms, key=lambda key: comms[key])
     communication = (f"communication wall: {c.comm_share:.1%} of the step"
                      + (f", mostly {worst} ({comms[worst]:.3f} s)" if comms[worst] > 0 else ", none exposed"))
+    if c.comm_bound:
+        communication += (f"; communication-bound: collectives take {c.comm_to_compute:.1f}x the {c.compute_s:.3f} s "
+                          f"of compute that could hide them, {c.comm_exposed_s:.3f} s exposed; without it the step "
+                          f"would be {c.step_time_s / max(c.step_time_s - c.comm_exposed_s, 1e-12):.1f}x faster")
     return [memory, compute, communication]
 
 

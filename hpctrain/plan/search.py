@@ -125,8 +125,31 @@ def search(model: Any, hw: Hardware, choices: Choices, settings: SearchSettings)
                 rejected.add("global_batch_not_divisible", f"{tag}: global_batch={settings.global_batch}", family)
                 continue
             evaluated += _search_family(model, hw, choices, settings, tp, pp, dp, stages, layouts, rejected)
-    layouts.sort(key=lambda lay: (-lay.cost.tokens_per_s, lay.memory.total))
+    layouts = prefer_selective(layouts, rejected)
+    layouts.sort(key=lambda lay: (-lay.cost.tokens_per_s, AC_ORDER[lay.ac], lay.memory.total))
     return layouts, rejected, evaluated
+
+
+AC_ORDER = {"none": 0, "selective": 1, "full": 2}  # ties go to the mode that recomputes less
+
+
+def prefer_selective(layouts: list[Layout], rejected: Rejections) -> list[Layout]:
+    """Drop every full-recomputation layout whose twin with selective recomputation (same tp, pp,
+    dp, micro-batch, schedule, zero, offload) fits: full re-runs every GEMM of the forward and two
+    more TP collectives per layer (Korthikanti et al. 2022, table 2: selective recomputes ~2-5 %
+    of the FLOPs, full ~33 %), so it is only worth its time where selective does not fit."""
+    def twin(lay: Layout) -> tuple[Any, ...]:
+        return (lay.tp, lay.pp, lay.dp, lay.micro_batch, lay.schedule, lay.virtual_stages, lay.zero,
+                lay.offload_optimizer)
+
+    selective = {twin(lay) for lay in layouts if lay.ac == "selective"}
+    kept = []
+    for lay in layouts:
+        if lay.ac == "full" and twin(lay) in selective:
+            rejected.add("selective_recompute_fits", f"{lay.label()}: fits with ac=selective", (lay.tp, lay.pp))
+        else:
+            kept.append(lay)
+    return kept
 
 
 def _search_family(model: Any, hw: Hardware, choices: Choices, settings: SearchSettings, tp: int, pp: int, dp: int,

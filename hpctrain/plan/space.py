@@ -27,11 +27,13 @@ REASONS: dict[str, str] = {
     "local_batch_not_divisible": "local batch (global_batch / dp) not divisible by micro_batch",
     "too_few_micro_batches": "fewer micro-batches than pipeline stages (or not a multiple of pp for interleaving)",
     "memory_over_budget": "memory over budget on the most loaded rank",
+    "selective_recompute_fits": "full recomputation where selective recomputation fits the same layout",
 }
 
 # What one count of each reason stands for. The search rejects whole (tp, pp) families, pipeline splits
-# and micro-batch sizes before it builds candidates; only the memory check sees single candidates, so
-# `fit + memory_over_budget == evaluated` and the other counts are in their own units.
+# and micro-batch sizes before it builds candidates; only the memory check and the recomputation
+# preference see single candidates, so `fit + memory_over_budget + selective_recompute_fits ==
+# evaluated` and the other counts are in their own units.
 REASON_UNITS: dict[str, str] = {
     "tp_exceeds_nvlink_island": "(tp, pp) families",
     "tp_does_not_divide_model": "(tp, pp) families",
@@ -41,6 +43,7 @@ REASON_UNITS: dict[str, str] = {
     "local_batch_not_divisible": "micro-batch sizes",
     "too_few_micro_batches": "micro-batch sizes",
     "memory_over_budget": "candidates",
+    "selective_recompute_fits": "candidates",
 }
 
 

@@ -6,7 +6,8 @@ import pytest
 
 from hpctrain.config import job_from_dict
 from hpctrain.plan import plan_job
-from hpctrain.plan.cost import CostSetup, ring_time_s, step_cost
+from hpctrain.plan.comm import Link, collective_s, ring_latency_s
+from hpctrain.plan.cost import CostSetup, step_cost
 from hpctrain.plan.hardware import resolve_hardware
 from hpctrain.plan.search import busiest_rank
 from hpctrain.plan.stages import balanced_stage_split
@@ -46,9 +47,10 @@ def test_torchtitan_llama3_8b_on_8_h100():
 
 
 def test_ring_collective_factors():
-    assert ring_time_s(1e9, 1, 1e9, 0.0, all_reduce=True) == 0.0
-    assert ring_time_s(1e9, 8, 1e9, 0.0, all_reduce=True) == pytest.approx(2 * 7 / 8)
-    assert ring_time_s(1e9, 8, 1e9, 0.0, all_reduce=False) == pytest.approx(7 / 8)
+    assert collective_s(1e9, Link(1e9, 1, 1), all_reduce=True) == 0.0
+    ring = Link(1e9, 8, 1)
+    assert collective_s(1e9, ring, all_reduce=True) - ring_latency_s(ring, True) == pytest.approx(2 * 7 / 8)
+    assert collective_s(1e9, ring, all_reduce=False) - ring_latency_s(ring, False) == pytest.approx(7 / 8)
 
 
 def test_shares_and_throughput_are_consistent():

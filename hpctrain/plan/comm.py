@@ -1,0 +1,146 @@
+"""Collective communication time: alpha-beta over hierarchical rings, and FSDP's per-unit overlap.
+
+A collective over a group of ranks is a ring (Patarasuk & Yuan 2009): all-reduce moves 2(n-1)/n of
+the message through every rank, all-gather and reduce-scatter (n-1)/n, and it takes 2(n-1) or
+(n-1) ring steps, each paying a hop latency. That is NCCL's own cost model (src/graph/tuning.cc,
+`ncclTopoTuneModel`): latency = base + (intra-node steps) x intra hop + (inter-node steps) x inter
+hop, so the latency term grows with the ring size; bandwidth = bus bandwidth of the slowest link.
+
+Hierarchy: a group inside one node rides NVLink; a group that crosses nodes is bounded by the
+fabric, one NIC's worth per member (see `group_link` for why), with its inter-node ring steps
+paying the network's hop latency.
+
+FSDP / ZeRO (`fsdp_exposed_s`): parameters are all-gathered and gradients reduce-scattered once
+per FSDP unit (a transformer block) per (micro-)step. The gather of unit i+1 is prefetched while
+unit i computes, the reduce-scatter of unit i runs while unit i-1 computes its backward, so each
+unit's collective hides only behind that unit's compute: exposed = the first gather + the part of
+every other unit's collective that its compute does not cover + the last reduce-scatter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hpctrain.plan.hardware import Hardware
+
+# NCCL's tuning model (NVIDIA/nccl src/graph/tuning.cc, `baseLat` and `hwLat`, Ring algorithm,
+# Simple protocol, the one NCCL picks for the large messages of training): 8.4 us per collective,
+# 3.4 us per ring step over NVLink, 9.6 us per ring step that crosses the network.
+RING_BASE_LATENCY_S = 8.4e-6
+NVLINK_STEP_LATENCY_S = 3.4e-6
+NET_STEP_LATENCY_S = 9.6e-6
+# NCCL bus bandwidth over NVLink / NVLink line rate: all-reduce busbw of nccl-tests on one DGX A100
+# node reaches ~230-240 GB/s of the 300 GB/s per direction (NCCL's tuning model itself derates
+# sm80 bus bandwidth by 0.92 before protocol overheads, tuning.cc `compCap80`).
+NVLINK_EFFICIENCY = 0.80
+# While FSDP's collectives run behind compute they take SMs from it: NCCL runs one CUDA block per
+# channel (NCCL user guide, NCCL_MIN_NCHANNELS / NCCL_MAX_CTAS) and uses up to 16 channels on
+# NVSwitch systems for large messages; of an A100's 108 SMs (A100 whitepaper) that is ~15 %, of an
+# H100 SXM's 132 (H100 whitepaper) ~12 %. Hidden communication therefore still costs that share of
+# the compute it hides behind.
+NCCL_CHANNELS = 16
+SM_COUNT = {"a100-40gb": 108, "a100-80gb": 108, "h100-80gb": 132, "h200-141gb": 132, "v100-32gb": 80,
+            "l40s": 142}
+
+
+def overlap_slowdown(gpu_name: str) -> float:
+    """Fraction of compute lost while a collective overlaps it (NCCL's blocks on their SMs)."""
+    sms = SM_COUNT.get(gpu_name)
+    return NCCL_CHANNELS / sms if sms else 0.0
+
+
+@dataclass(frozen=True)
+class Link:
+    """What one member of a group sees: bus bandwidth (bytes/s) and the ring's per-step latencies."""
+
+    bandwidth_bytes_per_s: float
+    ranks: int
+    nodes: int  # nodes the group spans (1 = all inside one node)
+
+
+def group_link(hw: Hardware, span_slots: int, ranks: int) -> Link:
+    """The link of a group whose members sit `span_slots` apart in the placement (tp innermost, then
+    pp, then dp): NVLink inside a node; across nodes, one NIC's worth per member.
+
+    Why one NIC and not the node's eight: when a node holds one member of the group (tp x pp >=
+    gpus_per_node, every record run's data-parallel group) its traffic has its own rail NIC and
+    nothing more. When it holds several (FSDP without model parallelism), NCCL's ring could in
+    principle spread one collective over all the node's NICs (one channel per NIC, nccl-tests
+    busbw), but the measured collectives of sharded data parallelism at scale do not get there:
+    ZeRO-3 on DGX A100 (Narayanan et al. 2021, table 2) runs the same step time, 65 s, on 768 and on
+    1536 GPUs at a fixed global batch, i.e. its ~1 TB per GPU of gathers and reduce-scatters moved
+    at ~16 GB/s per GPU, two thirds of one HDR NIC, not 8x that. So a member that crosses the
+    fabric is bounded by its own NIC: the node's achievable fabric bandwidth / gpus_per_node.
+    """
+    if ranks <= 1:
+        return Link(float("inf"), ranks, 1)
+    nvlink = hw.intra_node_bytes_per_s * NVLINK_EFFICIENCY
+    if span_slots * ranks <= hw.gpus_per_node:
+        return Link(nvlink, ranks, 1)
+    members_per_node = max(1, hw.gpus_per_node // span_slots)
+    nodes = -(-ranks // members_per_node)
+    per_gpu_nic = hw.node_fabric_bytes_per_s / hw.gpus_per_node
+    return Link(min(nvlink, per_gpu_nic), ranks, nodes)
+
+
+def ring_latency_s(link: Link, all_reduce: bool) -> float:
+    """Base + per-step latency of a ring collective: (n-1) steps (x2 for all-reduce), of which the
+    (nodes-1) (x2) that cross the network pay the network hop (NCCL tuning.cc)."""
+    if link.ranks <= 1:
+        return 0.0
+    factor = 2 if all_reduce else 1
+    steps = factor * (link.ranks - 1)
+    inter = factor * (link.nodes - 1)
+    return RING_BASE_LATENCY_S + (steps - inter) * NVLINK_STEP_LATENCY_S + inter * NET_STEP_LATENCY_S
+
+
+def collective_s(message_bytes: float, link: Link, all_reduce: bool) -> float:
+    """Ring all-reduce (2(n-1)/n) or all-gather / reduce-scatter ((n-1)/n) of a message per rank."""
+    if link.ranks <= 1 or message_bytes <= 0:
+        return 0.0
+    factor = (2.0 if all_reduce else 1.0) * (link.ranks - 1) / link.ranks
+    return factor * message_bytes / link.bandwidth_bytes_per_s + ring_latency_s(link, all_reduce)
+
+
+def overlapped_s(units: int, comm_per_unit_s: float, compute_per_unit_s: float, first_s: float) -> float:
+    """Exposed time of `units` collectives, each hidden behind one unit's compute: the first one
+    (`first_s`: a gather before any compute, or a reduce after the last) never hides, every other
+    exposes what its unit's compute does not cover."""
+    if units <= 0 or comm_per_unit_s <= 0:
+        return 0.0
+    return first_s + (units - 1) * max(0.0, comm_per_unit_s - compute_per_unit_s)
+
+
+@dataclass(frozen=True)
+class FsdpStep:
+    """What FSDP does in one step on the busiest rank (runtime/data_parallel.py's table)."""
+
+    units: int  # FSDP units (transformer blocks) on the rank
+    gather_s: float  # one unit's parameter all-gather
+    reduce_s: float  # one unit's gradient reduce-scatter (fp32)
+    forward_per_unit_s: float  # one micro-batch's forward of one unit
+    backward_per_unit_s: float  # one micro-batch's backward (+ recompute) of one unit
+    micro_batches: int
+    gathers_in_backward: bool  # zero 3 without pipelining reshards after forward
+    gather_every_micro_batch: bool  # False under pipelining: gathered once per step
+    reduce_every_micro_batch: bool  # zero 2/3 without pipelining; else the last micro-batch only
+
+
+def fsdp_exposed_s(s: FsdpStep) -> tuple[float, float]:
+    """(exposed, total) communication time of FSDP's collectives in one step.
+
+    Forward of a gathering micro-batch: the first unit's gather, then each unit's gather beyond its
+    predecessor's forward. Backward: zero 3 re-gathers each unit (prefetched one unit ahead) and,
+    in a reducing micro-batch, reduce-scatters it after its backward; both share the links while
+    the next unit computes, so the first gather and the last reduce are exposed in full."""
+    m = s.micro_batches
+    gather_rounds = m if s.gather_every_micro_batch else 1
+    reduce_rounds = m if s.reduce_every_micro_batch else 1
+    exposed = gather_rounds * overlapped_s(s.units, s.gather_s, s.forward_per_unit_s, s.gather_s)
+    back_gather = s.gather_s if s.gathers_in_backward else 0.0
+    both = back_gather + s.reduce_s
+    exposed += reduce_rounds * overlapped_s(s.units, both, s.backward_per_unit_s, both)
+    exposed += (m - reduce_rounds) * overlapped_s(s.units, back_gather, s.backward_per_unit_s, back_gather)
+    backward_gathers = m if s.gathers_in_backward else 0
+    total = s.units * ((gather_rounds + backward_gathers) * s.gather_s + reduce_rounds * s.reduce_s)
+    return exposed, total
