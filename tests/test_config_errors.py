@@ -87,6 +87,8 @@ CASES = [
     ("bad-schedule", GOOD, ["parallel.schedule=zigzag"], ["--set parallel.schedule=zigzag", "1f1b"]),
     ("bad-zero", GOOD, ["parallel.zero=4"], ["parallel.zero", "(got 4)"]),
     ("seq-parallel-tp1", GOOD, ["parallel.sequence_parallel=true"], ["parallel.sequence_parallel", "tp > 1"]),
+    ("compile-with-tp", GOOD, ["train.compile=true", "parallel.tp=2", "parallel.dp=1"],
+     ["train.compile", "tensor parallel", "parallel.tp=2", "set train.compile: false"]),
     ("bad-executor", GOOD.replace("executor: local", "executor: kubernetes"), [],
      ["t.yaml:12:", "cluster.executor", "'kubernetes'"]),
     ("nodes-zero", GOOD.replace("nodes: 1", "nodes: 0"), [], ["t.yaml:13:", "cluster.nodes"]),

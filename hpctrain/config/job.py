@@ -137,6 +137,9 @@ def _parallel_problems(job: Job) -> list[Problem]:
                            "set parallel.virtual_stages=2 (or auto), or use 1f1b"))
     if p.sequence_parallel and tp == 1:
         out.append(Problem("parallel.sequence_parallel", "needs tp > 1", True, "set parallel.tp >= 2 or disable it"))
+    if t.compile and tp is not None and tp > 1:
+        out.append(Problem("train.compile", f"does not combine with tensor parallel yet (parallel.tp={tp}): "
+                           "its blocks do not compile", True, "set train.compile: false, or parallel.tp: 1"))
     return out
 
 

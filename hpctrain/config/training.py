@@ -44,6 +44,8 @@ class TrainConfig(Section):
     activation_checkpointing: Literal["auto", "none", "selective", "full"] = Field(
         "auto", description="Recompute activations in backward: none, selective (attention core), full (whole block)."
     )
+    compile: bool = Field(False, description="Compile each transformer block with torch.compile (inductor); "
+                          "the first step pays the compilation.")
     data: Text = Field("synthetic", description="'synthetic', or a flat token file from `hpctrain data prepare`.")
     data_dtype: Literal["auto", "uint16", "uint32"] = Field("auto", description="Token file element type.")
     eval_data: Optional[Text] = Field(None, description="Validation token file; default: the "

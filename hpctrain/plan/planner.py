@@ -148,7 +148,12 @@ def resolve_job(job: Any) -> tuple[Any, PlanResult]:
     if job.parallel.sequence_parallel and best.tp == 1:
         parallel["sequence_parallel"] = False
         result.notes.append("parallel.sequence_parallel set to false: the chosen layout has tp=1")
-    train = {"micro_batch": best.micro_batch, "activation_checkpointing": best.ac}
+    train_update: dict[str, Any] = {}
+    if job.train.compile and best.tp > 1:
+        train_update["compile"] = False  # runtime/compile.py: tensor-parallel blocks do not compile yet
+        result.notes.append(f"train.compile set to false: the chosen layout has tp={best.tp}, and "
+                            "tensor-parallel blocks do not compile yet (fix parallel.tp: 1 to keep it)")
+    train = {"micro_batch": best.micro_batch, "activation_checkpointing": best.ac, **train_update}
     placement = Placement(**result.placement().to_dict())
     resolved = job.model_copy(update={
         "parallel": job.parallel.model_copy(update=parallel),

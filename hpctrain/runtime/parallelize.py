@@ -1,8 +1,8 @@
 """The seam between the model/parallelism and the training loop: `build_training(job, device)`.
 
 Order (torchtitan's): build the full model on meta -> cut this rank's pipeline stages -> tensor
-parallel -> activation checkpointing -> FSDP2 -> materialise (`to_empty`) and initialise from the
-seed -> pipeline schedule. The training loop then only sees `Training`:
+parallel -> activation checkpointing -> compile (`train.compile`) -> FSDP2 -> materialise
+(`to_empty`) and initialise from the seed -> pipeline schedule. The training loop then only sees `Training`:
 
     training = build_training(job, device)
     optimizer = torch.optim.AdamW(training.parameters(), ...)
@@ -27,6 +27,7 @@ from torch import nn
 
 from hpctrain.errors import ConfigError
 from hpctrain.runtime.activation_checkpoint import apply_ac
+from hpctrain.runtime.compile import apply_compile
 from hpctrain.runtime.data_parallel import apply_fsdp, sync_every_microbatch
 from hpctrain.runtime.lora import apply_lora, init_lora
 from hpctrain.runtime.model import ModelArgs, Transformer, build_model, cross_entropy_loss
@@ -328,6 +329,9 @@ def build_training(job: Any, device: torch.device) -> Training:
     world_size = dist.get_world_size() if initialised else 1
     rank = dist.get_rank() if initialised else 0
     par = job.parallel
+    if job.train.compile and isinstance(par.tp, int) and par.tp > 1:  # validate and plan catch it first
+        raise ConfigError(f"train.compile: does not combine with tensor parallel yet (parallel.tp={par.tp}); "
+                          "set train.compile: false, or parallel.tp: 1 (runtime/compile.py)")
     dims = ParallelDims.from_job(job, world_size)
     virtual = par.virtual_stages if dims.pp_enabled else 1
     if not isinstance(virtual, int) or virtual < 1:
@@ -356,6 +360,8 @@ def build_training(job: Any, device: torch.device) -> Training:
         if job.train.lora is not None:  # after TP (the adapters take the base's placements), before FSDP
             apply_lora(module, job.train.lora, mesh["tp"] if dims.tp_enabled and mesh is not None else None)
         apply_ac(module, job.train.activation_checkpointing)
+        if job.train.compile:  # after TP and AC, before FSDP (runtime/compile.py)
+            apply_compile(module)
     if fsdp:
         assert mesh is not None
         apply_fsdp(

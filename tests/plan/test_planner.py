@@ -75,6 +75,16 @@ def test_catalog_names_did_you_mean():
     assert all(line.startswith("cluster.") for line in problems)
 
 
+def test_compile_dropped_with_a_note_when_the_planner_chooses_tp():
+    """runtime/compile.py: tensor-parallel blocks do not compile yet; an auto tp > 1 turns compile off, said."""
+    resolved, result = resolve_job(job(train={"compile": True}, parallel={"pp": 1, "dp": 2}))
+    assert resolved.parallel.tp > 1, "the test needs a layout with tensor parallel"
+    assert resolved.train.compile is False
+    assert any(note.startswith("train.compile set to false") for note in result.notes)
+    kept, _ = resolve_job(job(train={"compile": True}, parallel={"tp": 1, "pp": 1}))
+    assert kept.train.compile is True
+
+
 def test_sequence_parallel_dropped_when_tp_is_one():
     resolved, result = resolve_job(job(model={"preset": "tiny"}, parallel={"tp": 1, "sequence_parallel": False},
                                        cluster={"nodes": 1, "gpus_per_node": 2, "node": None}))
