@@ -1,6 +1,10 @@
 """Checkpoint save/load throughput (GB/s) against raw `dd` of the same size on the same disk.
 
     python bench/checkpoint_io.py [--gib 1.0] [--dir DIR] [--runs 2] [--device cpu|cuda] [--check]
+    OMP_NUM_THREADS=1 python bench/checkpoint_io.py --ranks 2 [--reps 7] [--check]
+
+With `--ranks 2`: the whole save at 2 ranks beside a bare `dcp.save` of the same state
+(bench/checkpoint_ranks.py; goal <= 1.15x, issue 12). Otherwise, one process:
 
 The state is a model of `--gib` GiB of fp32 parameters (64 MiB tensors) saved and loaded by the
 runtime's own `Checkpointer` (DCP into step-N.partial/, RNG files, metadata, fsync, rename), in one
@@ -157,12 +161,21 @@ def main() -> int:
     parser.add_argument("--dir", default=None, help="folder on the disk to measure (default: the system temp folder)")
     parser.add_argument("--runs", type=int, default=2, help="runs of each measurement; the best is shown")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the state lives")
-    parser.add_argument("--check", action="store_true", help="exit 1 when save < 50 %% of dd")
+    parser.add_argument("--ranks", type=int, choices=(1, 2), default=1,
+                        help="2: the whole save at 2 ranks against a bare dcp.save (bench/checkpoint_ranks.py)")
+    parser.add_argument("--reps", type=int, default=7, help="with --ranks 2: alternating repetitions of each")
+    parser.add_argument("--check", action="store_true", help="exit 1 when the goal is missed")
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     work = Path(tempfile.mkdtemp(prefix="hpct-ckpt-io-", dir=args.dir))
     try:
-        ok = report(run(work, args.gib, args.runs, args.device), work, args.device)
+        if args.ranks == 2:
+            sys.path.insert(0, str(Path(__file__).resolve().parent))
+            import checkpoint_ranks
+
+            ok = checkpoint_ranks.report(checkpoint_ranks.run(work, args.reps))
+        else:
+            ok = report(run(work, args.gib, args.runs, args.device), work, args.device)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 1 if args.check and not ok else 0
