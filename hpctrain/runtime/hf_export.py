@@ -123,7 +123,8 @@ def write_hf_folder(out: str, tensors: Iterator[tuple[str, torch.Tensor]], confi
         if copy_from and os.path.isfile(os.path.join(copy_from, name)):
             shutil.copy2(os.path.join(copy_from, name), os.path.join(partial, name))
     if not os.path.exists(os.path.join(partial, "generation_config.json")):
-        generation = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if config.get(k) is not None}
+        ids = ("bos_token_id", "eos_token_id", "pad_token_id")
+        generation = {k: config[k] for k in ids if config.get(k) is not None}
         _write_json(os.path.join(partial, "generation_config.json"), {"_from_model_config": True, **generation})
     _write_json(os.path.join(partial, "config.json"), config)
     if os.path.isdir(out):

@@ -148,8 +148,9 @@ def hf_config_dict(model: Any, torch_dtype: str = "float32", base: dict[str, Any
     if scaling is None:
         cfg.pop("rope_scaling", None)
     else:
-        factor, low, high, original = (scaling if isinstance(scaling, tuple) else (
-            scaling.factor, scaling.low_freq_factor, scaling.high_freq_factor, scaling.original_max_position_embeddings))
+        factor, low, high, original = scaling if isinstance(scaling, tuple) else (
+            scaling.factor, scaling.low_freq_factor, scaling.high_freq_factor,
+            scaling.original_max_position_embeddings)
         cfg["rope_scaling"] = {"rope_type": "llama3", "factor": float(factor), "low_freq_factor": float(low),
                                "high_freq_factor": float(high), "original_max_position_embeddings": int(original)}
     return cfg
