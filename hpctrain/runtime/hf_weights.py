@@ -139,7 +139,8 @@ def hf_config_dict(model: Any, torch_dtype: str = "float32", base: dict[str, Any
         "head_dim": int(model.hidden) // int(model.heads), "intermediate_size": int(model.ffn_hidden),
         "vocab_size": int(model.vocab), "hidden_act": "silu", "rms_norm_eps": float(model.norm_eps),
         "rope_theta": float(model.rope_theta), "tie_word_embeddings": bool(model.tie_embeddings),
-        "attention_bias": False, "mlp_bias": False, "torch_dtype": torch_dtype,
+        "attention_bias": False, "mlp_bias": False,
+        "torch_dtype": torch_dtype, "dtype": torch_dtype,  # transformers 4's key and 5's
     })
     cfg.setdefault("max_position_embeddings", int(model.seq_len))
     cfg["max_position_embeddings"] = max(int(cfg["max_position_embeddings"]), int(model.seq_len))

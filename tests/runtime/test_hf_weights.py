@@ -87,6 +87,28 @@ def test_llama3_rope_matches_transformers(hf_models) -> None:
     torch.testing.assert_close(ours.float(), theirs.float(), rtol=1e-6, atol=0)
 
 
+def test_exported_config_reads_back_in_transformers(hf_models, tmp_path) -> None:
+    """The config.json export writes (transformers 4 spelling) gives transformers 5 the same model and
+    RoPE, and init_from reads it back to the same `model:` section."""
+    import json
+
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from hpctrain.config.hf_config import read_hf_config
+    from hpctrain.runtime.hf_weights import hf_config_dict
+    from hpctrain.runtime.model import ModelArgs, rope_inv_freq
+
+    model = job_from_dict(hf_job_dict(hf_models["llama3"])).model
+    (tmp_path / "config.json").write_text(json.dumps(hf_config_dict(model)))
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    theirs, _ = ROPE_INIT_FUNCTIONS["llama3"](LlamaConfig.from_pretrained(str(tmp_path)), torch.device("cpu"))
+    torch.testing.assert_close(rope_inv_freq(ModelArgs.from_config(model)).float(), theirs.float(), rtol=1e-6, atol=0)
+    fields = read_hf_config(str(tmp_path)).fields
+    assert all(fields[k] == (v.model_dump() if k == "rope_scaling" else v)
+               for k, v in model if k in fields), fields
+
+
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_one_process_logits_match_transformers(hf_models, variant: str) -> None:
     batch = tokens()
