@@ -3,7 +3,8 @@
 Units are in the names. Bandwidths are per direction (what one send sees), in bytes/s. Peaks are
 dense (no sparsity) tensor-core FLOP/s. Memory is what the driver reports as total (nvidia-smi
 "MiB" column), which is what a process can at most allocate before the CUDA context.
-Every figure cites its vendor datasheet.
+Every figure cites its source: a vendor datasheet, a paper, a named measurement, or the calibration
+fit of bench/planner_accuracy.py; the few without one say that they are assumptions.
 """
 
 from __future__ import annotations
@@ -18,6 +19,32 @@ MIB = 2**20
 GIB = 2**30
 
 
+# GEMM efficiency is FITTED, not measured: the fraction of the dense peak that makes the cost model
+# reproduce the calibration runs of bench/data/published_runs.yaml (PTD-P table 1 and llm-foundry's
+# A100 rows; llm-foundry's H100 rows), chosen before any fit and fitted on nothing else:
+# `python bench/planner_accuracy.py --fit` picks, per GPU, the value on a 0.01 grid that minimises the
+# median |log(predicted / published)| of that GPU's calibration runs; the bench's summary lines give
+# the error on both sets (the validation set is never read by the fit). It stands for everything
+# the cost model has no term for (launch gaps, collectives sharing SMs with GEMMs, clocks below
+# boost), so it sits below what cuBLAS reaches alone on large GEMMs (NVIDIA
+# "Matrix Multiplication Background" user guide, section 2.3, tile sizes and performance). Re-fit
+# when the cost model changes. H200 has no run in the corpus: it shares H100's SMs, clocks and
+# 700 W limit (H200 datasheet) and takes H100's figure.
+A100_GEMM_EFFICIENCY = 0.63
+H100_GEMM_EFFICIENCY = 0.56
+# Attention efficiency from the kernels' own papers (not fitted): FlashAttention-2 reaches 50-73 % of
+# the A100 peak (Dao 2023, arXiv 2307.08691, abstract; forward, backward lower, hence the low end) and
+# "only 35 % utilization on the H100" (Shah et al. 2024, FlashAttention-3, abstract).
+A100_ATTENTION_EFFICIENCY = 0.50
+H100_ATTENTION_EFFICIENCY = 0.35
+# L40S (Ada, sm_89) has Ampere-style tensor cores driven by mma.sync; Hopper's wgmma and TMA, which
+# the H100 figures reflect, are sm_90 only (PTX ISA, wgmma: "requires sm_90a"). No L40S training run
+# is in the corpus, so it takes the A100 figures (FlashAttention-2 supports Ampere, Ada and Hopper,
+# flash-attention README).
+# V100 has no run in the corpus either: A100's GEMM figure; attention 0.35 because FlashAttention-2
+# does not run on Volta (flash-attention README) and SDPA falls back to memory-efficient kernels.
+
+
 @dataclass(frozen=True)
 class Gpu:
     """One accelerator. `fp32_flops_per_s` is the plain (non-TF32) FP32 peak, used for precision fp32."""
@@ -30,12 +57,10 @@ class Gpu:
     hbm_bytes_per_s: float
     nvlink_bytes_per_s: float  # per GPU, one direction; 0 = no NVLink (PCIe only)
     pcie_bytes_per_s: float  # host link, one direction
-    # Achievable fractions of the dense peak (cost.py): 16-bit GEMMs of training shapes through
-    # cuBLAS, and flash attention forward + backward. Defaults are A100 figures: cuBLAS reaches
-    # 75-85 % of peak on large GEMMs (NVIDIA "Matrix Multiplication Background" user guide, figure
-    # 5); FlashAttention-2 reaches 50-73 % forward and 40-63 % backward (Dao 2023, section 4.1).
-    gemm_efficiency: float = 0.75
-    attention_efficiency: float = 0.50
+    # Achievable fractions of the dense peak (cost.py): 16-bit GEMMs of training shapes, and flash
+    # attention forward + backward. Defaults: the A100 figures (above, with their sources).
+    gemm_efficiency: float = A100_GEMM_EFFICIENCY
+    attention_efficiency: float = A100_ATTENTION_EFFICIENCY
 
     def peak_flops_per_s(self, precision: str) -> float:
         """Dense peak for the job's compute precision."""
@@ -43,23 +68,18 @@ class Gpu:
                 "fp32": self.fp32_flops_per_s}[precision]
 
 
-# Hopper sustains ~60-65 % of its dense bf16 peak in cuBLAS GEMMs of training shapes at 700 W
-# (the datasheet peak assumes boost clocks it throttles from under sustained load; Meta reports
-# 38-43 % end-to-end MFU for Llama 3 405B on H100, Dubey et al. 2024, table 4), and
-# FlashAttention-2 reaches ~35 % of it (Shah et al. 2024, "FlashAttention-3", section 1).
-H100_GEMM_EFFICIENCY = 0.62
-H100_ATTENTION_EFFICIENCY = 0.35
-
 # PCIe host links: Gen3 x16 ~16 GB/s, Gen4 x16 ~32 GB/s, Gen5 x16 ~64 GB/s per direction (PCI-SIG).
 GPUS: dict[str, Gpu] = {
     # NVIDIA Tesla V100 datasheet (SXM2 32GB): 125 TFLOPS tensor (fp16), 15.7 TFLOPS FP32, 900 GB/s
     # HBM2, NVLink 300 GB/s (bidirectional total); no bf16. nvidia-smi: 32768 MiB.
     "v100-32gb": Gpu("v100-32gb", 32768 * MIB, 0.0, 125 * TERA, 15.7 * TERA, 900 * GB, 150 * GB, 16 * GB,
-                      attention_efficiency=0.35),  # no FlashAttention on Volta: memory-efficient kernels
+                      gemm_efficiency=A100_GEMM_EFFICIENCY, attention_efficiency=0.35),
     # NVIDIA A100 datasheet (SXM): 312 TFLOPS bf16/fp16 dense, 19.5 TFLOPS FP32; 40GB: 1,555 GB/s,
     # 80GB: 2,039 GB/s HBM2e; NVLink 600 GB/s (bidirectional total). nvidia-smi: 40960 / 81920 MiB.
-    "a100-40gb": Gpu("a100-40gb", 40960 * MIB, 312 * TERA, 312 * TERA, 19.5 * TERA, 1555 * GB, 300 * GB, 32 * GB),
-    "a100-80gb": Gpu("a100-80gb", 81920 * MIB, 312 * TERA, 312 * TERA, 19.5 * TERA, 2039 * GB, 300 * GB, 32 * GB),
+    "a100-40gb": Gpu("a100-40gb", 40960 * MIB, 312 * TERA, 312 * TERA, 19.5 * TERA, 1555 * GB, 300 * GB, 32 * GB,
+                      gemm_efficiency=A100_GEMM_EFFICIENCY, attention_efficiency=A100_ATTENTION_EFFICIENCY),
+    "a100-80gb": Gpu("a100-80gb", 81920 * MIB, 312 * TERA, 312 * TERA, 19.5 * TERA, 2039 * GB, 300 * GB, 32 * GB,
+                      gemm_efficiency=A100_GEMM_EFFICIENCY, attention_efficiency=A100_ATTENTION_EFFICIENCY),
     # NVIDIA H100 datasheet (SXM5): 989 TFLOPS bf16/fp16 dense (1,979 with sparsity), 67 TFLOPS FP32,
     # 3.35 TB/s HBM3, NVLink 900 GB/s (bidirectional total). nvidia-smi: 81559 MiB.
     "h100-80gb": Gpu("h100-80gb", 81559 * MIB, 989 * TERA, 989 * TERA, 67 * TERA, 3350 * GB, 450 * GB, 64 * GB,
@@ -71,10 +91,11 @@ GPUS: dict[str, Gpu] = {
     # NVIDIA L40S datasheet: 362.05 TFLOPS bf16/fp16 dense (733 with sparsity), 91.6 TFLOPS FP32,
     # 48 GB GDDR6 at 864 GB/s, no NVLink, PCIe Gen4 x16 64 GB/s (bidirectional). nvidia-smi: 46068 MiB.
     "l40s": Gpu("l40s", 46068 * MIB, 362.05 * TERA, 362.05 * TERA, 91.6 * TERA, 864 * GB, 0.0, 32 * GB,
-                 gemm_efficiency=H100_GEMM_EFFICIENCY, attention_efficiency=H100_ATTENTION_EFFICIENCY),
+                 gemm_efficiency=A100_GEMM_EFFICIENCY, attention_efficiency=A100_ATTENTION_EFFICIENCY),
     # Not a GPU: one process of a local CPU run (executor local, gloo). Rough figures of a few
     # AVX2/AVX-512 cores per process and DDR4/5; "NVLink" stands for gloo's shared-memory transport
-    # so that local TP is allowed. Only meant for planning test and tutorial runs.
+    # so that local TP is allowed. Only meant for planning test and tutorial runs: its efficiencies
+    # are placeholders, neither measured nor fitted (no CPU run is in the corpus).
     "cpu": Gpu("cpu", 16 * GIB, 0.5 * TERA, 0.5 * TERA, 1.0 * TERA, 20 * GB, 10 * GB, 10 * GB,
                gemm_efficiency=0.5, attention_efficiency=0.3),
 }
@@ -92,22 +113,32 @@ class Fabric:
     nics_per_node: int = 0  # without a node profile: NICs per node; 0 = one per GPU (HPC GPU nodes)
 
 
+# Fabric efficiency: the fraction of line rate NCCL's bus bandwidth reaches on large messages.
+# InfiniBand: "for NDR @ 400Gbps you should see 46-48GB/s per NIC" (NCCL maintainer, nccl-tests
+# issue #290), 92-96 %; 4x HDR200 for 8 A100s peaks at 96 of 100 GB/s (nccl-tests issue #119);
+# 0.90 leaves room for mid-size messages. RoCE and TCP: no measurement found in the sources searched;
+# 0.80 (RoCE: the same NICs behind Ethernet congestion control) and 0.60 (NCCL's socket transport)
+# are assumptions, and no calibration run isolates them (the corpus's RoCE runs are llm-foundry's,
+# mostly single-node, and Llama 3's, in the validation set).
+# Latency: one small message per ring step across the network. NCCL's own tuning model puts a NET
+# ring step at 2.5 us (LL128) to 6.6 us (Simple) (src/graph/tuning.cc, hwLat); 5 us for IB is inside
+# that range; RoCE 8 us and TCP 30 us are assumptions (switch buffering; kernel network stack).
 FABRICS: dict[str, Fabric] = {
-    # NVIDIA ConnectX-6 / Quantum HDR: 200 Gb/s per port; NCCL all-reduce bus bandwidth reaches
-    # about 23 GB/s of the 25 GB/s on DGX A100 (NVIDIA DGX A100 user guide, nccl-tests figures).
+    # NVIDIA ConnectX-6 / Quantum HDR: 200 Gb/s per port (ConnectX-6 datasheet).
     "ib-hdr200": Fabric("ib-hdr200", 200e9 / 8, 5e-6, 0.90, "ib"),
-    # NVIDIA ConnectX-7 / Quantum-2 NDR: 400 Gb/s per port.
+    # NVIDIA ConnectX-7 / Quantum-2 NDR: 400 Gb/s per port (ConnectX-7 datasheet).
     "ib-ndr400": Fabric("ib-ndr400", 400e9 / 8, 5e-6, 0.90, "ib"),
-    # RoCE v2 over 200 GbE (ConnectX-6 Dx / Spectrum): same links, less efficient congestion control.
+    # RoCE v2 over 200 GbE (ConnectX-6 Dx / Spectrum): same links, Ethernet congestion control.
     "roce": Fabric("roce", 200e9 / 8, 8e-6, 0.80, "roce", nics_per_node=2),
-    # Plain TCP over 100 GbE: NCCL's socket transport rarely exceeds ~60 % of line rate.
+    # Plain TCP over 100 GbE through NCCL's socket transport.
     "ethernet": Fabric("ethernet", 100e9 / 8, 30e-6, 0.60, "ethernet", nics_per_node=1),
     # RoCE v2 at 400 Gb/s per GPU (one NIC each): Meta's Llama 3 training cluster (Dubey et al. 2024,
     # section 3.3.1: Arista 7800 / Minipack2 switches, 400 Gbps between GPUs); efficiency as "roce".
     "roce-400": Fabric("roce-400", 400e9 / 8, 8e-6, 0.80, "roce"),
     # Intel Omni-Path 100 Gb/s, four links per 8-GPU node: Jean Zay's A100 partition, where BLOOM
     # trained (BigScience 2022, arXiv 2211.05100, section 3.4.1); NCCL reaches it through verbs.
-    "omnipath-100": Fabric("omnipath-100", 100e9 / 8, 5e-6, 0.80, "ib", nics_per_node=4),
+    # Efficiency and latency: no NCCL measurement on Omni-Path found; RoCE's assumptions.
+    "omnipath-100": Fabric("omnipath-100", 100e9 / 8, 8e-6, 0.80, "ib", nics_per_node=4),
 }
 
 
