@@ -115,9 +115,17 @@ def test_export_bad_input_is_one_line_exit_2(trained, tmp_path, capsys) -> None:
     assert capsys.readouterr().err.startswith(f"RUN: no complete checkpoint in {empty / 'checkpoints'}")
 
 
-def test_export_cli_rejects_without_importing_torch(tmp_path) -> None:
+def test_login_path_stays_torch_free(trained, tmp_path) -> None:
+    """`validate` of an init_from job reads config.json without torch; `export` rejects bad input before
+    importing it (one process for both: a fresh interpreter costs a second or two)."""
+    import yaml
+
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(hf_job_dict(trained["base"])))
     code = ("import sys\nfrom hpctrain.cli import main\n"
+            f"assert main(['validate', {str(job)!r}]) == 0\n"
             f"rc = main(['export', {str(tmp_path / 'missing')!r}, '-o', {str(tmp_path / 'o')!r}])\n"
-            "assert 'torch' not in sys.modules, 'export imported torch before checking its input'\nsys.exit(rc)\n")
+            "assert 'torch' not in sys.modules, 'torch imported on the login path'\nsys.exit(rc)\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stderr
+    assert "valid (job 'hf-test'" in proc.stdout
