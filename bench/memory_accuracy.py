@@ -113,6 +113,7 @@ CONFIGS: list[Config] = [
 
 def predict(cfg: Config) -> dict[str, float]:
     """The planner's bytes per MemTracker category for the configuration's rank."""
+    from hpctrain.plan.lora import lora_shape
     from hpctrain.plan.memory import RankSetup, rank_memory
     from hpctrain.plan.stages import balanced_stage_split
 
@@ -123,7 +124,7 @@ def predict(cfg: Config) -> dict[str, float]:
                       schedule=p.schedule if p.pp > 1 else "none", virtual_stages=p.virtual_stages,
                       ac=t.activation_checkpointing, zero=p.zero, offload_optimizer=p.offload_optimizer,
                       sequence_parallel=p.sequence_parallel, precision=t.precision, optimizer="adamw",
-                      foreach=False, overhead_bytes=0.0)
+                      foreach=False, overhead_bytes=0.0, lora=lora_shape(job))
     memory = rank_memory(job.model, balanced_stage_split(job.model, p.pp, p.virtual_stages), setup, cfg.pp_rank)
     out = dict.fromkeys(CATEGORIES, 0.0)
     for item, value in memory.items:
@@ -171,6 +172,13 @@ def _fake_friendly_runtime(fake: bool) -> Any:
                 setattr(owner, name, value)
 
 
+class _NoHook:
+    """A hook handle with nothing to remove."""
+
+    def remove(self) -> None:
+        pass
+
+
 def _step_tracker() -> Any:
     from torch.distributed._tools.mem_tracker import MemTracker
 
@@ -178,6 +186,9 @@ def _step_tracker() -> Any:
         """MemTracker that accepts the root module running once per micro-batch."""
 
         def _pre_fw_hook(self, module: Any, inputs: Any) -> None:
+            for p in module.parameters():
+                if not p.requires_grad:  # frozen (LoRA's base): no gradient to hook, which MemTracker would try
+                    self._param_to_grad_hook_handles.setdefault(p, (_NoHook(), _NoHook()))
             name = self._mod_tracker.get_known_fqn(module)
             if module in self.memory_tracking and not self._mod_tracker.is_bw:
                 if set(self._mod_tracker.parents) - {name} == {"Global"}:

@@ -29,6 +29,7 @@ from hpctrain.plan.activations import (
     precision_mode,
     weight_copy_bytes_per_layer,
 )
+from hpctrain.plan.lora import LoraShape, adapter_params, adapter_params_per_layer, lora_activations
 from hpctrain.plan.model_stats import (
     embedding_param_count,
     final_norm_param_count,
@@ -87,6 +88,7 @@ class RankSetup:
     optimizer: str  # "adamw" | "sgd" | "sgd-momentum"
     foreach: bool = True
     overhead_bytes: float = DEFAULT_RUNTIME_OVERHEAD_BYTES
+    lora: LoraShape | None = None  # train.lora: only the adapters train (plan/lora.py)
 
 
 def optimizer_bytes_per_param(optimizer: str) -> int:
@@ -164,24 +166,35 @@ def _states(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, pp_ra
         unsharded_bwd = compute_bytes * (layer_params + embedding_param_count(model) / s.tp)
     elif fsdp:
         unsharded_fwd = unsharded_bwd = compute_bytes * params
-    grads_sharded = FP32_BYTES * params / shard * on_gpu
+    # Trained parameters (everything, or LoRA's adapters): gradients, optimizer states, FSDP's
+    # gradient buffers. Held parameters (fp32, FSDP-gathered) are the base plus the adapters.
+    w2_params = model.hidden * model.ffn_hidden / s.tp
+    embedding = embedding_param_count(model) / s.tp if pp_rank == 0 else 0.0
+    trained, trained_layer = float(params), layer_params
+    if s.lora is not None:
+        trained_layer = adapter_params_per_layer(model, s.lora, s.tp)
+        trained, params = layers * trained_layer, int(params + layers * trained_layer)
+        w2_params = adapter_params(model, s.lora, "w2", s.tp) if "w2" in s.lora.targets else 0.0
+        embedding = 0.0
+        if fsdp:
+            unsharded_fwd += compute_bytes * trained_layer * (1 if s.zero >= 3 and s.pp == 1 else layers)
+            unsharded_bwd += compute_bytes * trained_layer * (1 if s.zero >= 3 and s.pp == 1 else layers)
+    grads_sharded = FP32_BYTES * trained / shard * on_gpu
     accumulating = s.micro_batches > 1 or s.pp > 1
     deferred = fsdp and (s.zero <= 1 or s.pp > 1) and s.micro_batches > 1
     # The backward peak of the last-processed layer (the rank's first) is in its FFN backward:
     # every other gradient exists except the embedding's and that layer's, but for w2's.
-    w2_params = model.hidden * model.ffn_hidden / s.tp
-    embedding = embedding_param_count(model) / s.tp if pp_rank == 0 else 0.0
-    fresh = FP32_BYTES * (params - embedding - layer_params + w2_params) / shard * on_gpu
+    fresh = FP32_BYTES * (trained - embedding - trained_layer + w2_params) / shard * on_gpu
     held = 0.0 if (not accumulating or deferred) else grads_sharded
     return _States(
         master=FP32_BYTES * params / shard * on_gpu,
         rope=2.0 * FP32_BYTES * model.seq_len * (model.hidden // model.heads) * stage_layers_on_rank(stage_layers, s.pp, pp_rank),
         unsharded_forward=unsharded_fwd, unsharded_backward=unsharded_bwd,
-        optimizer=optimizer_bytes_per_param(s.optimizer) * params / shard * on_gpu,
+        optimizer=optimizer_bytes_per_param(s.optimizer) * trained / shard * on_gpu,
         grads_sharded=grads_sharded, grads_held=held, grads_fresh_at_end=0.0 if deferred else fresh,
-        accumulation=FP32_BYTES * params if deferred else 0.0,
+        accumulation=FP32_BYTES * trained if deferred else 0.0,
         # FSDP2 reduce-scatters each block's gradient from an fp32 copy of its unsharded gradient.
-        reduce_buffer=(FP32_BYTES + compute_bytes) * layer_params if fsdp else 0.0,
+        reduce_buffer=(FP32_BYTES + compute_bytes) * trained_layer if fsdp else 0.0,
     )
 
 
@@ -197,6 +210,8 @@ def _phase_items(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, 
     tokens = s.micro_batch * model.seq_len
     layer = layer_activations(model, tokens, s.tp, s.sequence_parallel, s.ac, mode)
     head = head_activations(model, tokens, s.tp, s.sequence_parallel, mode)
+    if s.lora is not None:
+        layer, head = lora_activations(layer, head, model, s.lora, tokens, s.tp, s.sequence_parallel, s.ac, mode)
     in_flight = in_flight_micro_batches(s.schedule, s.pp, pp_rank, s.micro_batches, s.virtual_stages)
     copies = layers * weight_copy_bytes_per_layer(model, s.tp, mode) + (head.weight_copy_bytes if last else 0.0)
     per_micro_batch = layers * layer.saved_bytes + (embedding_saved_bytes(tokens) if first else 0.0)

@@ -8,6 +8,7 @@ from typing import Any, Optional
 
 from hpctrain.errors import ConfigError, PlanError
 from hpctrain.plan.hardware import Hardware, check_catalog_names, resolve_hardware
+from hpctrain.plan.lora import fine_tune_notes, lora_shape
 from hpctrain.plan.memory import CPU_RUNTIME_OVERHEAD_BYTES, DEFAULT_RUNTIME_OVERHEAD_BYTES, GIB
 from hpctrain.plan.model_stats import flops_per_token, model_flops_per_token, param_count
 from hpctrain.plan.placement import PlacementPlan, local_gpu_order, rank_order, switches_request
@@ -114,10 +115,12 @@ def plan_job(job: Any) -> PlanResult:
     default = CPU_RUNTIME_OVERHEAD_BYTES if hw.gpu.name == "cpu" else DEFAULT_RUNTIME_OVERHEAD_BYTES
     overhead = default if overhead_gib is None else overhead_gib * GIB
     settings = SearchSettings(global_batch=job.train.global_batch, precision=precision, optimizer=optimizer_kind(job),
-                              budget_bytes=float(hw.gpu.memory_bytes), overhead_bytes=overhead)
+                              budget_bytes=float(hw.gpu.memory_bytes), overhead_bytes=overhead,
+                              lora=lora_shape(job))
     layouts, rejected, evaluated = search(job.model, hw, Choices.from_job(job), settings)
     result = PlanResult(job.name, job.model, hw, layouts, rejected, evaluated, time.perf_counter() - start,
                         settings.budget_bytes, gpu_topology, switch_tree)
+    result.notes += fine_tune_notes(job)
     if not layouts:
         raise PlanError(_nothing_fits(job, result))
     return result

@@ -12,6 +12,7 @@ from typing import Any
 
 from hpctrain.plan.cost import CostSetup, StepCost, step_cost
 from hpctrain.plan.hardware import Hardware
+from hpctrain.plan.lora import LoraShape
 from hpctrain.plan.memory import MemoryBreakdown, RankSetup, peak_rank_memory
 from hpctrain.plan.model_stats import stage_param_count
 from hpctrain.plan.space import MAX_STAGE_IMBALANCE, Choices, Rejections
@@ -55,6 +56,7 @@ class SearchSettings:
     optimizer: str
     budget_bytes: float
     overhead_bytes: float
+    lora: LoraShape | None = None
 
 
 def optimizer_kind(job: Any) -> str:
@@ -179,7 +181,8 @@ def _search_family(model: Any, hw: Hardware, choices: Choices, settings: SearchS
                         setup = RankSetup(tp=tp, pp=pp, dp=dp, micro_batch=mb, micro_batches=m, schedule=schedule,
                                           virtual_stages=v, ac=ac, zero=zero, offload_optimizer=offload,
                                           sequence_parallel=sp, precision=settings.precision,
-                                          optimizer=settings.optimizer, overhead_bytes=settings.overhead_bytes)
+                                          optimizer=settings.optimizer, overhead_bytes=settings.overhead_bytes,
+                                          lora=settings.lora)
                         rank, memory = peak_rank_memory(model, stage_layers, setup)
                         label = f"{tag} mb={mb} {schedule} v={v} ac={ac} zero={zero}{' offload' if offload else ''}"
                         if memory.total > settings.budget_bytes:

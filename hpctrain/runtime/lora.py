@@ -118,12 +118,3 @@ def init_lora(model: nn.Module, seed: int) -> None:
             elif name.endswith(".lora_B"):
                 copy_full_into(param, torch.zeros(tuple(param.shape)))
 
-
-def adapter_param_count(model_args: Any, cfg: Any) -> int:
-    """Trainable parameters of the whole model: sum over targets of rank * (in + out), per layer."""
-    h, d = model_args.hidden, model_args.head_dim
-    shapes = {"wq": (h, model_args.heads * d), "wk": (h, model_args.kv_heads * d),
-              "wv": (h, model_args.kv_heads * d), "wo": (model_args.heads * d, h),
-              "w1": (h, model_args.ffn_hidden), "w2": (model_args.ffn_hidden, h), "w3": (h, model_args.ffn_hidden)}
-    per_layer = sum(cfg.rank * sum(shapes[t]) for t in lora_targets(model_args, cfg))
-    return model_args.layers * per_layer
