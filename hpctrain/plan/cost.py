@@ -28,19 +28,31 @@ from hpctrain.plan.model_stats import (
 )
 
 HBM_EFFICIENCY = 0.80  # achievable fraction of HBM bandwidth for streaming kernels (STREAM-like copies)
+# (HBM_EFFICIENCY: the best streaming kernels reach 88-90 % of the A100's 2.04 TB/s, NVIDIA developer
+# forum "Trouble to Reach Peak Bandwidth of A100" and the GTC talk it cites; PyTorch's eager
+# element-wise kernels, reading and writing mixed shapes, are taken a step below that: an assumption.)
 # Element-wise traffic in eager PyTorch: each RMSNorm, RoPE, activation and residual add is several
 # unfused kernels (RMSNorm alone: upcast, pow, mean, rsqrt, two muls, downcast), each reading and
 # writing its tensors, about twice as much again in backward. Counted as passes over the bytes a
-# layer saves: ~2.5 passes forward and ~5.5 backward (counted from the runtime model's ops).
+# layer saves: ~2.5 passes forward and ~5.5 backward (counted from the runtime model's ops). A count,
+# not a fit: the corpus's runs use fused kernels (Megatron, MPT, torchtitan), not hpctrain's eager
+# runtime, so none of them can calibrate it.
 ELEMENTWISE_PASSES = 8.0
 ELEMENTWISE_FORWARD_PASSES = 2.5  # what a recomputed forward re-streams
 # Causal attention: flash kernels skip the masked upper triangle, so they execute half of the
-# full-matrix FLOPs that flops_per_token counts (the PaLM/Megatron convention).
+# full-matrix FLOPs that flops_per_token counts (the PaLM/Megatron convention); FlashAttention-2
+# skips the blocks above the diagonal, about half of them (Dao 2023, arXiv 2307.08691, section 3.1).
 CAUSAL_ATTENTION_WORK = 0.5
-GEMM_SIZE_KNEE = 128.0  # GEMM efficiency falls as d / (d + 128) for small widths (tile quantisation)
+# GEMM efficiency falls as d / (d + 128) for small widths: cuBLAS's training-shape tiles are 128-256
+# wide, and a dimension that fills a tile only partly wastes the rest (tile quantization, NVIDIA
+# "Matrix Multiplication Background" user guide, sections 2.3 and 3.1). The form is chosen, not fitted.
+GEMM_SIZE_KNEE = 128.0
 # AdamW step + grad-norm: read p, g, m, v and write p, m, v in fp32, plus one read of g for the norm.
 OPTIMIZER_BYTES_PER_PARAM = 32.0
-CPU_OPTIMIZER_BYTES_PER_S = 20e9  # one GPU's share of a node's CPU memory bandwidth (CPU AdamW)
+# CPU AdamW (offload_optimizer): a DGX A100 has 2 EPYC 7742 with 8 DDR4-3200 channels each, 410 GB/s
+# per node (AMD EPYC 7742 datasheet, NVIDIA DGX A100 user guide), 51 GB/s per GPU; torch's unfused
+# CPU AdamW is taken to reach ~40 % of that share: an assumption, no offloaded run is in the corpus.
+CPU_OPTIMIZER_BYTES_PER_S = 20e9
 
 
 @dataclass(frozen=True)
