@@ -16,7 +16,7 @@ Fields of a metrics line, and where each comes from:
 | tflops_per_gpu | `plan.model_stats.flops_per_token(model, ac)` (recompute included) x tokens/s / world / 1e12 |
 | mfu | `flops_per_token(model, "none")` x tokens/s / world / the GPU's dense peak for the precision (catalog); null on CPU |
 | peak_memory_bytes | CUDA: torch.cuda.max_memory_allocated; CPU: peak RSS minus the RSS before the model was built |
-| time_comm_exposed_s, time_bubble_s | measured host-blocked time (comm_timing.py), mean per step |
+| time_comm_exposed_s, time_bubble_s | measured waits (comm_timing.py), mean per step: host-blocked time on CPU, the compute stream's stall between CUDA events on a GPU |
 | time_compute_s | derived: step_time_s - time_comm_exposed_s - time_bubble_s |
 | attempt | SLURM_RESTART_COUNT (0 when not under Slurm) |
 | time | Unix time when the line was written (wall-clock progress, gaps between attempts) |
@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from hpctrain.runtime.comm_timing import COLLECTIVE, P2P, CommTimer
+from hpctrain.runtime.comm_timing import COLLECTIVE, CUDA_EVENTS, HOST, P2P, CommTimer, clock_for
 
 from hpctrain.rundir.events import append_line, now_iso as _now
 from hpctrain.rundir.layout import EVENTS_FILE, METRICS_FILE, RANKS_DIR
@@ -115,6 +115,13 @@ def gpu_peak_flops_per_s(job: Any) -> float | None:
     return float(peak) or None
 
 
+TIMING_METHODS = {
+    HOST: "host-blocked time in Work.wait / wait_tensor / pipeline p2p waits; compute = step - waits",
+    CUDA_EVENTS: ("compute-stream stall between CUDA events around Work.wait / wait_tensor / pipeline p2p "
+                  "waits / FSDP2 unshard and reduce-scatter waits; compute = step - waits"),
+}
+
+
 @dataclass
 class StepTimes:
     """Sums over the steps since the last metrics line."""
@@ -148,6 +155,10 @@ class Telemetry:
     totals: StepTimes = field(default_factory=StepTimes)  # all steps but the first of this attempt
     extra: dict[str, Any] = field(default_factory=dict)  # static facts for the rank summary
     steps_this_attempt: int = 0
+
+    def __post_init__(self) -> None:
+        if self.timer.method == HOST:  # the default clock: CUDA events when the device is a GPU
+            self.timer.clock = clock_for(self.device)
 
     @property
     def metrics_path(self) -> str:
@@ -208,9 +219,7 @@ class Telemetry:
             "time_compute_s": max(0.0, (t.step_s - t.comm_s - t.bubble_s) / n),
             "time_comm_exposed_s": t.comm_s / n,
             "time_bubble_s": t.bubble_s / n,
-            "timing_method": ("host-blocked time in Work.wait / wait_tensor / pipeline p2p waits; "
-                              "compute = step - waits" + ("; CUDA: a lower bound of exposed time"
-                                                          if self.memory.cuda else "")),
+            "timing_method": TIMING_METHODS[self.timer.method],
             "peak_memory_bytes": self.memory.peak_bytes(),
             "peak_memory_source": self.memory.source,
             **{f"{k}_bytes": v for k, v in state_bytes.items()},
