@@ -72,6 +72,7 @@ class CostSetup:
     max_rank_layers: int  # layers of the busiest pipeline rank
     max_rank_has_head: bool
     rank_params: float  # parameters of the busiest pipeline rank on one TP rank
+    sequence_parallel: bool = False  # norm-region element-wise work split over tp
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,7 @@ def _gemm_size_factor(width: float) -> float:
     return width / (width + GEMM_SIZE_KNEE)
 
 
-def layer_time_per_token_s(model: Any, hw: Hardware, tp: int, ac: str, precision: str) -> float:
+def layer_time_per_token_s(model: Any, hw: Hardware, tp: int, ac: str, precision: str, sp: bool = False) -> float:
     """Forward + backward (+ recompute) time of one layer per token on one TP rank."""
     peak = hw.gpu.peak_flops_per_s(precision)
     width = min(model.hidden, model.ffn_hidden / tp, model.heads * (model.hidden // model.heads) / tp)
@@ -125,7 +126,8 @@ def layer_time_per_token_s(model: Any, hw: Hardware, tp: int, ac: str, precision
     attention_fwd = CAUSAL_ATTENTION_WORK * attention_core_forward_flops_per_token(model) / tp / attention_rate
     mode = "fp32" if precision == "fp32" else "fsdp-mp"
     hbm = hw.gpu.hbm_bytes_per_s * HBM_EFFICIENCY
-    elementwise_fwd = layer_saved_bytes_per_token_no_ac(model, tp, False, mode) / hbm
+    # under sequence parallelism the norm / residual regions run on a 1/tp sequence shard
+    elementwise_fwd = layer_saved_bytes_per_token_no_ac(model, tp, sp and tp > 1, mode) / hbm
     total = 3.0 * (matmul_fwd + attention_fwd) + ELEMENTWISE_PASSES * elementwise_fwd
     if ac == "full":
         total += matmul_fwd + attention_fwd + ELEMENTWISE_FORWARD_PASSES * elementwise_fwd
@@ -152,7 +154,7 @@ def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int) -> Step
     """Step time and throughput of one layout (see the module docstring for each term)."""
     tokens_mb = c.micro_batch * model.seq_len
     act_bytes = HALF_BYTES if c.precision != "fp32" else 4
-    layer_s = layer_time_per_token_s(model, hw, c.tp, c.ac, c.precision)
+    layer_s = layer_time_per_token_s(model, hw, c.tp, c.ac, c.precision, c.sequence_parallel)
     compute_mb = tokens_mb * (c.max_rank_layers * layer_s
                               + (head_time_per_token_s(model, hw, c.tp, c.precision) if c.max_rank_has_head else 0.0))
 

@@ -192,7 +192,8 @@ def _search_family(model: Any, hw: Hardware, choices: Choices, settings: SearchS
                         cost = step_cost(model, hw, CostSetup(
                             tp=tp, pp=pp, dp=dp, micro_batch=mb, micro_batches=m, virtual_stages=v, ac=ac, zero=zero,
                             offload_optimizer=offload, precision=settings.precision, max_rank_layers=busiest_layers,
-                            max_rank_has_head=busiest_head, rank_params=busiest_params), settings.global_batch)
+                            max_rank_has_head=busiest_head, rank_params=busiest_params, sequence_parallel=sp),
+                            settings.global_batch)
                         layouts.append(Layout(tp, pp, dp, mb, schedule, v, ac, zero, offload, sp, tuple(stage_layers),
                                               imbalance, memory, rank, cost))
     return evaluated
