@@ -40,8 +40,10 @@ from hpctrain.plan.model_stats import (
 
 GIB = 2**30
 # CUDA context + cuBLAS/cuDNN workspaces + NCCL buffers + allocator fragmentation, per GPU, when the
-# job does not set cluster.runtime_overhead_gib: a CUDA 12 context with NCCL on 8 GPUs takes
-# 0.5-1 GiB (nvidia-smi on an idle initialised process); fragmentation adds a few percent.
+# job does not set cluster.runtime_overhead_gib. None of it is in torch.cuda.memory_allocated: a CUDA
+# context with lazy module loading takes ~300 MB (pytorch issue #107667, a maintainer's figure) and
+# each NCCL communicator 544-688 MB on 4 A100s (NVIDIA/nccl issue #964); a rank of a tp x pp x dp
+# layout joins about three (its tp, pp and dp groups), ~2 GB in all; fragmentation adds a few percent.
 DEFAULT_RUNTIME_OVERHEAD_BYTES = 2 * GIB
 CPU_RUNTIME_OVERHEAD_BYTES = GIB // 4  # a local CPU process: the interpreter, torch and gloo buffers
 
