@@ -69,3 +69,22 @@ def test_family_rank_orders_families_by_their_best_layout() -> None:
     assert bench.family_rank(layouts, (8, 2)) == 2
     assert bench.family_rank(layouts, (4, 1)) == 3
     assert bench.family_rank(layouts, (2, 2)) is None
+
+
+def test_fit_reads_only_the_calibration_set(corpus: list[dict], monkeypatch: pytest.MonkeyPatch) -> None:
+    """--fit picks, per GPU, the grid value with the smallest median |log error| over CALIBRATION runs;
+    a validation run on the same GPU, however wrong, does not move it."""
+    runs = {run["name"]: run for run in corpus}
+    calibration = runs["mpt-1b-a100"]
+    poisoned = {**runs["torchtitan-llama3-8b"], "metric": {"value": 1.0, "unit": "tokens_per_s_per_gpu"}}
+    grid = [0.45, 0.63, 0.85]
+    monkeypatch.setattr(bench, "GEMM_GRID", grid)
+    fitted = bench.fit_gemm_efficiency([calibration, poisoned])
+    assert set(fitted) == {"a100-80gb"}
+    errors = {v: abs(math.log(bench.evaluate(calibration, {"a100-80gb": v}, rank=False).predicted
+                              / calibration["metric"]["value"])) for v in grid}
+    assert fitted["a100-80gb"] == min(errors, key=errors.get)
+    # Had the fit read the poisoned run too, it would have chosen differently (the test has power).
+    poison = {v: abs(math.log(bench.evaluate(poisoned, {"a100-80gb": v}, rank=False).predicted)) for v in grid}
+    both = {v: (errors[v] + poison[v]) / 2 for v in grid}
+    assert min(both, key=both.get) != fitted["a100-80gb"]
