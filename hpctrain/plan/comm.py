@@ -29,15 +29,15 @@ from hpctrain.plan.hardware import Hardware
 RING_BASE_LATENCY_S = 8.4e-6
 NVLINK_STEP_LATENCY_S = 3.4e-6
 NET_STEP_LATENCY_S = 9.6e-6
-# NCCL bus bandwidth over NVLink / NVLink line rate: all-reduce busbw of nccl-tests on one DGX A100
-# node reaches ~230-240 GB/s of the 300 GB/s per direction (NCCL's tuning model itself derates
-# sm80 bus bandwidth by 0.92 before protocol overheads, tuning.cc `compCap80`).
-NVLINK_EFFICIENCY = 0.80
+# NCCL bus bandwidth over NVLink / NVLink line rate: nccl-tests all-reduce busbw is ~200 GB/s on 8
+# A100-SXM-80GB over NVLink (NVIDIA/nccl-tests issue #149) and 208 GB/s on an NV12 pair (issue #178),
+# of the 300 GB/s per direction.
+NVLINK_EFFICIENCY = 0.70
 # While FSDP's collectives run behind compute they take SMs from it: NCCL runs one CUDA block per
-# channel (NCCL user guide, NCCL_MIN_NCHANNELS / NCCL_MAX_CTAS) and uses up to 16 channels on
-# NVSwitch systems for large messages; of an A100's 108 SMs (A100 whitepaper) that is ~15 %, of an
-# H100 SXM's 132 (H100 whitepaper) ~12 %. Hidden communication therefore still costs that share of
-# the compute it hides behind.
+# channel (NCCL user guide, NCCL_MIN_CTAS / NCCL_MAX_CTAS). The channel count is chosen by topology;
+# 16 is an assumption (two per NIC on an 8-NIC node). Of an A100's 108 SMs (A100 whitepaper) that is
+# ~15 %, of an H100 SXM's 132 (H100 whitepaper) ~12 %: hidden communication still costs that share
+# of the compute it hides behind.
 NCCL_CHANNELS = 16
 SM_COUNT = {"a100-40gb": 108, "a100-80gb": 108, "h100-80gb": 132, "h200-141gb": 132, "v100-32gb": 80,
             "l40s": 142}
@@ -66,11 +66,14 @@ def group_link(hw: Hardware, span_slots: int, ranks: int) -> Link:
     gpus_per_node, every record run's data-parallel group) its traffic has its own rail NIC and
     nothing more. When it holds several (FSDP without model parallelism), NCCL's ring could in
     principle spread one collective over all the node's NICs (one channel per NIC, nccl-tests
-    busbw), but the measured collectives of sharded data parallelism at scale do not get there:
+    busbw: 3 nodes x 4 HDR NICs reach 85-96 of 100 GB/s all-reduce busbw, NVIDIA/nccl-tests issue
+    #119), but the measured collectives of sharded data parallelism at scale do not get there:
     ZeRO-3 on DGX A100 (Narayanan et al. 2021, table 2) runs the same step time, 65 s, on 768 and on
     1536 GPUs at a fixed global batch, i.e. its ~1 TB per GPU of gathers and reduce-scatters moved
     at ~16 GB/s per GPU, two thirds of one HDR NIC, not 8x that. So a member that crosses the
     fabric is bounded by its own NIC: the node's achievable fabric bandwidth / gpus_per_node.
+    Known tension: torchtitan's FSDP2 on 8 DGX A100 nodes (bench/planner_accuracy.py) runs 15-30 %
+    faster than this bound allows, closer to the nccl-tests aggregate.
     """
     if ranks <= 1:
         return Link(float("inf"), ranks, 1)

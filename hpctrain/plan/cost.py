@@ -145,8 +145,9 @@ def head_time_per_token_s(model: Any, hw: Hardware, tp: int, precision: str) -> 
 
 
 def forward_share(ac: str) -> float:
-    """Forward's share of a layer's compute: the backward pass costs twice the forward (two GEMMs
-    per forward GEMM, Narayanan et al. 2021, section 5.1), full recomputation adds a third forward."""
+    """Forward's share of a layer's compute: the backward pass costs twice the forward (gradients for
+    both the inputs and the weights: Narayanan et al. 2021, appendix "Floating-point operations"),
+    full recomputation adds one more forward to the backward."""
     return 0.25 if ac == "full" else 1.0 / 3.0
 
 
