@@ -169,18 +169,6 @@ def read_base_config(folder: str | None) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def local_index(param: torch.Tensor) -> tuple[slice, ...]:
-    """This rank's shard of `param` (a DTensor or a plain tensor) as slices of the full tensor."""
-    from torch.distributed.tensor import DTensor
-
-    if not isinstance(param, DTensor):
-        return tuple(slice(0, n) for n in param.shape)
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
-    shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
-    return tuple(slice(o, o + n) for o, n in zip(offset, shape))
-
-
 def iter_hf_tensors(folder: str) -> Iterator[tuple[str, torch.Tensor]]:
     """Every tensor of a Hugging Face folder, (hf_name, tensor), one at a time (tests, tools)."""
     from safetensors import safe_open
@@ -194,27 +182,6 @@ def iter_hf_tensors(folder: str) -> Iterator[tuple[str, torch.Tensor]]:
                 yield name, handle.get_tensor(name)
 
 
-def fill_parameters(module: torch.nn.Module, fill: Any, tie_embeddings: bool) -> None:
-    """Copy fill(name, full_shape, index) into each of `module`'s parameters (this rank's shards),
-    LoRA adapters excepted.
-
-    The tied head of a last pipeline stage (its own copy of the embedding) is read as
-    `tok_embeddings.weight`, the tensor it is tied to."""
-    from torch.distributed.tensor import DTensor
-
-    with torch.no_grad():
-        for name, param in module.named_parameters():
-            if name.endswith((".lora_A", ".lora_B")):
-                continue  # LoRA adapters (lora.py) are not in the folder: they keep their own init
-            source = "tok_embeddings.weight" if name == "output.weight" and tie_embeddings else name
-            local = param.to_local() if isinstance(param, DTensor) else param
-            value = fill(source, tuple(param.shape), local_index(param))
-            if tuple(value.shape) != tuple(local.shape):
-                raise RuntimeError(f"{name}: read a shard of shape {list(value.shape)} for a local tensor of "
-                                   f"shape {list(local.shape)}")
-            local.copy_(value)
-
-
 def load_init_from(training: Any) -> dict[str, Any]:
     """Fill every model part of a `Training` (parallelize.py) from `job.model.init_from`; returns what was
     read ({"path", "bytes_read", "seconds"}), for the `weights loaded` event."""
@@ -224,8 +191,9 @@ def load_init_from(training: Any) -> dict[str, Any]:
     folder = os.path.expanduser(str(training.job.model.init_from))
     reader = HfShardReader(folder)
     try:
-        for part in training.model_parts:
-            fill_parameters(part, reader, bool(training.args.tie_embeddings))
+        # init.py's sharded fill: each rank reads its shards only (in row blocks); the tied head reads
+        # the embedding; LoRA adapters get PEFT's init, not the folder's.
+        training.initialise(reader)
     finally:
         reader.close()
     return {"path": folder, "bytes_read": reader.bytes_read, "seconds": round(time.perf_counter() - started, 3)}

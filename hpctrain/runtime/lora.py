@@ -9,8 +9,8 @@ Names: `layers.N.attention.wq.weight` is unchanged (checkpoints, `model.init_fro
 base under its usual name); the adapters are `layers.N.attention.wq.lora_A` / `.lora_B`.
 Initialisation mirrors PEFT's `LoraLayer.reset_lora_parameters` (init_lora_weights=True):
 A ~ kaiming_uniform(a=sqrt(5)), i.e. U(-1/sqrt(in), 1/sqrt(in)), and B = 0, so training starts
-from the base model exactly. A is drawn full size from a generator seeded by (seed, name), as
-model.full_init does, so every layout starts from the same adapters.
+from the base model exactly. A is drawn full size from a generator seeded by (seed, name) on every rank,
+each keeping its box (adapters are small), so every layout starts from the same adapters.
 
 Every other parameter (the projections' W, embeddings, norms, head) is frozen (requires_grad
 False): no gradient, no optimizer state, not in checkpoints (`StateDictOptions(ignore_frozen_params)`:
@@ -38,7 +38,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hpctrain.runtime.model import Transformer, copy_full_into, param_seed
+from hpctrain.runtime.init import param_seed, shard_index
+from hpctrain.runtime.model import Transformer
 
 # Which projections are column- and row-parallel under TP (tensor_parallel.py's plan).
 MODULE_OF = {"wq": "attention", "wk": "attention", "wv": "attention", "wo": "attention",
@@ -105,16 +106,28 @@ def _local_part(full: torch.Tensor, placement: Any, mesh: Any) -> torch.Tensor:
     return pieces[mesh.get_local_rank()].contiguous()
 
 
+def is_adapter(name: str) -> bool:
+    return name.endswith((".lora_A", ".lora_B"))
+
+
 def init_lora(model: nn.Module, seed: int) -> None:
-    """PEFT's initialisation (module docstring), layout independent; after the base's init/load."""
+    """PEFT's initialisation (module docstring), layout independent; after the base's init/load.
+
+    A is drawn full size on every rank (rank x in_features: small beside any base shard) and each
+    rank keeps its box of it (init.shard_index); B is zeros."""
+    from torch.distributed.tensor import DTensor
+
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if name.endswith(".lora_A"):
-                in_features = param.shape[1]
-                bound = 1.0 / math.sqrt(in_features)  # kaiming_uniform_(a=sqrt(5)): gain*sqrt(3/fan_in)
-                generator = torch.Generator().manual_seed(param_seed(seed, name))
-                full = torch.empty(tuple(param.shape)).uniform_(-bound, bound, generator=generator)
-                copy_full_into(param, full)
-            elif name.endswith(".lora_B"):
-                copy_full_into(param, torch.zeros(tuple(param.shape)))
+            if not is_adapter(name):
+                continue
+            local = param.to_local() if isinstance(param, DTensor) else param
+            if name.endswith(".lora_B"):
+                local.zero_()
+                continue
+            full_shape, index = shard_index(param)
+            bound = 1.0 / math.sqrt(full_shape[1])  # kaiming_uniform_(a=sqrt(5)): gain*sqrt(3/fan_in)
+            generator = torch.Generator().manual_seed(param_seed(seed, name))
+            full = torch.empty(full_shape).uniform_(-bound, bound, generator=generator)
+            local.copy_(full[index])
 

@@ -6,16 +6,16 @@ holds layers 4..7 still names its parameters `layers.4.attention.wq.weight`: sta
 the same on every layout, and checkpoints move between layouts.
 
 The model is built on the meta device, parallelised, then materialised with `to_empty` and
-`init_weights`. Initialisation is layout independent: every parameter is drawn, full size, on the
-CPU from a generator seeded by (seed, parameter name); each rank then copies its own shard. The
-same seed therefore gives bit-identical full-model weights on one process and on any TP/PP/DP
-layout, which is what the parity tests rely on.
+`init_weights` (or, on a start that resumes from a checkpoint, with `init_buffers` only: the
+checkpoint fills every parameter). Initialisation is sharded and layout independent
+(hpctrain/runtime/init.py): each rank draws only its own shard of each parameter, tile by tile,
+from generators seeded by (seed, parameter name, tile index), so no rank ever holds a full
+parameter, and the same seed gives bit-identical full-model weights on one process and on any
+TP/PP/DP layout, which is what the parity tests rely on.
 """
 
 from __future__ import annotations
 
-import math
-import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,9 +25,9 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from hpctrain.errors import ConfigError
+from hpctrain.runtime.init import init_parameters, random_fill
 from hpctrain.runtime.norm import RMSNorm
 
-INIT_STD = 0.02
 AC_MODES = ("none", "selective", "full")
 
 
@@ -246,61 +246,23 @@ class Transformer(nn.Module):
             if self.output.weight is not self.tok_embeddings.weight:
                 self.output.weight = self.tok_embeddings.weight
 
-    def init_weights(self, seed: int) -> None:
-        """Fill every parameter (full model or shard) and buffer; see the module docstring."""
+    def init_buffers(self) -> None:
+        """Set the RoPE tables (buffers no checkpoint holds) on the device they live on."""
         cos, sin = rope_tables(self.args, device=self.rope_cos.device)
-        self.rope_cos.copy_(cos)
-        self.rope_sin.copy_(sin)
         with torch.no_grad():
-            for name, param in self.named_parameters():
-                source = "tok_embeddings.weight" if name == "output.weight" and self.args.tie_embeddings else name
-                copy_full_into(param, full_init(source, tuple(param.shape), seed, self.args.layers))
+            self.rope_cos.copy_(cos)
+            self.rope_sin.copy_(sin)
+
+    def init_weights(self, seed: int, device: torch.device | str | None = None) -> None:
+        """Fill every parameter's local shard from the seed, and the buffers; see the module docstring.
+
+        `device`: where the values are drawn (default the CPU); the parameters may live elsewhere."""
+        self.init_buffers()
+        init_parameters(self, random_fill(seed, self.args.layers, device))
 
 
 def _compute_dtype(h: torch.Tensor) -> torch.dtype:
     return h.dtype if h.is_floating_point() else torch.float32
-
-
-def param_seed(seed: int, name: str) -> int:
-    """A generator seed from the run seed and a parameter's full-model name (stable across runs)."""
-    return (seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63)
-
-
-def full_init(name: str, shape: tuple[int, ...], seed: int, layers: int) -> torch.Tensor:
-    """The full-size fp32 initial value of parameter `name`, on the CPU."""
-    if name.endswith("norm.weight"):
-        return torch.ones(shape)
-    std = INIT_STD
-    if name.endswith(("attention.wo.weight", "feed_forward.w2.weight")):
-        std = INIT_STD / math.sqrt(2 * layers)  # GPT-2 residual scaling
-    generator = torch.Generator().manual_seed(param_seed(seed, name))
-    return torch.randn(shape, generator=generator) * std
-
-
-def copy_full_into(param: torch.Tensor, full: torch.Tensor) -> None:
-    """Copy this rank's part of a full tensor into `param` (a plain tensor or a DTensor shard)."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
-    if isinstance(param, DTensor):
-        # src_data_rank=None: every rank holds the same full tensor, so no communication is needed.
-        # The argument came with torch 2.7 (pytorch#143883); before it, distribute_tensor
-        # broadcasts rank 0's copy, which holds the same values (the README's torch range).
-        kwargs = {"src_data_rank": None} if _DISTRIBUTE_HAS_SRC_RANK else {}
-        shard = distribute_tensor(full, param.device_mesh, param.placements, **kwargs)
-        param.to_local().copy_(shard.to_local())
-    else:
-        param.copy_(full)
-
-
-def _distribute_has_src_rank() -> bool:
-    import inspect
-
-    from torch.distributed.tensor import distribute_tensor
-
-    return "src_data_rank" in inspect.signature(distribute_tensor).parameters
-
-
-_DISTRIBUTE_HAS_SRC_RANK = _distribute_has_src_rank()
 
 
 def build_model(args: ModelArgs) -> Transformer:

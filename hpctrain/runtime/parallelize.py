@@ -2,7 +2,8 @@
 
 Order (torchtitan's): build the full model on meta -> cut this rank's pipeline stages -> tensor
 parallel -> activation checkpointing -> compile (`train.compile`) -> FSDP2 -> materialise
-(`to_empty`) and initialise from the seed -> pipeline schedule. The training loop then only sees `Training`:
+(`to_empty`) and initialise each rank's shards from the seed (init.py; not when a checkpoint will be
+loaded) -> pipeline schedule. The training loop then only sees `Training`:
 
     training = build_training(job, device)
     optimizer = torch.optim.AdamW(training.parameters(), ...)
@@ -29,7 +30,8 @@ from hpctrain.errors import ConfigError
 from hpctrain.runtime.activation_checkpoint import apply_ac
 from hpctrain.runtime.compile import apply_compile
 from hpctrain.runtime.data_parallel import apply_fsdp, sync_every_microbatch
-from hpctrain.runtime.lora import apply_lora, init_lora
+from hpctrain.runtime.init import ShardFill, init_parameters, random_fill
+from hpctrain.runtime.lora import apply_lora, init_lora, is_adapter
 from hpctrain.runtime.model import ModelArgs, Transformer, build_model, cross_entropy_loss
 from hpctrain.runtime.parallel_dims import ParallelDims
 from hpctrain.runtime.pipeline_parallel import apply_pp, split_model, stage_layer_ranges, step_kwargs
@@ -80,6 +82,16 @@ class Training:
                     seen.setdefault(id(p), p)
             self._params = list(seen.values())
         return list(self._params)
+
+    def initialise(self, fill: ShardFill | None = None) -> None:
+        """Fill this rank's shard of every parameter: from the seed (drawn on the device), or `fill`;
+        LoRA adapters always start as PEFT's (lora.init_lora)."""
+        fill = fill or random_fill(self.job.train.seed, self.args.layers, self.device)
+        lora = self.job.train.lora is not None
+        for part in self.model_parts:
+            init_parameters(part, fill, select=(lambda name: not is_adapter(name)) if lora else None)
+            if lora:
+                init_lora(part, self.job.train.seed)
 
     def param_count_local(self) -> int:
         """Elements this rank stores (its TP/FSDP shards of its pipeline stages)."""
@@ -319,8 +331,11 @@ def _micro_batches(job: Any, dims: ParallelDims) -> int:
     return local // micro
 
 
-def build_training(job: Any, device: torch.device) -> Training:
+def build_training(job: Any, device: torch.device, initialise: bool = True) -> Training:
     """Build, parallelise and initialise this rank's part of the model from a resolved job.
+
+    initialise=False leaves the parameters unset (a start that loads a checkpoint); call
+    `Training.initialise()` if none is loaded after all.
 
     Needs an initialised default process group when the world size is above 1; a single process
     may run without one (then there is no mesh and no FSDP)."""
@@ -378,10 +393,7 @@ def build_training(job: Any, device: torch.device) -> Training:
         module.tie_weights()
         module.rope_cos.data = module.rope_cos.data.to(device)
         module.rope_sin.data = module.rope_sin.data.to(device)
-        with torch.no_grad():
-            module.init_weights(job.train.seed)
-            if job.train.lora is not None:
-                init_lora(module, job.train.seed)
+        module.init_buffers()
 
     training = Training(
         job=job,
@@ -405,4 +417,6 @@ def build_training(job: Any, device: torch.device) -> Training:
             parts, mesh["pp"], device, schedule=par.schedule, n_microbatches=n_micro, loss_fn=training._loss_fn
         )
     training._norm_weights = _norm_weights(training)
+    if initialise:
+        training.initialise()
     return training

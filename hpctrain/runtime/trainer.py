@@ -48,7 +48,8 @@ class Trainer:
                  resume_from: str | None = None) -> None:
         self.job, self.run_dir, self.device, self.env = job, run_dir, device, env
         memory = MemoryTracker(device)
-        self.training = build_training(job, device)
+        # No initialisation yet: restore() draws the weights only when no checkpoint is loaded.
+        self.training = build_training(job, device, initialise=False)
         dims = self.training.dims
         self.coords = dims.coords(env.rank)
         self.data = build_sampler(job, self.coords["dp"], dims.dp)
@@ -87,16 +88,20 @@ class Trainer:
         }
 
     def restore(self) -> int:
-        """Load the newest complete checkpoint (or --resume-from); return the step resumed from. Without
-        one, a job with model.init_from starts from those weights (each rank reads its shards; under
-        LoRA also before a checkpoint, which holds only the adapters)."""
-        path = self.checkpointer.find(self.resume_from)
-        # Pretrained weights: at a fresh start; on a resume too under LoRA, whose checkpoints hold the
-        # adapters only (the frozen base comes from init_from every time). Adapters are left as they are.
-        if self.job.model.init_from and (path is None or self.job.train.lora is not None):
-            from hpctrain.runtime.hf_weights import load_init_from
+        """Load the newest complete checkpoint (or --resume-from); return the step resumed from.
 
-            self.telemetry.event("weights loaded", **load_init_from(self.training))
+        The model was built without initialisation. The weights no checkpoint holds (all of them at a
+        fresh start; under LoRA the frozen base at every start, its checkpoints hold the adapters only)
+        are read from model.init_from (each rank reads its shards) or drawn from the seed (init.py);
+        a resume without LoRA draws nothing."""
+        path = self.checkpointer.find(self.resume_from)
+        if path is None or self.job.train.lora is not None:
+            if self.job.model.init_from:
+                from hpctrain.runtime.hf_weights import load_init_from
+
+                self.telemetry.event("weights loaded", **load_init_from(self.training))
+            else:
+                self.training.initialise()
         if path is None:
             return 0
         body = self.checkpointer.load(path)

@@ -91,6 +91,9 @@ def train_lora(kwargs: dict[str, Any], distributed: bool = True) -> dict[str, An
         out["losses"].append(training.train_step(dp_slice(inputs, rank, dp), dp_slice(labels, rank, dp)))
         out["norms"].append(training.clip_grad_norm_(0.05))
         training.optimizer_step(optimizers)
+    inputs, labels = global_batch(0)  # the first step's batch again: its loss must have fallen
+    dp, rank = training.dims.dp, training.dp_rank if distributed else 0
+    out["batch0_after"] = training.train_step(dp_slice(inputs, rank, dp), dp_slice(labels, rank, dp))
     state = {}
     for part in training.model_parts:
         for name, value in part.state_dict().items():
@@ -132,7 +135,9 @@ def test_tp2_dp2_pp2_match_one_process() -> None:
         assert sorted(merged) == sorted(ref["state"]), name
         for key, want in ref["state"].items():
             assert torch.allclose(merged[key], want, atol=1e-5, rtol=0), f"{name}: {key}"
-        assert ref["losses"][-1] < ref["losses"][0]
+        # The same batch before and after (each step's batch differs, and at this size their losses
+        # differ by more than STEPS clipped steps can lower them).
+        assert ref["batch0_after"] < ref["losses"][0], name
 
 
 @pytest.fixture(scope="module")
