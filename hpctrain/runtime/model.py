@@ -16,6 +16,7 @@ TP/PP/DP layout, which is what the parity tests rely on.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
