@@ -119,6 +119,7 @@ def fake_runtime(fake_mode: Any) -> Any:
     Only the materialisation runs in the fake mode: DeviceMesh, TP and FSDP sharding run on meta
     outside it (DeviceMesh's coordinate arithmetic is data-dependent and fails under fake tensors)."""
     from torch import nn
+    from torch._subclasses.fake_tensor import FakeTensorMode
 
     import hpctrain.runtime.parallelize as parallelize
     from hpctrain.runtime.model import Transformer
@@ -127,7 +128,16 @@ def fake_runtime(fake_mode: Any) -> Any:
         with fake_mode:
             return nn.Module.to_empty(self, device=device, recurse=recurse)
 
-    patches = {(Transformer, "to_empty"): to_empty,
+    from torch.distributed.tensor import _sharding_prop
+
+    # DTensor's sharding propagation computes output metadata by running the op on global-shape
+    # fake tensors in the ambient fake mode (detect_fake_mode()). MemTracker skips ops in a fake
+    # mode other than the one it was entered in, but here that is the same mode, so it would count
+    # those global-shape temporaries (e.g. full-vocabulary [tokens, vocab] logits under loss
+    # parallel) as allocations. A separate fake mode for propagation keeps them out of the trace.
+    propagation_mode = FakeTensorMode()
+    patches = {(_sharding_prop, "detect_fake_mode"): lambda *args: propagation_mode,
+               (Transformer, "to_empty"): to_empty,
                (Transformer, "init_weights"): lambda self, seed: None,
                (parallelize.Training, "_global_mean"): lambda self, local_loss: 0.0}
     missing = object()
@@ -255,7 +265,7 @@ def dry_build(layout: Layout, pp_rank: int, trace: bool = True) -> RankResult:
         assert training.pp_rank == pp_rank, (training.pp_rank, pp_rank)
         if trace:
             start = time.perf_counter()
-            with fake_mode:
+            with fake_mode, fake_runtime(fake_mode):
                 optimizer = torch.optim.AdamW(training.parameters(), lr=1e-4, foreach=False)
                 for p in training.parameters():  # AdamW's states, as after the first real step
                     p.grad = torch.zeros_like(p)
