@@ -1,7 +1,10 @@
 """The scale dry-build machinery at a tiny scale (issue 12 item 11), so bench/scale_dry_build.py
 cannot rot silently: two pipeline ranks of a TP2 x PP2 x DP2 job built by the runtime's
 `build_training` on a fake process group and fake tensors, each in its own process; their
-parameter counts must equal the planner's per-rank count and split the closed-form total."""
+parameter counts must equal the planner's per-rank count and split the closed-form total, and the
+traced step's model states must equal the planner's (activations within 25 %: before the bench
+kept DTensor's global-shape propagation temporaries out of MemTracker, they were twice the
+planner's here)."""
 
 from __future__ import annotations
 
@@ -33,15 +36,19 @@ def test_one_f_one_b_order_keeps_pp_minus_rank_in_flight():
 
 
 @pytest.mark.timeout(120)
-def test_tiny_dry_build_counts_match_planner_and_closed_form():
+def test_tiny_dry_build_matches_planner_and_closed_form():
     layout = dry.Layout("tiny", dict(PRESETS["tiny"]), tp=2, pp=2, dp=2, micro_batches=2)
-    results = dry.dry_build_ranks(layout, (0, 1), trace=False, workers=2)
+    results = dry.dry_build_ranks(layout, (0, 1), trace=True, workers=2)
     model = layout.job().model
     for r in results:
         assert r.params_tp == r.planner_params_tp > 0, r
         # FSDP shards every parameter over dp=2 (dims here are even, so exactly half)
         assert r.params_local * layout.dp == r.params_tp, r
         assert r.maxrss_gib < 2.0, r  # fake tensors: no model memory
+        for key in ("PARAM", "OPT"):  # AdamW's step counters are the only extra bytes
+            assert r.traced[key] == pytest.approx(r.planner[key], rel=0.01), (key, r)
+        assert 0.8 <= r.planner["ACT"] / r.traced["ACT"] <= 1.25, r
+        assert 0.85 <= r.planner["Total"] / r.traced["Total"] <= 1.15, r
     # The two stages split the model: their layer ranges tile it and, counted without TP, their
     # parameters add up to the closed-form total.
     assert [(r.first_layer, r.last_layer) for r in results] == [(0, results[1].first_layer), (results[0].last_layer, model.layers)]
