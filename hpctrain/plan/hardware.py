@@ -30,8 +30,8 @@ GIB = 2**30
 # "Matrix Multiplication Background" user guide, section 2.3, tile sizes and performance). Re-fit
 # when the cost model changes. H200 has no run in the corpus: it shares H100's SMs, clocks and
 # 700 W limit (H200 datasheet) and takes H100's figure.
-A100_GEMM_EFFICIENCY = 0.63
-H100_GEMM_EFFICIENCY = 0.56
+A100_GEMM_EFFICIENCY = 0.66
+H100_GEMM_EFFICIENCY = 0.57
 # Attention efficiency from the kernels' own papers (not fitted): FlashAttention-2 reaches 50-73 % of
 # the A100 peak (Dao 2023, arXiv 2307.08691, abstract; forward, backward lower, hence the low end) and
 # "only 35 % utilization on the H100" (Shah et al. 2024, FlashAttention-3, abstract).
