@@ -9,7 +9,8 @@ tests/runtime/test_hf_weights.py checks that by comparing logits with transforme
 
 Reading: `HfShardReader` is an init.py ShardFill, `fill(name, full_shape, index) -> Tensor`: it opens
 the folder's safetensors file(s) lazily (`safe_open(...).get_slice(name)[index]`), so a rank reads only
-the bytes of its own TP / FSDP shard of its own pipeline stages, never a full tensor it does not hold.
+the bytes of its own TP / FSDP shard of its own pipeline stages, never a full tensor it does not hold
+(init.init_parameters asks for each shard in row blocks of a few MiB: no shard-sized read buffer).
 """
 
 from __future__ import annotations
@@ -183,8 +184,9 @@ def iter_hf_tensors(folder: str) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def load_init_from(training: Any) -> dict[str, Any]:
-    """Fill every model part of a `Training` (parallelize.py) from `job.model.init_from`; returns what was
-    read ({"path", "bytes_read", "seconds"}), for the `weights loaded` event."""
+    """Initialise every model part of a `Training` (parallelize.py, built with initialise=False) from
+    `job.model.init_from`; returns what this rank read ({"path", "bytes_read", "seconds"}), for the
+    `weights loaded` event."""
     import time
 
     started = time.perf_counter()

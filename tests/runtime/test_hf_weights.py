@@ -34,7 +34,8 @@ def _build(folder: str, layout: tuple[int, int, int]) -> Any:
     from hpctrain.runtime.hf_weights import load_init_from
     from hpctrain.runtime.parallelize import build_training
 
-    training = build_training(job_from_dict(hf_job_dict(folder, *layout)), torch.device("cpu"))
+    # As the runtime starts (Trainer): built without the seed's draw, then filled from the folder.
+    training = build_training(job_from_dict(hf_job_dict(folder, *layout)), torch.device("cpu"), initialise=False)
     read = load_init_from(training)
     return training, read
 
@@ -127,11 +128,11 @@ def test_lora_base_loads_and_adapters_stay(hf_models) -> None:
 
     data = hf_job_dict(hf_models["untied"])
     data["train"]["lora"] = {"rank": 4, "alpha": 8, "targets": ["wq", "w2"]}
-    training = build_training(job_from_dict(data), torch.device("cpu"))
-    part = training.model_parts[0]
-    a_before = part.layers["0"].attention.wq.lora_A.detach().clone()
+    seeded = build_training(job_from_dict(data), torch.device("cpu")).model_parts[0].layers["0"].attention.wq
+    training = build_training(job_from_dict(data), torch.device("cpu"), initialise=False)
     load_init_from(training)
-    assert torch.equal(part.layers["0"].attention.wq.lora_A, a_before) and a_before.abs().sum() > 0
+    wq = training.model_parts[0].layers["0"].attention.wq
+    assert torch.equal(wq.lora_A, seeded.lora_A) and wq.lora_A.abs().sum() > 0 and not wq.lora_B.any()
     batch = tokens()
     diff = (runtime_logits(training, batch) - hf_logits(hf_models["untied"], batch)).abs().max().item()
     assert diff <= LOGIT_TOL
