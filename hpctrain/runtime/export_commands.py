@@ -28,6 +28,9 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     export.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
                         help="weight dtype in the folder (default float32: the checkpoint's master weights, lossless)")
     export.add_argument("--runs-dir", default="runs", help="where to look for RUN by name (default: runs)")
+    export.add_argument("--lora-format", choices=("merged", "peft"),
+                        help="a LoRA run (train.lora): merged = the adapters folded into the weights (default), "
+                             "peft = a PEFT adapter folder (adapter_config.json + adapter_model.safetensors)")
     export.set_defaults(handler=run_export)
 
 
@@ -63,6 +66,22 @@ def find_checkpoint(run_dir: str, step: int | None) -> tuple[str, Any]:
                       f"{', '.join(map(str, steps))}")
 
 
+def lora_settings(run_dir: str) -> tuple[dict[str, Any] | None, int]:
+    """(train.lora as a dict, or None; train.seed) of a run's resolved job (find_checkpoint read it already)."""
+    import yaml
+
+    from hpctrain.config.lora import LoraConfig
+    from hpctrain.config.training import TrainConfig
+    from hpctrain.rundir.layout import RESOLVED_FILE
+
+    with open(os.path.join(run_dir, RESOLVED_FILE), encoding="utf-8") as handle:
+        train = (yaml.safe_load(handle) or {}).get("train") or {}
+    seed = int(train.get("seed", TrainConfig.model_fields["seed"].default))
+    if not train.get("lora"):
+        return None, seed
+    return LoraConfig.model_validate(train["lora"]).model_dump(), seed
+
+
 def _check_output(out: str) -> None:
     from hpctrain.errors import ConfigError
 
@@ -71,6 +90,7 @@ def _check_output(out: str) -> None:
 
 
 def run_export(args: argparse.Namespace) -> int:
+    from hpctrain.errors import ConfigError
     from hpctrain.rundir.layout import find_run
 
     run_dir = str(find_run(args.run, args.runs_dir))
@@ -79,8 +99,18 @@ def run_export(args: argparse.Namespace) -> int:
     _check_output(out)
     from hpctrain.runtime.hf_export import export_checkpoint, parse_size
 
+    lora, seed = lora_settings(run_dir)
+    if lora is None and args.lora_format is not None:
+        raise ConfigError(f"--lora-format: got {args.lora_format}; {run_dir} did not train LoRA adapters (train.lora "
+                          "is unset): leave the option out")
     limit = parse_size(args.max_shard_size)
-    result = export_checkpoint(checkpoint, model, out, max_shard_bytes=limit, dtype=args.dtype)
+    if lora is not None:
+        from hpctrain.runtime.lora_export import export_lora
+
+        result = export_lora(checkpoint, model, lora, seed, out, lora_format=args.lora_format or "merged",
+                             max_shard_bytes=limit, dtype=args.dtype)
+    else:
+        result = export_checkpoint(checkpoint, model, out, max_shard_bytes=limit, dtype=args.dtype)
     print(f"exported {os.path.basename(checkpoint)} of {run_dir}: {result.tensors} tensors, "
           f"{result.total_bytes / 1e9:.3f} GB in {len([f for f in result.files if f.endswith('.safetensors')])} "
           f"safetensors file(s) -> {out}")

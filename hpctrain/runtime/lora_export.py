@@ -1,0 +1,146 @@
+"""`hpctrain export --lora-format merged|peft` for a LoRA run (checkpoints hold the adapters only).
+
+The frozen base comes from where the run took it: `model.init_from` (the Hugging Face folder, read
+one tensor at a time) or, without it, the seed's initialisation (`model.full_init`, the same values
+every start computes). Adapters are read from the checkpoint one tensor at a time.
+
+- merged: a full Hugging Face folder (hf_export.py) whose targeted projections are
+  W + (alpha / rank) B A, folded in fp32; it loads in transformers alone.
+- peft: `adapter_config.json` + `adapter_model.safetensors` with PEFT's names
+  (`base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight`, checked against peft 0.21's
+  `save_pretrained`) for `PeftModel.from_pretrained(base, DIR)`. base_model_name_or_path is the
+  init_from folder; a run without one gets its seed's base exported beside the adapter, in DIR/base.
+The runtime's projections are transformers' without any permutation (hf_weights.py), so A and B
+keep their layout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from hpctrain.config.lora import HF_NAMES
+from hpctrain.errors import ConfigError
+from hpctrain.runtime.hf_export import DTYPES, ExportResult, export_checkpoint, model_param_names
+from hpctrain.runtime.hf_weights import HfShardReader, to_hf_name
+
+ADAPTER_FILE = "adapter_model.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+class CheckpointTensors:
+    """One tensor at a time from a DCP checkpoint folder (its `model.` entries)."""
+
+    def __init__(self, checkpoint: str) -> None:
+        from hpctrain.runtime.safe_dcp import UnsafeIndex, read_index
+
+        self.checkpoint = checkpoint
+        try:
+            self.entries = read_index(checkpoint).state_dict_metadata
+        except (UnsafeIndex, OSError) as exc:
+            raise ConfigError(f"checkpoint {checkpoint}: {exc}") from None
+
+    def __call__(self, name: str) -> torch.Tensor:
+        import torch.distributed.checkpoint as dcp
+
+        from hpctrain.runtime.safe_dcp import SafePlanner, SafeReader
+
+        meta = self.entries.get(f"model.{name}")
+        if meta is None or not hasattr(meta, "size"):
+            raise ConfigError(f"checkpoint {self.checkpoint}: has no tensor model.{name}; it was not written by "
+                              "this LoRA job")
+        state = {"model": {name: torch.empty(tuple(meta.size), dtype=meta.properties.dtype)}}
+        dcp.load(state, storage_reader=SafeReader(self.checkpoint), planner=SafePlanner())
+        return state["model"][name].float()
+
+
+def _projection(name: str, targets: list[str]) -> str | None:
+    """`layers.3.attention.wq` for `layers.3.attention.wq.weight` when wq is a target, else None."""
+    module, _, leaf = name.rpartition(".")
+    return module if leaf == "weight" and module.rsplit(".", 1)[-1] in targets else None
+
+
+def base_tensors(model: Any, seed: int) -> Iterator[tuple[str, torch.Tensor]]:
+    """(runtime name, fp32 tensor) of the frozen base, in transformers' file order."""
+    from hpctrain.runtime.model import ModelArgs, build_model, full_init
+
+    shapes = {n: tuple(p.shape) for n, p in build_model(ModelArgs.from_config(model)).named_parameters()}
+    reader = HfShardReader(model.init_from) if model.init_from else None
+    for name in model_param_names(model):
+        if reader is not None:
+            yield name, reader(name, shapes[name], ())
+        else:
+            yield name, full_init(name, shapes[name], seed, int(model.layers))
+
+
+def merged_tensors(checkpoint: str, model: Any, lora: Any, seed: int,
+                   dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    """(hf_name, tensor): the base with every adapter folded in."""
+    adapters = CheckpointTensors(checkpoint)
+    scaling = float(lora["alpha"]) / int(lora["rank"])
+    for name, weight in base_tensors(model, seed):
+        module = _projection(name, lora["targets"])
+        if module is not None:
+            weight = weight + scaling * (adapters(f"{module}.lora_B") @ adapters(f"{module}.lora_A"))
+        yield to_hf_name(name), weight.to(dtype)
+
+
+def peft_key(module: str, which: str) -> str:
+    """PEFT's saved name of an adapter matrix: base_model.model. + transformers' module name."""
+    return f"base_model.model.{to_hf_name(module + '.weight')[: -len('.weight')]}.lora_{which}.weight"
+
+
+def write_peft_folder(checkpoint: str, model: Any, lora: Any, seed: int, out: str, max_shard_bytes: int,
+                      dtype: str) -> ExportResult:
+    """adapter_config.json + adapter_model.safetensors (+ DIR/base without init_from); see the module doc."""
+    from safetensors.torch import save_file
+
+    adapters = CheckpointTensors(checkpoint)
+    partial = out.rstrip("/") + ".partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    os.makedirs(partial)
+    tensors: dict[str, torch.Tensor] = {}
+    for name in model_param_names(model):
+        module = _projection(name, lora["targets"])
+        if module is not None:
+            for which in ("A", "B"):
+                tensors[peft_key(module, which)] = adapters(f"{module}.lora_{which}").to(DTYPES[dtype]).contiguous()
+    save_file(tensors, os.path.join(partial, ADAPTER_FILE), metadata={"format": "pt"})
+    if model.init_from:
+        base_path = os.path.abspath(model.init_from)
+    else:
+        base_path = os.path.join(os.path.abspath(out), "base")
+        pairs = ((to_hf_name(n), t.to(DTYPES[dtype])) for n, t in base_tensors(model, seed))
+        export_checkpoint(checkpoint, model, os.path.join(partial, "base"), max_shard_bytes=max_shard_bytes,
+                          dtype=dtype, tensors=pairs)
+    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_path,
+              "r": int(lora["rank"]), "lora_alpha": float(lora["alpha"]), "lora_dropout": float(lora["dropout"]),
+              "target_modules": sorted(HF_NAMES[t] for t in lora["targets"]), "bias": "none",
+              "fan_in_fan_out": False, "inference_mode": True, "init_lora_weights": True, "use_rslora": False,
+              "use_dora": False, "modules_to_save": None}
+    with open(os.path.join(partial, ADAPTER_CONFIG), "w", encoding="utf-8") as handle:
+        json.dump(config, handle, indent=2, sort_keys=True)
+        handle.write("\n")
+    if os.path.isdir(out):
+        os.rmdir(out)  # empty (checked by the caller)
+    os.replace(partial, out)
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    return ExportResult(out, sorted(os.listdir(out)), total, len(tensors))
+
+
+def export_lora(checkpoint: str, model: Any, lora: dict[str, Any], seed: int, out: str, *, lora_format: str,
+                max_shard_bytes: int, dtype: str = "float32") -> ExportResult:
+    """Export a LoRA run's checkpoint as a merged Hugging Face folder or a PEFT adapter folder."""
+    targets = [t for t in lora["targets"] if t != "w3" or model.activation == "swiglu"]
+    lora = {**lora, "targets": targets}
+    if lora_format == "merged":
+        pairs = merged_tensors(checkpoint, model, lora, seed, DTYPES[dtype])
+        return export_checkpoint(checkpoint, model, out, max_shard_bytes=max_shard_bytes, dtype=dtype, tensors=pairs)
+    if lora_format == "peft":
+        return write_peft_folder(checkpoint, model, lora, seed, out, max_shard_bytes, dtype)
+    raise ConfigError(f"--lora-format: got {lora_format!r}; valid: merged, peft")
