@@ -66,8 +66,8 @@ def find_checkpoint(run_dir: str, step: int | None) -> tuple[str, Any]:
                       f"{', '.join(map(str, steps))}")
 
 
-def lora_settings(run_dir: str) -> tuple[dict[str, Any] | None, int]:
-    """(train.lora as a dict, or None; train.seed) of a run's resolved job (find_checkpoint read it already)."""
+def lora_settings(run_dir: str) -> tuple[dict[str, Any] | None, int, bool]:
+    """(train.lora as a dict, or None; train.seed; whether the ranks had GPUs) of a run's resolved job."""
     import yaml
 
     from hpctrain.config.lora import LoraConfig
@@ -75,11 +75,13 @@ def lora_settings(run_dir: str) -> tuple[dict[str, Any] | None, int]:
     from hpctrain.rundir.layout import RESOLVED_FILE
 
     with open(os.path.join(run_dir, RESOLVED_FILE), encoding="utf-8") as handle:
-        train = (yaml.safe_load(handle) or {}).get("train") or {}
+        data = yaml.safe_load(handle) or {}
+    train = data.get("train") or {}
     seed = int(train.get("seed", TrainConfig.model_fields["seed"].default))
+    on_gpu = ((data.get("cluster") or {}).get("gpu") or "cpu") != "cpu"
     if not train.get("lora"):
-        return None, seed
-    return LoraConfig.model_validate(train["lora"]).model_dump(), seed
+        return None, seed, on_gpu
+    return LoraConfig.model_validate(train["lora"]).model_dump(), seed, on_gpu
 
 
 def _check_output(out: str) -> None:
@@ -99,7 +101,7 @@ def run_export(args: argparse.Namespace) -> int:
     _check_output(out)
     from hpctrain.runtime.hf_export import export_checkpoint, parse_size
 
-    lora, seed = lora_settings(run_dir)
+    lora, seed, on_gpu = lora_settings(run_dir)
     if lora is None and args.lora_format is not None:
         raise ConfigError(f"--lora-format: got {args.lora_format}; {run_dir} did not train LoRA adapters (train.lora "
                           "is unset): leave the option out")
@@ -108,7 +110,7 @@ def run_export(args: argparse.Namespace) -> int:
         from hpctrain.runtime.lora_export import export_lora
 
         result = export_lora(checkpoint, model, lora, seed, out, lora_format=args.lora_format or "merged",
-                             max_shard_bytes=limit, dtype=args.dtype)
+                             max_shard_bytes=limit, dtype=args.dtype, run_on_gpu=on_gpu)
     else:
         result = export_checkpoint(checkpoint, model, out, max_shard_bytes=limit, dtype=args.dtype)
     print(f"exported {os.path.basename(checkpoint)} of {run_dir}: {result.tensors} tensors, "

@@ -65,25 +65,25 @@ def _projection(name: str, targets: list[str]) -> str | None:
     return module if leaf == "weight" and module.rsplit(".", 1)[-1] in targets else None
 
 
-def base_tensors(model: Any, seed: int) -> Iterator[tuple[str, torch.Tensor]]:
-    """(runtime name, fp32 tensor) of the frozen base, in transformers' file order."""
-    from hpctrain.runtime.model import ModelArgs, build_model, full_init
+def base_tensors(model: Any, seed: int, draw_device: str = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
+    """(runtime name, fp32 tensor) of the frozen base, in transformers' file order; without init_from
+    drawn as the runtime drew it (init.random_fill on the run's device type: CUDA and CPU draws differ)."""
+    from hpctrain.runtime.init import random_fill
+    from hpctrain.runtime.model import ModelArgs, build_model
 
     shapes = {n: tuple(p.shape) for n, p in build_model(ModelArgs.from_config(model)).named_parameters()}
-    reader = HfShardReader(model.init_from) if model.init_from else None
-    for name in model_param_names(model):
-        if reader is not None:
-            yield name, reader(name, shapes[name], ())
-        else:
-            yield name, full_init(name, shapes[name], seed, int(model.layers))
+    fill = HfShardReader(model.init_from) if model.init_from else random_fill(seed, int(model.layers), draw_device)
+    for name in model_param_names(model):  # the tied head is left out: no canonical-name mapping needed
+        shape = shapes[name]
+        yield name, fill(name, shape, tuple(slice(0, n) for n in shape)).float().cpu()
 
 
-def merged_tensors(checkpoint: str, model: Any, lora: Any, seed: int,
-                   dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+def merged_tensors(checkpoint: str, model: Any, lora: Any, seed: int, dtype: torch.dtype,
+                   draw_device: str = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
     """(hf_name, tensor): the base with every adapter folded in."""
     adapters = CheckpointTensors(checkpoint)
     scaling = float(lora["alpha"]) / int(lora["rank"])
-    for name, weight in base_tensors(model, seed):
+    for name, weight in base_tensors(model, seed, draw_device):
         module = _projection(name, lora["targets"])
         if module is not None:
             weight = weight + scaling * (adapters(f"{module}.lora_B") @ adapters(f"{module}.lora_A"))
@@ -96,7 +96,7 @@ def peft_key(module: str, which: str) -> str:
 
 
 def write_peft_folder(checkpoint: str, model: Any, lora: Any, seed: int, out: str, max_shard_bytes: int,
-                      dtype: str) -> ExportResult:
+                      dtype: str, draw_device: str = "cpu") -> ExportResult:
     """adapter_config.json + adapter_model.safetensors (+ DIR/base without init_from); see the module doc."""
     from safetensors.torch import save_file
 
@@ -115,7 +115,7 @@ def write_peft_folder(checkpoint: str, model: Any, lora: Any, seed: int, out: st
         base_path = os.path.abspath(model.init_from)
     else:
         base_path = os.path.join(os.path.abspath(out), "base")
-        pairs = ((to_hf_name(n), t.to(DTYPES[dtype])) for n, t in base_tensors(model, seed))
+        pairs = ((to_hf_name(n), t.to(DTYPES[dtype])) for n, t in base_tensors(model, seed, draw_device))
         export_checkpoint(checkpoint, model, os.path.join(partial, "base"), max_shard_bytes=max_shard_bytes,
                           dtype=dtype, tensors=pairs)
     config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_path,
@@ -134,13 +134,19 @@ def write_peft_folder(checkpoint: str, model: Any, lora: Any, seed: int, out: st
 
 
 def export_lora(checkpoint: str, model: Any, lora: dict[str, Any], seed: int, out: str, *, lora_format: str,
-                max_shard_bytes: int, dtype: str = "float32") -> ExportResult:
-    """Export a LoRA run's checkpoint as a merged Hugging Face folder or a PEFT adapter folder."""
+                max_shard_bytes: int, dtype: str = "float32", run_on_gpu: bool = False) -> ExportResult:
+    """Export a LoRA run's checkpoint as a merged Hugging Face folder or a PEFT adapter folder.
+    `run_on_gpu`: the run's ranks had CUDA (cluster.gpu is not cpu), so a seed base is redrawn on CUDA."""
+    draw_device = "cuda" if run_on_gpu and not model.init_from else "cpu"
+    if draw_device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--lora-format: this run has no model.init_from, so its frozen base was drawn from the "
+                          "seed on the GPU, and CUDA draws differ from CPU ones: run `hpctrain export` where a GPU "
+                          "is visible, or fine-tune from model.init_from")
     targets = [t for t in lora["targets"] if t != "w3" or model.activation == "swiglu"]
     lora = {**lora, "targets": targets}
     if lora_format == "merged":
-        pairs = merged_tensors(checkpoint, model, lora, seed, DTYPES[dtype])
+        pairs = merged_tensors(checkpoint, model, lora, seed, DTYPES[dtype], draw_device)
         return export_checkpoint(checkpoint, model, out, max_shard_bytes=max_shard_bytes, dtype=dtype, tensors=pairs)
     if lora_format == "peft":
-        return write_peft_folder(checkpoint, model, lora, seed, out, max_shard_bytes, dtype)
+        return write_peft_folder(checkpoint, model, lora, seed, out, max_shard_bytes, dtype, draw_device)
     raise ConfigError(f"--lora-format: got {lora_format!r}; valid: merged, peft")

@@ -12,7 +12,7 @@ import torch
 
 from hpctrain.cli import main as cli_main
 
-from ._entry import run_entry
+from ._entry import make_job, run_entry
 from ._hf import hf_job_dict, hf_logits, saved_models, tokens
 
 LOGIT_TOL = 1e-4
@@ -31,21 +31,23 @@ def trained(tmp_path_factory) -> dict[str, str]:
     return {"base": folder, "run": run_dir}
 
 
-def _runtime_logits(run_dir: str, batch: torch.Tensor) -> torch.Tensor:
-    """The base from init_from plus the adapters of step 2, as the runtime computes with them."""
+def _runtime_logits(run_dir: str, batch: torch.Tensor, init_from: bool = True) -> torch.Tensor:
+    """The base (init_from, or the seed's draw) plus the adapters of step 2, as the runtime computes."""
     import torch.distributed.checkpoint as dcp
 
     from hpctrain.config import load_job
-    from hpctrain.runtime.hf_weights import load_init_from
     from hpctrain.runtime.parallelize import build_training
 
     training = build_training(load_job(os.path.join(run_dir, "job.resolved.yaml")), torch.device("cpu"))
-    load_init_from(training)
+    if init_from:
+        from hpctrain.runtime.hf_weights import load_init_from
+
+        load_init_from(training)
     part = training.model_parts[0]
     state = {"model": {k: v for k, v in part.state_dict().items() if ".lora_" in k}}
     dcp.load(state, checkpoint_id=os.path.join(run_dir, "checkpoints", "step-2"))
     assert not part.load_state_dict(state["model"], strict=False).unexpected_keys
-    assert part.layers["0"].attention.wq.lora_B.abs().max() > 1e-3  # trained away from PEFT's zero init
+    assert max(p.abs().max() for n, p in part.named_parameters() if n.endswith("lora_B")) > 1e-3  # trained
     part.eval()
     with torch.no_grad():
         return part(batch)
@@ -81,6 +83,31 @@ def test_peft_folder_loads_with_peft(trained, tmp_path) -> None:
     with torch.no_grad():
         got = model(batch).logits
     assert (got - _runtime_logits(trained["run"], batch)).abs().max().item() <= LOGIT_TOL
+
+
+def test_seed_base_exports_merged_and_peft_with_its_base(tmp_path) -> None:
+    """Without init_from the frozen base is the seed's draw (on the CPU here, as the run's ranks drew
+    it): merged and PEFT (with DIR/base) give the runtime's logits."""
+    from peft import PeftModel
+    from transformers import LlamaForCausalLM
+
+    job = make_job(train={"steps": 2, "lora": {**LORA, "targets": ["wq", "w3"]},
+                          "optimizer": {"name": "adamw", "lr": 0.05}}, checkpoint={"every_steps": 2, "keep_last": 1})
+    run = str(tmp_path / "run")
+    assert run_entry(job, run) == [0]
+    batch = tokens(vocab=256)
+    want = _runtime_logits(run, batch, init_from=False)
+    assert cli_main(["export", run, "-o", str(tmp_path / "merged")]) == 0  # merged is the default
+    assert (hf_logits(str(tmp_path / "merged"), batch) - want).abs().max().item() <= LOGIT_TOL
+    out = str(tmp_path / "peft")
+    assert cli_main(["export", run, "-o", out, "--lora-format", "peft"]) == 0
+    config = json.load(open(os.path.join(out, "adapter_config.json")))
+    assert config["base_model_name_or_path"] == os.path.join(out, "base")
+    model = PeftModel.from_pretrained(LlamaForCausalLM.from_pretrained(os.path.join(out, "base"),
+                                                                       dtype=torch.float32), out)
+    model.eval()
+    with torch.no_grad():
+        assert (model(batch).logits - want).abs().max().item() <= LOGIT_TOL
 
 
 def test_lora_format_on_a_full_run_is_one_line_exit_2(trained, tmp_path, capsys) -> None:
