@@ -9,10 +9,10 @@ One process stands for each chosen rank: it joins a FAKE process group
 rank and runs the runtime's own `build_training` (DeviceMesh, tensor + sequence parallel, the
 pipeline stage split, activation checkpointing, FSDP2, the pipeline schedule object). The model is
 built on meta as always; `to_empty` materialises it inside a FakeTensorMode (no storage) and
-initialisation is skipped (values do not matter for shapes or memory). Then one training step is
-traced with PyTorch's MemTracker, the same tracker bench/memory_accuracy.py checks the planner
-against at small scale, and the peak is printed beside `hpctrain.plan.memory.rank_memory` for the
-same layout and rank.
+`build_training(initialise=False)` draws no values (they matter neither for shapes nor memory).
+Then one training step is traced with PyTorch's MemTracker, the same tracker
+bench/memory_accuracy.py checks the planner against at small scale, and the peak is printed beside
+`hpctrain.plan.memory.rank_memory` for the same layout and rank (without the runtime overhead).
 
 The step: torch's pipeline schedule cannot run on a fake process group (its start-up votes and
 exchanges shapes over point-to-point messages whose values fake tensors cannot give), so this
@@ -23,6 +23,11 @@ keeps whatever the micro-batch count). A received activation is a fresh 16-bit t
 stage-boundary shape ([micro_batch, seq/tp, hidden] with sequence parallel), a received gradient
 one of the output's shape; FSDP's no-sync / final reduce-scatter follow the runtime's stage
 (`perform_reduce_grad`). AdamW states exist before the traced step (a fake optimizer step first).
+
+Found with it (torch 2.13): on the first stage the vocab-parallel embedding's backward under
+sequence parallel produces a full-vocabulary [vocab, hidden] gradient on every TP rank (bf16, and
+an fp32 copy) before it is redistributed to the rank's shard: ~3 GiB of temporaries at the peak of
+a llama3-70b first stage that the planner does not count (its TEMP is 0.75x the traced figure).
 """
 
 from __future__ import annotations
@@ -115,7 +120,7 @@ class RankResult:
 
 @contextlib.contextmanager
 def fake_runtime(fake_mode: Any) -> Any:
-    """build_training on fake tensors: `to_empty` inside `fake_mode`, no initialisation, no float loss.
+    """build_training on fake tensors: `to_empty` inside `fake_mode`, no float loss.
     Only the materialisation runs in the fake mode: DeviceMesh, TP and FSDP sharding run on meta
     outside it (DeviceMesh's coordinate arithmetic is data-dependent and fails under fake tensors)."""
     from torch import nn
@@ -138,7 +143,6 @@ def fake_runtime(fake_mode: Any) -> Any:
     propagation_mode = FakeTensorMode()
     patches = {(_sharding_prop, "detect_fake_mode"): lambda *args: propagation_mode,
                (Transformer, "to_empty"): to_empty,
-               (Transformer, "init_weights"): lambda self, seed: None,
                (parallelize.Training, "_global_mean"): lambda self, local_loss: 0.0}
     missing = object()
     saved = {key: key[0].__dict__.get(key[1], missing) for key in patches}
@@ -258,7 +262,7 @@ def dry_build(layout: Layout, pp_rank: int, trace: bool = True) -> RankResult:
     try:
         start = time.perf_counter()
         with fake_runtime(fake_mode):
-            training = build_training(job, torch.device("cpu"))
+            training = build_training(job, torch.device("cpu"), initialise=False)
         result = RankResult(pp_rank, rank, first, last, training.param_count_before_dp(),
                             training.param_count_local(), planner_params, planner=planner_mem,
                             build_s=time.perf_counter() - start)
@@ -289,7 +293,8 @@ def dry_build(layout: Layout, pp_rank: int, trace: bool = True) -> RankResult:
     return result
 
 
-def dry_build_ranks(layout: Layout, pp_ranks: tuple[int, ...], trace: bool = True, workers: int = 1) -> list[RankResult]:
+def dry_build_ranks(layout: Layout, pp_ranks: tuple[int, ...], trace: bool = True,
+                    workers: int = 1) -> list[RankResult]:
     """dry_build of each pipeline rank, each in a fresh process: torch caches meshes (FSDP's
     TP x DP mesh) across process groups, so a second rank in the same process fails; a fresh
     process also makes ru_maxrss that rank's own."""

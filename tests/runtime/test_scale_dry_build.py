@@ -51,7 +51,8 @@ def test_tiny_dry_build_matches_planner_and_closed_form():
         assert 0.85 <= r.planner["Total"] / r.traced["Total"] <= 1.15, r
     # The two stages split the model: their layer ranges tile it and, counted without TP, their
     # parameters add up to the closed-form total.
-    assert [(r.first_layer, r.last_layer) for r in results] == [(0, results[1].first_layer), (results[0].last_layer, model.layers)]
+    ranges = [(r.first_layer, r.last_layer) for r in results]
+    assert ranges == [(0, results[1].first_layer), (results[0].last_layer, model.layers)]
     untp = sum(stage_param_count(model, r.first_layer, r.last_layer, has_embedding=r.pp_rank == 0,
                                  has_head=r.pp_rank == 1, tp=1) for r in results)
     assert untp == dry.closed_form_params(layout)
