@@ -202,6 +202,8 @@ def summary(outcomes: list[Outcome], which: str) -> dict[str, Any]:
 
 
 def summary_line(s: dict[str, Any]) -> str:
+    if not s["throughput_cases"]:
+        return f"{s['set']}: no runs selected"
     return (f"{s['set']}: published (tp,pp) in top {TOP}: {s['top5']}/{s['layout_cases']} ({s['top5_share']:.0%}); "
             f"throughput within +-{TOLERANCE:.0%}: {s['within']}/{s['throughput_cases']} ({s['within_share']:.0%}); "
             f"median |error| {s['median_abs_error']:.1%}")
@@ -250,6 +252,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     sys.path.insert(0, str(ROOT))
     runs = load_corpus(args.corpus)
     if args.only:
+        unknown = sorted(set(args.only) - {r["name"] for r in runs})
+        if unknown:
+            raise SystemExit(f"--only: unknown run name(s) {', '.join(unknown)}; known: {', '.join(r['name'] for r in runs)}")
         runs = [r for r in runs if r["name"] in set(args.only)]
     fitted: Optional[dict[str, float]] = None
     if args.fit:
