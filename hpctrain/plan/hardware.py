@@ -236,11 +236,14 @@ def resolve_hardware(job: Any, nvlink_island_gpus: Optional[int] = None) -> Hard
     if problems:
         raise ValueError("\n".join(problems))
     cluster = job.cluster
+    # A GPU outside the catalog (cluster.gpu_spec gives peak, memory and NVLink): HBM and host link
+    # as an A100-80GB's (datasheet: 2,039 GB/s, PCIe Gen4 x16), efficiencies the A100 defaults.
     gpu = _lookup(GPUS, cluster.gpu) or Gpu(cluster.gpu, 0, 0.0, 0.0, 0.0, 2000 * GB, 0.0, 32 * GB)
     spec = getattr(cluster, "gpu_spec", None)
     if spec is not None:
         peak = spec.peak_tflops * TERA
         gpu = replace(gpu, memory_bytes=int(spec.memory_gib * GIB), bf16_flops_per_s=peak, fp16_flops_per_s=peak,
+                      # plain FP32 at 1/16 of the 16-bit tensor peak: the A100's ratio (312 / 19.5, datasheet)
                       fp32_flops_per_s=gpu.fp32_flops_per_s or peak / 16, nvlink_bytes_per_s=spec.nvlink_gbps * GB)
     profile = _lookup(NODES, cluster.node) if cluster.node else None
     fabric = _lookup(FABRICS, cluster.fabric)
