@@ -10,6 +10,14 @@ activation memory. Pure Python, the runtime's layout (hpctrain/runtime/lora.py):
   An input is still saved when an adapter without dropout reads it (the same tensor); with dropout
   each adapter saves its own dropped-out copy and the 1-byte mask. Each adapter also saves its
   [tokens, rank] intermediate. The frozen head saves no input; the frozen embedding no token ids.
+
+Checked against MemTracker (tests/plan/test_lora_memory.py; bench/memory_accuracy.py's machinery):
+every category within tolerance at ac none, 1 GPU / tp2 / tp2 x dp2, all or two targets; on the 1.1B
+shape (fake tensors, too slow for a test) 1 GPU bf16, dp8 zero3 and dp8 zero1 with 2 micro-batches
+agree within 0.3 % in total. Known gaps: selective checkpointing under LoRA (the policy keeps the
+adapters' full-size B outputs, and the peak moves: planner -16 % of ACT on the 1.1B shape; not modelled),
+and dropout measured on the CPU (CPU dropout keeps a full-precision noise tensor, where the GPU's fused
+kernel keeps the 1-byte mask modelled here: -4 % of the total on the CPU).
 """
 
 from __future__ import annotations
