@@ -173,6 +173,7 @@ def _draw_tiles(out: torch.Tensor, seed: int, name: str, full_shape: tuple[int, 
     ranges = [range(s.start // t, math.ceil(s.stop / t)) if s.stop > s.start else range(0)
               for s, t in zip(index, tile)]
     generator = torch.Generator(device=out.device)
+    buffers: dict[tuple[int, ...], torch.Tensor] = {}  # one per tile extent: no allocation per tile
     for coords in itertools.product(*ranges):
         number = 0
         for c, g in zip(coords, grid):
@@ -180,10 +181,13 @@ def _draw_tiles(out: torch.Tensor, seed: int, name: str, full_shape: tuple[int, 
         starts = [c * t for c, t in zip(coords, tile)]
         extent = tuple(min(t, n - s) for s, t, n in zip(starts, tile, full_shape))
         generator.manual_seed(tile_seed(seed, name, number))
-        values = torch.randn(extent, generator=generator, device=out.device)
+        values = buffers.get(extent)
+        if values is None:
+            values = buffers[extent] = torch.empty(extent, device=out.device)
+        values.normal_(0.0, std, generator=generator)  # the whole tile, contiguous: the same on every rank
         # The overlap of this tile with the box, in tile and in box coordinates.
         lo = [max(s, i.start) for s, i in zip(starts, index)]
         hi = [min(s + e, i.stop) for s, e, i in zip(starts, extent, index)]
         src = tuple(slice(a - s, b - s) for a, b, s in zip(lo, hi, starts))
         dst = tuple(slice(a - i.start, b - i.start) for a, b, i in zip(lo, hi, index))
-        out[dst].copy_(values[src]).mul_(std)
+        out[dst].copy_(values[src])
