@@ -14,7 +14,8 @@ activation memory. Pure Python, the runtime's layout (hpctrain/runtime/lora.py):
 Checked against MemTracker (tests/plan/test_lora_memory.py; bench/memory_accuracy.py's machinery):
 every category within tolerance at ac none, 1 GPU / tp2 / tp2 x dp2, all or two targets; on the 1.1B
 shape (fake tensors, too slow for a test) 1 GPU bf16, dp8 zero3 and dp8 zero1 with 2 micro-batches
-agree within 0.3 % in total. Known gaps: selective checkpointing under LoRA (the policy keeps the
+agree within 0.3 % in total; full checkpointing (small shape, 1 GPU bf16) within 2.5 % in total (ACT
++0.8 MiB). Known gaps: selective checkpointing under LoRA (the policy keeps the
 adapters' full-size B outputs, and the peak moves: planner -16 % of ACT on the 1.1B shape; not modelled),
 and dropout measured on the CPU (CPU dropout keeps a full-precision noise tensor, where the GPU's fused
 kernel keeps the 1-byte mask modelled here: -4 % of the total on the CPU).
@@ -134,4 +135,7 @@ def fine_tune_notes(job: Any) -> list[str]:
                      f"({trained / total:.2%} of {total:,}); gradients and optimizer states for the adapters "
                      "only, the frozen base kept in fp32 as the runtime does; step time still counts the "
                      "frozen weights' gradient matmuls (an upper bound)")
+        if job.train.activation_checkpointing in ("auto", "selective"):
+            notes.append("LoRA with selective activation checkpointing: its activations are an estimate (measured "
+                         "up to 16% above the plan on a 1.1B shape); prefer ac none or full for a tight memory budget")
     return notes

