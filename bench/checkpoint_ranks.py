@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import gc
 import os
+import queue
 import shutil
 import statistics
 import time
@@ -106,7 +107,15 @@ def run(work: Path, reps: int, ranks: int = 2) -> dict[str, list[float]]:
     procs = [ctx.Process(target=worker, args=(r, ranks, port, str(work), reps, out)) for r in range(ranks)]
     for p in procs:
         p.start()
-    times = out.get(timeout=900)
+    while True:  # a rank that fails ends the bench instead of leaving it waiting
+        try:
+            times = out.get(timeout=5)
+            break
+        except queue.Empty:
+            if any(p.exitcode not in (None, 0) for p in procs):
+                for p in procs:
+                    p.kill()
+                raise SystemExit("a rank failed (its traceback is above)")
     for p in procs:
         p.join()
     return times

@@ -2,13 +2,15 @@
 
 Protocol (issue 7 item 1, issue 18): every rank writes its shards with DCP into `step-N.partial/`,
 and its RNG states into `step-N.partial/rng/rank-R.pt` (plain tensors: rng_state.py); each rank
-hashes its share of the files; rank 0 writes `metadata.json` (step, tokens seen, layout, data
-position, LR-scheduler and loss-scaler state, the run that wrote it, the size and sha256 of every
-file, versions, and the sha256 of all that) and renames the folder to `step-N/`. What counts as
-complete, and how folders are found, is hpctrain.rundir.checkpoints (torch-free, shared with launch).
-Before loading, the ranks hash the chosen checkpoint's files (each a share) and fall back to the
-next older one when any is damaged. `keep_last` prunes older complete checkpoints only after the
-new one is complete. A save that fails (a full disk) fails on every rank with one line saying so.
+hashes its share of the files (its own DCP shard while writing it: checkpoint_hashing.py); rank 0
+writes `metadata.json` (step, tokens seen, layout, data position, LR-scheduler and loss-scaler
+state, the run that wrote it, the size and sha256 of every file, versions, and the sha256 of all
+that) and renames the folder to `step-N/`. What counts as complete, and how folders are found, is
+hpctrain.rundir.checkpoints (torch-free, shared with launch). Before loading, the ranks hash the
+chosen checkpoint's files (each a share) and fall back to the next older one when any is damaged.
+`keep_last` prunes older complete checkpoints only after the new one is complete (renamed out of
+sight at once, deleted by a thread while training goes on). A save that fails (a full disk) fails
+on every rank with one line saying so.
 
 Model and optimizer go through `get_state_dict` / `set_state_dict` with
 `flatten_optimizer_state_dict=True` (with PP the nested form loads but fails at the next step with
@@ -26,6 +28,7 @@ import errno
 import os
 import shutil
 import sys
+import threading
 import time
 import warnings
 from dataclasses import dataclass
@@ -40,6 +43,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 import hpctrain
 from hpctrain.errors import HpctrainError
 from hpctrain.runtime import rng_state
+from hpctrain.runtime.checkpoint_hashing import HashingWriter
 from hpctrain.runtime.distributed import barrier
 from hpctrain.runtime.safe_dcp import SafePlanner, SafeReader
 from hpctrain.rundir.checkpoints import (  # noqa: F401 - re-exported: the runtime's names for them
@@ -114,6 +118,8 @@ class _Pending:
     future: Any
     started: float  # time.perf_counter() when the save began
     blocking_s: float = 0.0  # how long training stood still for it
+    writer: HashingWriter | None = None  # hashed the DCP files as it wrote them
+    rng_failure: str | None = None  # why this rank's RNG file could not be written
 
 
 class Checkpointer:
@@ -137,6 +143,7 @@ class Checkpointer:
         self.device_index = (torch.cuda.current_device()
                              if torch.cuda.is_available() and torch.cuda.is_initialized() else None)
         self._async_group = None
+        self._pruner: threading.Thread | None = None  # deleting pruned checkpoints (rank 0)
         if self.async_mode and dist.is_initialized():
             self._async_group = dist.new_group(backend="gloo")  # keep DCP off the training group
 
@@ -176,29 +183,31 @@ class Checkpointer:
             except OSError as exc:
                 failure = exc
         self._agree(step, partial, failure)
+        rng_failure: str | None = None  # agreed with the manifests in _finalize: one collective less
         try:
             with open(os.path.join(partial, "rng", f"rank-{self.rank}.pt"), "wb") as handle:
                 rng_state.save(handle, self.device_index)
                 handle.flush()
                 os.fsync(handle.fileno())  # the metadata that lists it is written (and trusted) after this
         except OSError as exc:
-            failure = exc
-        self._agree(step, partial, failure)
+            rng_failure = describe_failure(exc)
         full_body = {**body, "format": FORMAT, "step": step, "world_size": self.world_size,
                      "rng_files": [f"rng/rank-{r}.pt" for r in range(self.world_size)],
                      "versions": {"hpctrain": hpctrain.__version__, "torch": torch.__version__,
                                   "python": sys.version.split()[0]}}
         state = self._merge(self._per_part())
+        writer = HashingWriter(partial)
         if self.async_mode:
-            future = dcp.async_save(state, checkpoint_id=partial, process_group=self._async_group)
+            future = dcp.async_save(state, storage_writer=writer, process_group=self._async_group)
             self.pending = _Pending(step, partial, final, full_body, future, started,
-                                    time.perf_counter() - started)
+                                    time.perf_counter() - started, writer, rng_failure)
         else:
             try:
-                dcp.save(state, checkpoint_id=partial)
+                dcp.save(state, storage_writer=writer)
             except CheckpointException as exc:  # raised on every rank: DCP gathers the failures
                 self._fail(step, partial, [describe_failure(exc)])
-            self._finalize(_Pending(step, partial, final, full_body, None, started))
+            self._finalize(_Pending(step, partial, final, full_body, None, started, writer=writer,
+                                    rng_failure=rng_failure))
         self.last_saved_step = step
         return True
 
@@ -218,7 +227,8 @@ class Checkpointer:
         raise CheckpointSaveError(message)
 
     def wait(self) -> None:
-        """Finish an async save (every rank calls this at the same point)."""
+        """Finish an async save and the deletion of pruned ones (every rank calls this at the same point)."""
+        self._join_pruner()
         if self.pending is not None:
             pending, self.pending = self.pending, None
             waited = time.perf_counter()
@@ -233,23 +243,28 @@ class Checkpointer:
             self._finalize(pending)
 
     def _finalize(self, pending: _Pending) -> None:
-        """Hash (each rank its share), then rank 0 writes the metadata and renames."""
+        """Manifest entries (each rank its share), then rank 0 writes the metadata and renames."""
         names = data_files(pending.partial)  # every rank's shards and RNG file are on disk (DCP's barrier)
         failure: BaseException | None = None
         manifest: dict[str, Any] = {}
         try:
-            manifest = hash_files(pending.partial, share(names, self.rank, self.world_size))
+            mine = share(names, self.rank, self.world_size)
+            # The DCP files this rank wrote were hashed while written (checkpoint_hashing.py).
+            manifest = (pending.writer.manifest(pending.partial, mine) if pending.writer is not None
+                        else hash_files(pending.partial, mine))
         except OSError as exc:
             failure = exc
-        shares = gather((manifest, None if failure is None else describe_failure(failure)))
+        shares = gather((manifest, pending.rng_failure or (None if failure is None else describe_failure(failure))))
         reasons = [reason for _, reason in shares if reason]
         if reasons:
             self._fail(pending.step, pending.partial, reasons)
         if self.rank == 0:
             try:
                 self._complete(pending, {name: entry for part, _ in shares for name, entry in part.items()})
+                self._prune(pending.step)
             except OSError as exc:
                 failure = exc
+        # Also the end of the save for every rank: the checkpoint is complete and pruned (no barrier).
         self._agree(pending.step, pending.partial, failure)
         if self.rank == 0:
             total_s = round(time.perf_counter() - pending.started, 4)
@@ -259,8 +274,6 @@ class Checkpointer:
             timing = ({"blocking_s": blocking_s, "finalized_after_s": total_s} if self.async_mode
                       else {"blocking_s": blocking_s})
             self.event("checkpoint saved", step=pending.step, path=pending.final, duration_s=blocking_s, **timing)
-            self._prune(pending.step)
-        barrier()
         # Start to complete (async: overlapped steps included, an upper bound): the time-limit safety
         # keeps twice this in hand (requeue.py).
         self.last_save_s = time.perf_counter() - pending.started
@@ -275,13 +288,31 @@ class Checkpointer:
         _fsync_dir(self.folder)
 
     def _prune(self, newest_step: int) -> None:
+        """Complete checkpoints beyond keep_last and older partials: renamed out of `scan`'s sight at
+        once, deleted by a thread while training goes on (`wait` joins it)."""
         found = scan(self.folder)
-        for step, path in found.complete[: -self.keep_last]:
-            shutil.rmtree(path, ignore_errors=True)
+        doomed = [path for _, path in found.complete[: -self.keep_last]]
         for path, _ in found.rejected:
             match = PARTIAL_DIR.match(os.path.basename(path))
             if match and int(match.group(1)) < newest_step:
+                doomed.append(path)
+        hidden = [os.path.join(self.folder, n) for n in os.listdir(self.folder) if n.startswith(_PRUNING)]
+        for path in doomed:
+            target = os.path.join(self.folder, _PRUNING + os.path.basename(path))
+            try:
+                os.rename(path, target)
+                hidden.append(target)
+            except OSError:  # e.g. a leftover of the same name: delete it here and now
                 shutil.rmtree(path, ignore_errors=True)
+        if hidden:
+            self._join_pruner()
+            self._pruner = threading.Thread(target=_remove_all, args=(sorted(set(hidden)),), daemon=True)
+            self._pruner.start()
+
+    def _join_pruner(self) -> None:
+        if self._pruner is not None:
+            self._pruner.join()
+            self._pruner = None
 
     # -- load ----------------------------------------------------------------------------------
     def find(self, resume_from: str | None) -> str | None:
@@ -313,6 +344,14 @@ class Checkpointer:
                   f"(saved with {body.get('world_size')} ranks); continuing with fresh RNG", file=sys.stderr)
         self.last_saved_step = int(body["step"])
         return body
+
+
+_PRUNING = ".pruning-"  # a pruned folder while a thread deletes it (scan ignores the name)
+
+
+def _remove_all(paths: list[str]) -> None:
+    for path in paths:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _fsync_dir(path: str) -> None:
