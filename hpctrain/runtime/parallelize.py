@@ -186,10 +186,11 @@ class Training:
     def _match_grad_placements(self) -> None:
         """Give every DTensor gradient its parameter's placements.
 
-        Autograd does not guarantee it: under sequence parallel the vocab-sharded embedding's
-        gradient comes out Replicate and norm-weight gradients can come out Partial (a pending
-        sum over tp). Clipping, loss scaling and the tied-embedding sync work on local shards,
-        so they need gradients laid out exactly like their parameters."""
+        Autograd does not guarantee it: norm-weight gradients can come out Partial (a pending
+        sum over tp). (The vocab-sharded embedding's gradient is Shard(0) already: its lookup
+        computes only the rank's rows, vocab_parallel.py.) Clipping, loss scaling and the
+        tied-embedding sync work on local shards, so they need gradients laid out exactly like
+        their parameters."""
         from torch.distributed.tensor import DTensor
 
         for p in self.parameters():

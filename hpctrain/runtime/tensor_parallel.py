@@ -2,7 +2,8 @@
 
 Per block: wq/wk/wv and w1/w3 are column-parallel (each rank holds heads/tp heads and
 ffn_hidden/tp columns), wo and w2 are row-parallel; one all-reduce after attention and one after
-the MLP. The embedding is row-parallel over the vocabulary, the head column-parallel over it.
+the MLP. The embedding is row-parallel over the vocabulary (its backward computes only the
+rank's rows: vocab_parallel.py), the head column-parallel over it.
 
 Sequence parallel (`parallel.sequence_parallel`) keeps the residual stream, the norms and the
 dropout-free element-wise work sharded along the sequence between blocks: the all-reduces become
@@ -31,6 +32,7 @@ from torch.distributed.tensor.parallel import (
 
 from hpctrain.runtime.model import Transformer, TransformerBlock
 from hpctrain.runtime.sequence_parallel import gather_sequence_input
+from hpctrain.runtime.vocab_parallel import use_vocab_parallel_lookup
 
 
 def apply_tp(model: Transformer, tp_mesh: DeviceMesh, *, sequence_parallel: bool, loss_parallel: bool) -> None:
@@ -49,6 +51,10 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh, *, sequence_parallel: bool
         )
     if top:
         parallelize_module(model, tp_mesh, top)
+    if model.tok_embeddings is not None:
+        # RowwiseParallel places the weight and reduces the output; the lookup itself is
+        # Megatron's, so backward computes only this rank's rows (vocab_parallel.py).
+        use_vocab_parallel_lookup(model.tok_embeddings)
     if model.args.tie_embeddings and model.tok_embeddings is not None and model.output is not None:
         # parallelize_module replaced each module's parameter by its own DTensor: re-tie them.
         # Both are Shard(0) over the vocabulary, so the shared shard is right for both uses.
