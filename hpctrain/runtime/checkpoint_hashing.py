@@ -41,7 +41,7 @@ class _HashingStream:
         self.sequential = True
         self._digest = hashlib.sha256()
         self._block = bytearray()
-        self._blocks: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self._blocks: queue.SimpleQueue[bytearray | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._hash_blocks, daemon=True)
         self._thread.start()
 
@@ -54,13 +54,13 @@ class _HashingStream:
         self._block += view  # a copy: the caller may reuse its buffer once write returns
         self.hashed_bytes += view.nbytes
         if len(self._block) >= _BLOCK_BYTES:
-            self._blocks.put(bytes(self._block))
-            self._block.clear()
+            self._blocks.put(self._block)  # handed over whole: the thread owns it now
+            self._block = bytearray()
         return int(self.raw.write(view))
 
     def hexdigest(self) -> str:
         """The sha256 of everything written (call once, after the last write)."""
-        self._blocks.put(bytes(self._block))
+        self._blocks.put(self._block)
         self._blocks.put(None)
         self._thread.join()
         return self._digest.hexdigest()
