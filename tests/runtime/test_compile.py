@@ -42,7 +42,9 @@ def _train(kwargs: dict[str, Any], compiled: bool) -> dict[str, Any]:
         training.clip_grad_norm_(0.5)
         training.optimizer_step(optimizer)
     names = sorted(name for part in training.model_parts for name in part.state_dict())
-    return {"losses": losses, "names": names,
+    from torch._dynamo.utils import counters
+
+    return {"losses": losses, "names": names, "graphs": int(counters["stats"]["unique_graphs"]),
             "compiled_blocks": sum(getattr(b, "_compiled_call_impl", None) is not None for b in blocks)}
 
 
@@ -65,13 +67,14 @@ def test_compiled_blocks_match_eager(inductor_cache: dict[str, str]) -> None:
     eager = _train({}, compiled=False)
     one = _train({}, compiled=True)
     assert one["compiled_blocks"] == 2 and eager["compiled_blocks"] == 0
+    assert eager["graphs"] == 0 < one["graphs"], "dynamo captured no graph: the blocks ran eagerly"
     assert one["names"] == eager["names"], "compiling must not rename parameters (checkpoints, seeds)"
     layouts = [dict(dp=2, zero=3)]  # FSDP2's hooks around compiled blocks; pipelining: same code path
     ranks = run_distributed(_layouts, 2, layouts, timeout_s=240, env=inductor_cache)
     runs = {"1 process": [one]} | {str(kw): [r[i] for r in ranks] for i, kw in enumerate(layouts)}
     for name, results in runs.items():
         for r in results:
-            assert r["compiled_blocks"] >= 1, f"{name}: no block was compiled"
+            assert r["compiled_blocks"] >= 1 and r["graphs"] >= 1, f"{name}: no block was compiled"
             diff = max(abs(a - b) for a, b in zip(r["losses"], eager["losses"]))
             print(f"[compile] {name}: max|dloss| vs eager = {diff:.2e}")
             assert diff <= LOSS_TOL, f"{name}: compiled loss differs from eager by {diff:.2e}"
