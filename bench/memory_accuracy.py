@@ -197,6 +197,13 @@ def _step_tracker() -> Any:
                         self.memory_tracking.pop(sub, None)
             super()._pre_fw_hook(module, inputs)
 
+        def _post_fw_hook(self, module: Any, inputs: Any, outputs: Any) -> None:
+            # FSDP2 gathers a unit of several modules ([norm, output]) in the first one's
+            # pre-forward, after this tracker's own pre-forward hook of that module has looked
+            # at its parameters: file the gathered parameters as PARAM once they are in place.
+            self._track_module_params_and_buffers(module, install_grad_hooks=False)
+            super()._post_fw_hook(module, inputs, outputs)
+
     return StepTracker()
 
 

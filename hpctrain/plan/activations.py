@@ -186,6 +186,50 @@ def backward_transient_bytes(model: Any, tokens: int, tp: int, sp: bool, mode: s
     return tokens * (ffn_grads * d.matmul * model.ffn_hidden / tp + stream)
 
 
+def ffn_saved_bytes_per_token(model: Any, tp: int, sp: bool, mode: str) -> float:
+    """The part of `layer_saved_bytes_per_token_no_ac` that the FFN itself saves (its input(s) and
+    intermediates), freed once its backward has run; the FFN norm's input and rstd stay until the
+    norm's own backward."""
+    d = dtypes(mode)
+    swiglu = model.activation == "swiglu"
+    hidden, _, _, _, ffn = _widths(model, tp)
+    inputs = (2 if swiglu else 1) * d.matmul * hidden if d.casts_inputs else d.norm_out * hidden / (tp if sp else 1)
+    return inputs + (4 if swiglu else 2) * d.matmul * ffn
+
+
+def norm_backward_transient_bytes(model: Any, tokens: int, tp: int, sp: bool, mode: str) -> float:
+    """Buffers alive inside an RMSNorm's backward (runtime/norm.py's own autograd, the same code
+    on every device): x_hat recomputed in fp32, the gradient upcast to fp32 (a copy only when the
+    stream is 16-bit), gradient times weight and two live temporaries of the last expression;
+    beside them three stream-sized gradients (the norm's output gradient, the residual's and
+    their sum). Counted from the code and checked against MemTracker (tests/plan/
+    test_memory_truth.py, where this is the peak of "tp2 bf16 full")."""
+    d = dtypes(mode)
+    elements = tokens * model.hidden / (tp if sp else 1)
+    fp32_tensors = 5 if d.stream < FP32_BYTES else 4
+    return elements * (fp32_tensors * FP32_BYTES + 3 * d.stream)
+
+
+def embedding_backward_transient_bytes(model: Any, tokens: int, tp: int, sp: bool, mode: str) -> float:
+    """The embedding's backward writes a whole weight-sized gradient (vocab/tp x hidden, in the
+    weight's compute dtype: 16-bit under FSDP's mixed precision, fp32 otherwise) before it is
+    accumulated, beside the incoming gradient of the residual stream and its fp32 copy."""
+    d = dtypes(mode)
+    weight = (HALF_BYTES if mode == "fsdp-mp" else FP32_BYTES) * model.vocab * model.hidden / tp
+    stream = tokens * model.hidden / (tp if sp else 1) * (d.stream + FP32_BYTES)
+    return weight + stream
+
+
+def output_projection_backward_bytes(model: Any, tokens: int, tp: int, mode: str) -> float:
+    """Inside w2's backward while gradients accumulate (a later micro-batch): the gradient of its
+    input (ffn wide) and its new weight gradient before it is added to the held one, in the
+    matmul dtype, plus the fp32 copy when autocast computed it from a 16-bit weight copy.
+    Checked against MemTracker (tests/plan/test_memory_truth.py, "pp2 1f1b fp32 first stage")."""
+    d = dtypes(mode)
+    weight = model.hidden * model.ffn_hidden / tp * (d.matmul + (FP32_BYTES if d.casts_weights else 0))
+    return tokens * d.matmul * model.ffn_hidden / tp + weight
+
+
 def ffn_output_input_bytes(model: Any, tokens: int, tp: int, mode: str) -> float:
     """The input of the FFN's output projection (w2), freed first in the layer's backward."""
     return tokens * dtypes(mode).matmul * model.ffn_hidden / tp

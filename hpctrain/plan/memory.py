@@ -22,15 +22,20 @@ from hpctrain.plan.activations import (
     backward_transient_bytes,
     dtypes,
     ffn_output_input_bytes,
+    embedding_backward_transient_bytes,
     embedding_saved_bytes,
+    ffn_saved_bytes_per_token,
     head_activations,
     in_flight_micro_batches,
     layer_activations,
+    norm_backward_transient_bytes,
+    output_projection_backward_bytes,
     precision_mode,
     weight_copy_bytes_per_layer,
 )
 from hpctrain.plan.lora import LoraShape, adapter_params, adapter_params_per_layer, lora_activations
 from hpctrain.plan.model_stats import (
+    attention_params as attention_param_count,
     embedding_param_count,
     final_norm_param_count,
     head_param_count,
@@ -142,6 +147,8 @@ class _States:
     grads_sharded: float
     grads_held: float  # gradients present while a micro-batch runs (accumulated from earlier ones)
     grads_fresh_at_end: float  # in the backward of the rank's last-processed layer, one micro-batch
+    grads_fresh_at_norm: float  # in that layer's FFN-norm backward (its FFN's gradients exist)
+    grads_fresh_at_embedding: float  # in the embedding's backward: every gradient but its own
     accumulation: float
     reduce_buffer: float
 
@@ -187,6 +194,14 @@ def _states(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, pp_ra
     # The backward peak of the last-processed layer (the rank's first) is in its FFN backward:
     # every other gradient exists except the embedding's and that layer's, but for w2's.
     fresh = FP32_BYTES * (trained - embedding - trained_layer + w2_params) / shard * on_gpu
+    # Later moments (memory.py's _late_backward_phases): the FFN norm's backward, where the
+    # first layer's attention gradients are still missing, and the embedding's backward.
+    attention_trained = (attention_param_count(model) + model.hidden) / s.tp
+    if s.lora is not None:
+        attention_trained = sum(adapter_params(model, s.lora, t, s.tp) for t in s.lora.targets
+                                if t in ("wq", "wk", "wv", "wo"))
+    fresh_norm = FP32_BYTES * (trained - embedding - attention_trained) / shard * on_gpu
+    fresh_embedding = FP32_BYTES * (trained - embedding) / shard * on_gpu
     held = 0.0 if (not accumulating or deferred) else grads_sharded
     return _States(
         master=FP32_BYTES * params / shard * on_gpu,
@@ -194,6 +209,8 @@ def _states(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, pp_ra
         unsharded_forward=unsharded_fwd, unsharded_backward=unsharded_bwd,
         optimizer=optimizer_bytes_per_param(s.optimizer) * trained / shard * on_gpu,
         grads_sharded=grads_sharded, grads_held=held, grads_fresh_at_end=0.0 if deferred else fresh,
+        grads_fresh_at_norm=0.0 if deferred else fresh_norm,
+        grads_fresh_at_embedding=0.0 if deferred else fresh_embedding,
         accumulation=FP32_BYTES * trained if deferred else 0.0,
         # FSDP2 reduce-scatters each block's gradient from an fp32 copy of its unsharded gradient.
         reduce_buffer=(FP32_BYTES + compute_bytes) * trained_layer if fsdp else 0.0,
@@ -252,14 +269,60 @@ def _phase_items(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, 
         backward = {**base, "unsharded compute weights (FSDP)": st.unsharded_backward,
                     "recompute of one layer (activation checkpointing)": recompute,
                     "backward gradient buffers": transient, "gradient reduce-scatter buffer (FSDP)": st.reduce_buffer}
-        phases[f"backward start, {label}"] = {**backward, "saved activations": saved}
+        # The FFN backward's gradient buffers peak in w1/w3's backward, after the product's
+        # backward has freed what it saved (swiglu: w2's input, silu out, w3 out; gelu: w2's
+        # input), as measured at w3 with MemTracker.
+        freed = 0.0
+        if s.ac == "none":
+            freed = (3 if model.activation == "swiglu" else 1) * ffn_output_input_bytes(model, tokens, s.tp, mode)
+        phases[f"backward start, {label}"] = {**backward, "saved activations": saved - freed}
+        if grads and s.ac == "none":
+            # Just before: w2's backward with every activation alive, its input gradient and a
+            # new weight gradient that is then added to the held one.
+            phases[f"output-projection backward, {label}"] = {
+                **backward, "saved activations": saved,
+                "backward gradient buffers": output_projection_backward_bytes(model, tokens, s.tp, mode)}
         # In the backward of the rank's first layer, the micro-batch's other layers are freed.
-        phases[f"backward end, {label}"] = {**backward, "saved activations": saved - (layers - 1) * layer.saved_bytes,
+        end_saved = saved - (layers - 1) * layer.saved_bytes
+        phases[f"backward end, {label}"] = {**backward, "saved activations": end_saved,
                                             "gradients": grads if grads else st.grads_fresh_at_end}
+        phases.update(_late_backward_phases(model, s, label, backward, saved, end_saved, grads, st, layer, tokens,
+                                            stage_layers[0][1] - stage_layers[0][0] if first else 0))
     phases["optimizer step"] = {
         "fp32 master weights": st.master, "RoPE tables": st.rope, "optimizer states": st.optimizer,
         "gradients": st.grads_sharded,
         "foreach optimizer temporary": st.grads_sharded if s.foreach and s.optimizer == "adamw" else 0.0}
+    return phases
+
+
+def _late_backward_phases(model: Any, s: RankSetup, label: str, backward: dict[str, float], saved_all: float,
+                          end_saved: float, grads: float, st: _States, layer: Any, tokens: int,
+                          embedding_chunk_layers: int) -> dict[str, dict[str, float]]:
+    """Two later moments of the rank's last-processed backward, where the peak falls when the
+    gradients piling up outweigh the activations already freed (found with MemTracker's
+    per-module peaks): the FFN norm's backward in the first layer (the FFN's tensors are freed,
+    its gradients exist, the norm's fp32 internals are the largest buffers) and, on the first
+    stage, the embedding's backward (the micro-batch's first chunk is freed; a weight-sized
+    gradient). Selective recomputation is left out: its FFN-norm input is recomputed."""
+    phases: dict[str, dict[str, float]] = {}
+    mode = precision_mode(s.precision, s.dp > 1 or s.offload_optimizer)
+    ffn_part = ffn_saved_bytes_per_token(model, s.tp, s.sequence_parallel, mode) * tokens
+    if s.ac in ("none", "full"):
+        if s.ac == "none":
+            saved, recompute = end_saved - ffn_part, 0.0
+        else:
+            # The recomputed layer without its FFN part (the attention norm saved the kept input).
+            saved, recompute = end_saved, max(layer.recompute_peak_bytes - ffn_part - layer.saved_bytes, 0.0)
+        phases[f"FFN-norm backward, {label}"] = {
+            **backward, "saved activations": saved, "recompute of one layer (activation checkpointing)": recompute,
+            "backward gradient buffers": norm_backward_transient_bytes(model, tokens, s.tp, s.sequence_parallel, mode),
+            "gradients": grads if grads else st.grads_fresh_at_norm}
+    if embedding_chunk_layers:
+        phases[f"embedding backward, {label}"] = {
+            **backward, "saved activations": saved_all - embedding_chunk_layers * layer.saved_bytes,
+            "recompute of one layer (activation checkpointing)": 0.0,
+            "backward gradient buffers": embedding_backward_transient_bytes(model, tokens, s.tp, s.sequence_parallel, mode),
+            "gradients": grads if grads else st.grads_fresh_at_embedding}
     return phases
 
 

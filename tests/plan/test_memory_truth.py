@@ -22,13 +22,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import memory_accuracy as accuracy  # noqa: E402
 
 NAMES = [cfg.name for cfg in accuracy.CONFIGS]
-# Issue 12 (items 1-3) changed what the runtime keeps: 16-bit activations under autocast, RMSNorm
-# saving its input and rstd only, sequence-parallel shards, pipeline buffers bounded by the
-# schedule. The planner follows for every tensor it counts (hpctrain/plan/activations.py,
-# memory.py), but in these three the peak now falls at another moment of the backward than the
-# planner's phases model (different GRAD/TEMP mix); totals stay within 3.5 %. Left to the
-# planner-at-scale issue; strict, so a fix shows.
-PEAK_MOMENT_GAPS = {"tp2 bf16 full", "pp2 interleaved v2 bf16 first stage", "pp2 1f1b fp32 first stage"}
+# Issue 12 changed what the runtime keeps (16-bit activations under autocast, RMSNorm saving its
+# input and rstd only, sequence-parallel shards, pipeline buffers bounded by the schedule, FSDP
+# units of their own); the planner follows (hpctrain/plan/activations.py, memory.py), including
+# the later backward moments where the peak moved (w2's backward with gradients held, the FFN
+# norm's backward, the embedding's backward). Left: interleaved 1F1B's first stage peaks in the
+# embedding's backward with about 1.5 MiB more gradient buffers than the planner counts (the
+# total stays within 1.5 %). Strict, so a fix shows.
+PEAK_MOMENT_GAPS = {"pp2 interleaved v2 bf16 first stage"}
 
 
 @pytest.fixture(scope="module")
