@@ -272,11 +272,14 @@ def _phase_items(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, 
         # The FFN backward's gradient buffers peak in w1/w3's backward, after the product's
         # backward has freed what it saved (swiglu: w2's input, silu out, w3 out; gelu: w2's
         # input), as measured at w3 with MemTracker.
+        # LoRA keeps the moments it was checked against (plan/lora.py): its frozen weights make
+        # no weight gradients, and its adapters' tensors sit between these.
+        later = s.lora is None
         freed = 0.0
-        if s.ac == "none":
+        if s.ac == "none" and later:
             freed = (3 if model.activation == "swiglu" else 1) * ffn_output_input_bytes(model, tokens, s.tp, mode)
         phases[f"backward start, {label}"] = {**backward, "saved activations": saved - freed}
-        if grads and s.ac == "none":
+        if grads and s.ac == "none" and later:
             # Just before: w2's backward with every activation alive, its input gradient and a
             # new weight gradient that is then added to the held one.
             phases[f"output-projection backward, {label}"] = {
@@ -286,8 +289,9 @@ def _phase_items(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, 
         end_saved = saved - (layers - 1) * layer.saved_bytes
         phases[f"backward end, {label}"] = {**backward, "saved activations": end_saved,
                                             "gradients": grads if grads else st.grads_fresh_at_end}
-        phases.update(_late_backward_phases(model, s, label, backward, saved, end_saved, grads, st, layer, tokens,
-                                            stage_layers[0][1] - stage_layers[0][0] if first else 0))
+        if later:
+            phases.update(_late_backward_phases(model, s, label, backward, saved, end_saved, grads, st, layer,
+                                                tokens, stage_layers[0][1] - stage_layers[0][0] if first else 0))
     phases["optimizer step"] = {
         "fp32 master weights": st.master, "RoPE tables": st.rope, "optimizer states": st.optimizer,
         "gradients": st.grads_sharded,
