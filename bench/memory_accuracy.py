@@ -155,6 +155,9 @@ def _fake_friendly_runtime(fake: bool) -> Any:
         (Transformer, "to_empty"): lambda self, *, device, recurse=True: self,
         (Transformer, "__deepcopy__"): lambda self, memo: build(self.args),
         (parallelize.Training, "_global_mean"): lambda self, local_loss: 0.0,
+        # Fake tensors hold no values to draw, and the sharded fill asks DTensor for shard offsets
+        # (data-dependent under FakeTensorMode); initialisation allocates nothing that stays.
+        (parallelize.Training, "initialise"): lambda self, fill=None: None,
     }
     missing = object()
     saved = {key: key[0].__dict__.get(key[1], missing) for key in patches}
