@@ -67,9 +67,13 @@ def shard_index(param: torch.Tensor) -> tuple[tuple[int, ...], tuple[slice, ...]
 def _local_shape_and_offset(param: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
     # Private in torch, but the function DCP itself places shards with (same signature in 2.6 and 2.13);
     # imported at the first init, so that a torch that moves it fails there with a clear ImportError.
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-    shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
+    # It computes with small real tensors: under FakeTensorMode (the benches' dry builds) those would
+    # be fake and their values unreadable, so step out of the mode for the arithmetic.
+    with unset_fake_temporarily():
+        shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
     return tuple(int(n) for n in shape), tuple(int(o) for o in offset)
 
 
@@ -80,6 +84,7 @@ def init_parameters(model: nn.Module, fill: ShardFill, max_chunk_bytes: int | No
     `model.args.tie_embeddings` (when present) maps a tied head to the embedding's name.
     `max_chunk_bytes=None` asks for each shard in one call; `select(name)` False leaves a
     parameter as it is (LoRA's adapters, which lora.init_lora sets)."""
+    from torch._subclasses.fake_tensor import FakeTensor
     from torch.distributed.tensor import DTensor
 
     tied = bool(getattr(getattr(model, "args", None), "tie_embeddings", False))
@@ -89,8 +94,8 @@ def init_parameters(model: nn.Module, fill: ShardFill, max_chunk_bytes: int | No
                 continue
             full_shape, index = shard_index(param)
             local = param.to_local() if isinstance(param, DTensor) else param
-            if local.numel() == 0:
-                continue
+            if local.numel() == 0 or isinstance(local, FakeTensor):
+                continue  # nothing to hold; or a dry build's fake tensor (no values, only memory)
             source = canonical_name(name, tied)
             for box in _chunks(full_shape, index, local.element_size(), max_chunk_bytes):
                 values = fill(source, full_shape, box)
