@@ -11,7 +11,9 @@ runtime's own `Checkpointer` (DCP into step-N.partial/, RNG files, metadata, fsy
 process. Side by side, on the same folder:
 
   dd write   dd if=/dev/zero of=FILE bs=64M count=N conv=fsync (data on disk, like DCP's fsync)
-  save       Checkpointer.save (sync): training stands still for all of it
+  save       Checkpointer.save (sync): training stands still for it (DCP writes and fsyncs the data)
+  finalize   Checkpointer.wait() right after: the rest of that save (sha256, metadata, rename,
+             prune), which runs in a thread while training goes on
   dd read    dd if=FILE of=/dev/null bs=64M, page cache dropped first (posix_fadvise DONTNEED)
   load       Checkpointer.load, page cache of the checkpoint dropped first
   verify     the sha256 check of every file before a resume (one rank does all of it here)
@@ -114,6 +116,7 @@ def run(work: Path, gib: float, runs: int, device: str) -> dict[str, float]:
         keep("dd read", dd_read(dd_file))
         dd_file.unlink()
         keep("save", timed(lambda: sync.save(step, {"bench": True})))
+        keep("finalize", timed(sync.wait))
         folder = work / "sync" / f"step-{step}"
         drop_page_cache(folder)
         keep("load", timed(lambda: sync.load(str(folder))))
@@ -145,6 +148,8 @@ def report(result: dict[str, float], work: Path, device: str) -> bool:
     print(f"{'dd write (fsync)':22} {result['dd write']:8.3f} {gbps('dd write'):7.2f}")
     print(f"{'save (sync, DCP)':22} {result['save']:8.3f} {gbps('save'):7.2f} {save_share:6.0%}  goal >= "
           f"{SAVE_GOAL:.0%}: {'ok' if save_share >= SAVE_GOAL else 'MISSED'}")
+    print(f"{'finalize (in a thread)':22} {result['finalize']:8.3f}   (sha256, metadata, rename, prune; "
+          "training goes on meanwhile)")
     print(f"{'dd read (cold cache)':22} {result['dd read']:8.3f} {gbps('dd read'):7.2f}")
     print(f"{'load (cold cache)':22} {result['load']:8.3f} {gbps('load'):7.2f} {gbps('load') / gbps('dd read'):6.0%}")
     print(f"{'verify (cold cache)':22} {result['verify']:8.3f} {gbps('verify'):7.2f}   (sha256 of every file, "

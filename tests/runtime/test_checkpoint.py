@@ -164,14 +164,15 @@ def test_kill_between_dcp_write_and_rename_loads_the_previous_checkpoint(tmp_pat
     assert killed.returncode == -9, killed.stderr
     assert _ckpts(run) == ["step-2", "step-4.partial"]  # DCP data and metadata there, never renamed
     before = metrics(run)
-    assert [m["step"] for m in before] == [1, 2, 3, 4]
+    # Step 4's finalize runs in a thread while training goes on (at most until step 6's save waits for it).
+    assert [m["step"] for m in before][:4] == [1, 2, 3, 4] and len(before) <= 6
     proc = run_module(["--job", job, "--run-dir", run])
     assert proc.returncode == 0, proc.stderr
     assert "step-4.partial: partial: the save was interrupted before its rename" in proc.stderr
     assert [e["step"] for e in events(run) if e["event"] == "resumed"] == [2]
     after = metrics(run)
     assert [m["step"] for m in after] == [1, 2, 3, 4, 5, 6]
-    assert [(m["loss"], m["grad_norm"]) for m in after[:4]] == [(m["loss"], m["grad_norm"]) for m in before]
+    assert [(m["loss"], m["grad_norm"]) for m in after[:len(before)]] == [(m["loss"], m["grad_norm"]) for m in before]
     assert _ckpts(run) == ["step-2", "step-4", "step-6"]  # step 4 saved again, complete this time
 
 
