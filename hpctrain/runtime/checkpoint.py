@@ -206,9 +206,7 @@ class Checkpointer:
         rng_failure: str | None = None  # agreed with the manifests in _finalize: one collective less
         try:
             with open(os.path.join(partial, "rng", f"rank-{self.rank}.pt"), "wb") as handle:
-                rng_state.save(handle, self.device_index)
-                handle.flush()
-                os.fsync(handle.fileno())  # the metadata that lists it is written (and trusted) after this
+                rng_state.save(handle, self.device_index)  # fsynced by _finalize, before the metadata
         except OSError as exc:
             rng_failure = describe_failure(exc)
         full_body = {**body, "format": FORMAT, "step": step, "world_size": self.world_size,
@@ -300,6 +298,8 @@ class Checkpointer:
         failure: BaseException | None = None
         manifest: dict[str, Any] = {}
         try:
+            # This rank's RNG file on disk before the metadata that lists it is written (and trusted).
+            _fsync_file(os.path.join(pending.partial, "rng", f"rank-{self.rank}.pt"))
             mine = share(names, self.rank, self.world_size)
             # The DCP files this rank wrote were hashed while written (checkpoint_hashing.py).
             manifest = (pending.writer.manifest(pending.partial, mine) if pending.writer is not None
@@ -405,6 +405,14 @@ _PRUNING = ".pruning-"  # a pruned folder while a thread deletes it (scan ignore
 def _remove_all(paths: list[str]) -> None:
     for path in paths:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def _fsync_file(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)  # fsync through any descriptor writes the file's data
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _fsync_dir(path: str) -> None:
