@@ -301,7 +301,8 @@ class Checkpointer:
             # This rank's RNG file on disk before the metadata that lists it is written (and trusted).
             _fsync_file(os.path.join(pending.partial, "rng", f"rank-{self.rank}.pt"))
             mine = share(names, self.rank, self.world_size)
-            # The DCP files this rank wrote were hashed while written (checkpoint_hashing.py).
+            # Async: the DCP files this rank wrote were hashed while written (checkpoint_hashing.py);
+            # sync: read back here, from the page cache, while training goes on.
             manifest = (pending.writer.manifest(pending.partial, mine) if pending.writer is not None
                         else hash_files(pending.partial, mine))
         except OSError as exc:
