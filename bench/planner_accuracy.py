@@ -153,17 +153,20 @@ def family_rank(layouts: list[Any], family: tuple[int, int]) -> Optional[int]:
 
 
 def predict(run: dict[str, Any], gemm_efficiency: Optional[dict[str, float]] = None) -> tuple[Any, Any, bool]:
-    """(hardware, layout, fits): the planner's best layout within the published one. Searched
-    without a memory limit so that a layout the memory model rejects is still costed."""
+    """(hardware, layout, fits): the planner's best layout within the published one, searched
+    with the GPU's memory as the search itself would. Only when nothing fits is it searched again
+    without a memory limit, so that a layout the memory model rejects is still costed (a search
+    without a limit cannot be used first: the search drops full recomputation wherever selective
+    "fits", and without a limit selective always does)."""
     job = _job(run, fixed=True)
     hw = _hardware(job, gemm_efficiency)
+    layouts, _ = _search(job, hw)
+    if layouts:
+        return hw, layouts[0], True
     layouts, _ = _search(job, hw, budget_bytes=float("inf"))
     if not layouts:
         raise SystemExit(f"run {run['name']!r}: the published layout is not a valid candidate (check tp/pp/dp/batch)")
-    budget = float(hw.gpu.memory_bytes)
-    fitting = [lay for lay in layouts if lay.memory.total <= budget]
-    best = fitting[0] if fitting else layouts[0]
-    return hw, best, bool(fitting)
+    return hw, layouts[0], False
 
 
 def evaluate(run: dict[str, Any], gemm_efficiency: Optional[dict[str, float]] = None, rank: bool = True) -> Outcome:
