@@ -30,7 +30,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -159,11 +159,17 @@ def _fake_friendly_runtime(fake: bool) -> Any:
         # (data-dependent under FakeTensorMode); initialisation allocates nothing that stays.
         (parallelize.Training, "initialise"): lambda self, fill=None: None,
     }
+    with patched(patches if fake else {}):
+        yield
+
+
+@contextlib.contextmanager
+def patched(patches: dict[tuple[Any, str], Any]) -> Iterator[None]:
+    """Set each (owner, attribute) to its value; on exit restore it, or delete what was not there."""
     missing = object()
     saved = {key: key[0].__dict__.get(key[1], missing) for key in patches}
-    if fake:
-        for (owner, name), value in patches.items():
-            setattr(owner, name, value)
+    for (owner, name), value in patches.items():
+        setattr(owner, name, value)
     try:
         yield
     finally:

@@ -126,6 +126,8 @@ def fake_runtime(fake_mode: Any) -> Any:
     from torch import nn
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from memory_accuracy import patched
+
     import hpctrain.runtime.parallelize as parallelize
     from hpctrain.runtime.model import Transformer
 
@@ -144,18 +146,8 @@ def fake_runtime(fake_mode: Any) -> Any:
     patches = {(_sharding_prop, "detect_fake_mode"): lambda *args: propagation_mode,
                (Transformer, "to_empty"): to_empty,
                (parallelize.Training, "_global_mean"): lambda self, local_loss: 0.0}
-    missing = object()
-    saved = {key: key[0].__dict__.get(key[1], missing) for key in patches}
-    for (owner, name), value in patches.items():
-        setattr(owner, name, value)
-    try:
+    with patched(patches):
         yield
-    finally:
-        for (owner, name), value in saved.items():
-            if value is missing:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, value)
 
 
 def planner_figures(layout: Layout, pp_rank: int) -> tuple[int, dict[str, float], tuple[int, int]]:

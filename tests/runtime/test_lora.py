@@ -13,7 +13,7 @@ import torch
 from hpctrain.config import job_from_dict
 
 from ._dist import run_distributed
-from ._entry import events, losses, make_job, metrics, run_entry, text_files
+from ._entry import events, losses, make_job, metrics, run_entry
 from ._jobs import dp_slice, global_batch, tiny_job
 
 STEPS = 4
@@ -138,18 +138,6 @@ def test_tp2_dp2_pp2_match_one_process() -> None:
         # The same batch before and after (each step's batch differs, and at this size their losses
         # differ by more than STEPS clipped steps can lower them).
         assert ref["batch0_after"] < ref["losses"][0], name
-
-
-@pytest.fixture(scope="module")
-def tokens(tmp_path_factory) -> str:
-    from hpctrain.runtime.data_prepare import prepare
-
-    files = text_files()
-    if sum(os.path.getsize(f) for f in files) < 100_000:
-        pytest.skip("fewer than 100 kB of text files on this machine")
-    out = str(tmp_path_factory.mktemp("text") / "tokens.bin")
-    prepare(files, out)
-    return out
 
 
 def test_loss_falls_on_real_text_and_resume_is_exact(tokens, tmp_path) -> None:

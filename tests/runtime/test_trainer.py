@@ -9,10 +9,9 @@ import os
 import pytest
 import torch
 
-from hpctrain.runtime.data_prepare import prepare
 from hpctrain.runtime.optim import LRLambda, build_optimizer
 
-from ._entry import losses, make_job, metrics, run_entry, text_files
+from ._entry import losses, make_job, metrics, run_entry
 
 METRIC_FIELDS = ("step", "loss", "lr", "grad_norm", "tokens", "step_time_s", "tokens_per_s", "tflops_per_gpu",
                  "mfu", "peak_memory_bytes", "time_compute_s", "time_comm_exposed_s", "time_bubble_s", "attempt")
@@ -21,16 +20,6 @@ METRIC_FIELDS = ("step", "loss", "lr", "grad_norm", "tokens", "step_time_s", "to
 # /usr/share/common-licenses/* and README.md. One process computes the same losses as its dp=2 (to
 # float rounding). Measured here: 5.56 at step 1, mean of steps 51-60 = 2.81 (dp=2, torchrun).
 QUICKSTART_THRESHOLD = 3.0
-
-
-@pytest.fixture(scope="module")
-def tokens(tmp_path_factory) -> str:
-    files = text_files()
-    if sum(os.path.getsize(f) for f in files) < 100_000:
-        pytest.skip("fewer than 100 kB of text files on this machine")
-    out = str(tmp_path_factory.mktemp("text") / "tokens.bin")
-    prepare(files, out)
-    return out
 
 
 def _quickstart(tokens: str, **train) -> dict:
