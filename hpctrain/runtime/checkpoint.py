@@ -32,7 +32,6 @@ valid one, exactly as a crash inside a blocking save did.
 
 from __future__ import annotations
 
-import errno
 import os
 import shutil
 import sys
@@ -52,6 +51,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 import hpctrain
 from hpctrain.errors import HpctrainError
 from hpctrain.runtime import rng_state
+from hpctrain.runtime.checkpoint_files import describe_failure, fsync_dir, fsync_file, remove_all
 from hpctrain.runtime.checkpoint_hashing import HashingWriter
 from hpctrain.runtime.distributed import barrier
 from hpctrain.runtime.safe_dcp import SafePlanner, SafeReader
@@ -86,34 +86,6 @@ def gather(value: Any, group: Any = None) -> list[Any]:
         dist.all_gather_object(out, value, group=group)
         return out
     return [value]
-
-
-def _os_error(exc: BaseException | None, depth: int = 0) -> OSError | None:
-    """The OSError behind a failure, also inside DCP's CheckpointException (one per failed rank)."""
-    if exc is None or depth > 8:
-        return None
-    if isinstance(exc, OSError):
-        return exc
-    if isinstance(exc, CheckpointException):
-        for failure in exc.failures.values():
-            found = _os_error(failure[0] if isinstance(failure, tuple) else failure, depth + 1)
-            if found is not None:
-                return found
-    return _os_error(exc.__cause__ or exc.__context__, depth + 1)
-
-
-def describe_failure(exc: BaseException) -> str:
-    """What went wrong in a save, in words (not `CheckpointException ranks:dict_keys([1])`)."""
-    os_error = _os_error(exc)
-    if os_error is not None and os_error.errno in (errno.ENOSPC, errno.EDQUOT):
-        return "no space left on device" if os_error.errno == errno.ENOSPC else "disk quota exceeded"
-    if os_error is not None:
-        where = f" ({os_error.filename})" if os_error.filename else ""
-        return f"{os_error.strerror or os_error}{where}"
-    if isinstance(exc, CheckpointException):
-        inner = [f[0] for f in exc.failures.values() if isinstance(f, tuple)]
-        exc = inner[0] if inner else exc
-    return f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
 
 
 @dataclass
@@ -299,7 +271,7 @@ class Checkpointer:
         manifest: dict[str, Any] = {}
         try:
             # This rank's RNG file on disk before the metadata that lists it is written (and trusted).
-            _fsync_file(os.path.join(pending.partial, "rng", f"rank-{self.rank}.pt"))
+            fsync_file(os.path.join(pending.partial, "rng", f"rank-{self.rank}.pt"))
             mine = share(names, self.rank, self.world_size)
             # Async: the DCP files this rank wrote were hashed while written (checkpoint_hashing.py);
             # sync: read back here, from the page cache, while training goes on.
@@ -334,12 +306,12 @@ class Checkpointer:
 
     def _complete(self, pending: _Pending, files: dict[str, Any]) -> None:
         self.run_id = self.run_id or run_identity(self.run_dir)
-        _fsync_dir(os.path.join(pending.partial, "rng"))
+        fsync_dir(os.path.join(pending.partial, "rng"))
         write_metadata(pending.partial, {**pending.body, "files": files,
                                          "run": run_record(self.run_id, self.run_dir)})
-        _fsync_dir(pending.partial)
+        fsync_dir(pending.partial)
         os.replace(pending.partial, pending.final)
-        _fsync_dir(self.folder)
+        fsync_dir(self.folder)
 
     def _prune(self, newest_step: int) -> None:
         """Complete checkpoints beyond keep_last and older partials: renamed out of `scan`'s sight at
@@ -360,7 +332,7 @@ class Checkpointer:
                 shutil.rmtree(path, ignore_errors=True)
         if hidden:
             self._join_pruner()
-            self._pruner = threading.Thread(target=_remove_all, args=(sorted(set(hidden)),), daemon=True)
+            self._pruner = threading.Thread(target=remove_all, args=(sorted(set(hidden)),), daemon=True)
             self._pruner.start()
 
     def _join_pruner(self) -> None:
@@ -401,29 +373,3 @@ class Checkpointer:
 
 
 _PRUNING = ".pruning-"  # a pruned folder while a thread deletes it (scan ignores the name)
-
-
-def _remove_all(paths: list[str]) -> None:
-    for path in paths:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def _fsync_file(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)  # fsync through any descriptor writes the file's data
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
