@@ -3,7 +3,8 @@
     python bench/planner_accuracy.py [--only NAME ...] [--fit] [--corpus PATH]
 
 The corpus (bench/data/published_runs.yaml) lists each run with its source, its published layout and
-its published throughput in the publisher's own unit, split up front into a calibration and a
+its published throughput in the publisher's own unit, its attention kernel (runs before
+FlashAttention materialise the score matrix: cost.py, "materialized"), split up front into a calibration and a
 validation set (by source; the file's header says how). For each run:
 - rank: where the published (tp, pp) family lands in the planner's full search (families ordered by
   their best layout; "-" when the planner finds that family infeasible, with its reason);
@@ -100,7 +101,8 @@ def _hardware(job: Any, gemm_efficiency: Optional[dict[str, float]]) -> Any:
     return hw
 
 
-def _search(job: Any, hw: Any, budget_bytes: Optional[float] = None) -> tuple[list[Any], Any]:
+def _search(job: Any, hw: Any, budget_bytes: Optional[float] = None, run: Optional[dict[str, Any]] = None
+            ) -> tuple[list[Any], Any]:
     from hpctrain.plan.memory import DEFAULT_RUNTIME_OVERHEAD_BYTES
     from hpctrain.plan.search import SearchSettings, optimizer_kind, search
     from hpctrain.plan.space import Choices
@@ -108,8 +110,12 @@ def _search(job: Any, hw: Any, budget_bytes: Optional[float] = None) -> tuple[li
     settings = SearchSettings(global_batch=job.train.global_batch, precision=job.train.precision,
                               optimizer=optimizer_kind(job),
                               budget_bytes=float(hw.gpu.memory_bytes) if budget_bytes is None else budget_bytes,
-                              overhead_bytes=DEFAULT_RUNTIME_OVERHEAD_BYTES)
-    layouts, rejected, _ = search(job.model, hw, Choices.from_job(job), settings)
+                              overhead_bytes=DEFAULT_RUNTIME_OVERHEAD_BYTES,
+                              attention=_attention(run) if run else "flash")
+    choices = Choices.from_job(job)
+    if run and run.get("ac_modes") and len(choices.ac) > 1:  # the publisher's software's recomputation modes
+        choices = replace(choices, ac=tuple(m for m in choices.ac if m in run["ac_modes"]))
+    layouts, rejected, _ = search(job.model, hw, choices, settings)
     return layouts, rejected
 
 
@@ -152,6 +158,16 @@ def family_rank(layouts: list[Any], family: tuple[int, int]) -> Optional[int]:
     return None
 
 
+def _attention(run: dict[str, Any]) -> str:
+    """The publisher's attention kernel (corpus field `attention`, default flash; cost.py)."""
+    from hpctrain.plan.cost import ATTENTION_KERNELS
+
+    kernel = run.get("attention", "flash")
+    if kernel not in ATTENTION_KERNELS:
+        raise SystemExit(f"run {run['name']!r}: attention must be one of {', '.join(ATTENTION_KERNELS)} (got {kernel!r})")
+    return kernel
+
+
 def predict(run: dict[str, Any], gemm_efficiency: Optional[dict[str, float]] = None) -> tuple[Any, Any, bool]:
     """(hardware, layout, fits): the planner's best layout within the published one, searched
     with the GPU's memory as the search itself would. Only when nothing fits is it searched again
@@ -160,10 +176,10 @@ def predict(run: dict[str, Any], gemm_efficiency: Optional[dict[str, float]] = N
     "fits", and without a limit selective always does)."""
     job = _job(run, fixed=True)
     hw = _hardware(job, gemm_efficiency)
-    layouts, _ = _search(job, hw)
+    layouts, _ = _search(job, hw, run=run)
     if layouts:
         return hw, layouts[0], True
-    layouts, _ = _search(job, hw, budget_bytes=float("inf"))
+    layouts, _ = _search(job, hw, budget_bytes=float("inf"), run=run)
     if not layouts:
         raise SystemExit(f"run {run['name']!r}: the published layout is not a valid candidate (check tp/pp/dp/batch)")
     return hw, layouts[0], False
@@ -174,7 +190,7 @@ def evaluate(run: dict[str, Any], gemm_efficiency: Optional[dict[str, float]] = 
     job = _job(run, fixed=False)
     position, note = None, ""
     if rank:
-        layouts, rejected = _search(job, hw)
+        layouts, rejected = _search(job, hw, run=run)
         family = (run["layout"]["tp"], run["layout"]["pp"])
         position = family_rank(layouts, family)
         if position is None:

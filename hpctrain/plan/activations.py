@@ -22,7 +22,7 @@ as sequence shards and gathered again in backward (runtime/sequence_parallel.py)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from hpctrain.plan.model_stats import attention_params, ffn_params, head_dim
@@ -131,6 +131,23 @@ def layer_activations(model: Any, tokens: int, tp: int, sp: bool, ac: str, mode:
         kept = dtypes(mode).stream * model.hidden / (tp if sp else 1) * tokens
         return LayerActivations(kept, full)
     raise ValueError(f"unknown activation checkpointing mode {ac!r}")
+
+
+# A kernel that materialises the attention scores (cost.ATTENTION_KERNELS, "materialized") saves the
+# softmax output (2 bytes), the dropout mask (1) and the dropout output (2) per score element:
+# Korthikanti et al. 2022, eq. 1, the 5as/h term (5 a s^2 b bytes per layer).
+SCORE_SAVED_BYTES = 5.0
+
+
+def materialized_score_activations(layer: LayerActivations, model: Any, tokens: int, tp: int,
+                                   ac: str) -> LayerActivations:
+    """A layer's activations with the score matrix of a materialising attention kernel: saved
+    without checkpointing; with it (full, or Korthikanti's selective) alive only while the layer's
+    backward replays its forward."""
+    scores = SCORE_SAVED_BYTES * model.heads / tp * model.seq_len * tokens
+    if ac == "none":
+        return replace(layer, saved_bytes=layer.saved_bytes + scores)
+    return replace(layer, recompute_peak_bytes=layer.recompute_peak_bytes + scores)
 
 
 def rope_table_copy_bytes(model: Any, mode: str) -> float:

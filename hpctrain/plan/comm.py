@@ -105,13 +105,21 @@ def collective_s(message_bytes: float, link: Link, all_reduce: bool) -> float:
     return factor * message_bytes / link.bandwidth_bytes_per_s + ring_latency_s(link, all_reduce)
 
 
-def overlapped_s(units: int, comm_per_unit_s: float, compute_per_unit_s: float, first_s: float) -> float:
+def overlapped_s(units: int, comm_per_unit_s: float, compute_per_unit_s: float, first_s: float,
+                 slowdown: float = 0.0) -> float:
     """Exposed time of `units` collectives, each hidden behind one unit's compute: the first one
     (`first_s`: a gather before any compute, or a reduce after the last) never hides, every other
-    exposes what its unit's compute does not cover."""
+    costs its unit max(c - w, c s / (1 + s)) beyond the unit's compute w.
+
+    While a collective c is in flight the compute runs 1 + s times slower (NCCL's blocks hold
+    `overlap_slowdown` of the SMs). Compute-bound unit (c < w (1 + s)): in c the compute does
+    c / (1 + s) of its work and the rest at full speed, so the unit takes w + c s / (1 + s).
+    Communication-bound (c >= w (1 + s)): the slowed compute finishes under the collective and
+    the unit takes c. The slowdown is thus paid only where compute is the critical path."""
     if units <= 0 or comm_per_unit_s <= 0:
         return 0.0
-    return first_s + (units - 1) * max(0.0, comm_per_unit_s - compute_per_unit_s)
+    hidden_cost = comm_per_unit_s * slowdown / (1.0 + slowdown)
+    return first_s + (units - 1) * max(comm_per_unit_s - compute_per_unit_s, hidden_cost)
 
 
 @dataclass(frozen=True)
@@ -127,6 +135,7 @@ class FsdpStep:
     gathers_in_backward: bool  # zero 3 without pipelining reshards after forward
     gather_every_micro_batch: bool  # False under pipelining: gathered once per step
     reduce_every_micro_batch: bool  # zero 2/3 without pipelining; else the last micro-batch only
+    slowdown: float = 0.0  # compute lost while a collective overlaps it (`overlap_slowdown`)
 
 
 def fsdp_exposed_s(s: FsdpStep) -> tuple[float, float]:
@@ -139,11 +148,12 @@ def fsdp_exposed_s(s: FsdpStep) -> tuple[float, float]:
     m = s.micro_batches
     gather_rounds = m if s.gather_every_micro_batch else 1
     reduce_rounds = m if s.reduce_every_micro_batch else 1
-    exposed = gather_rounds * overlapped_s(s.units, s.gather_s, s.forward_per_unit_s, s.gather_s)
+    exposed = gather_rounds * overlapped_s(s.units, s.gather_s, s.forward_per_unit_s, s.gather_s, s.slowdown)
     back_gather = s.gather_s if s.gathers_in_backward else 0.0
     both = back_gather + s.reduce_s
-    exposed += reduce_rounds * overlapped_s(s.units, both, s.backward_per_unit_s, both)
-    exposed += (m - reduce_rounds) * overlapped_s(s.units, back_gather, s.backward_per_unit_s, back_gather)
+    exposed += reduce_rounds * overlapped_s(s.units, both, s.backward_per_unit_s, both, s.slowdown)
+    exposed += (m - reduce_rounds) * overlapped_s(s.units, back_gather, s.backward_per_unit_s, back_gather,
+                                                 s.slowdown)
     backward_gathers = m if s.gathers_in_backward else 0
     total = s.units * ((gather_rounds + backward_gathers) * s.gather_s + reduce_rounds * s.reduce_s)
     return exposed, total

@@ -43,6 +43,20 @@ ELEMENTWISE_FORWARD_PASSES = 2.5  # what a recomputed forward re-streams
 # full-matrix FLOPs that flops_per_token counts (the PaLM/Megatron convention); FlashAttention-2
 # skips the blocks above the diagonal, about half of them (Dao 2023, arXiv 2307.08691, section 3.1).
 CAUSAL_ATTENTION_WORK = 0.5
+# Attention kernels before FlashAttention (Megatron-LM's CoreAttention until 2023, fairseq/metaseq,
+# DeepSpeed) materialise the [heads, s, s] score matrix: a baddbmm writes it, a fused
+# scale-mask-softmax reads and writes it, attention dropout reads it and writes it with a 1-byte
+# mask, the probs x V bmm reads it (13 bytes per score element forward in 16-bit), and backward
+# reads and writes it again in each of those steps (19 bytes: bmm grad write + probs read, dropout
+# grad + mask read and write, softmax grad over the saved output, two reads for dQ and dK). Counted
+# from Megatron-LM's core attention (Shoeybi et al. 2019; its scores are Korthikanti et al. 2022's
+# 5as/h activation term); recomputation (full, or Korthikanti's selective) replays the forward.
+# Its QK^T and AV run as plain batched GEMMs over the whole square, masked half included.
+# hpctrain's runtime uses SDPA's flash kernels ("flash"); "materialized" costs a published run that
+# used the older kernels (bench/planner_accuracy.py).
+ATTENTION_KERNELS = ("flash", "materialized")
+SCORE_BYTES_FORWARD = 13.0
+SCORE_BYTES_BACKWARD = 19.0
 # GEMM efficiency falls as d / (d + 128) for small widths: cuBLAS's training-shape tiles are 128-256
 # wide, and a dimension that fills a tile only partly wastes the rest (tile quantization, NVIDIA
 # "Matrix Multiplication Background" user guide, sections 2.3 and 3.1). The form is chosen, not fitted.
@@ -73,6 +87,7 @@ class CostSetup:
     max_rank_has_head: bool
     rank_params: float  # parameters of the busiest pipeline rank on one TP rank
     sequence_parallel: bool = False  # norm-region element-wise work split over tp
+    attention: str = "flash"  # the attention kernel (ATTENTION_KERNELS)
 
 
 @dataclass(frozen=True)
@@ -116,23 +131,36 @@ def _gemm_size_factor(width: float) -> float:
     return width / (width + GEMM_SIZE_KNEE)
 
 
-def layer_time_per_token_s(model: Any, hw: Hardware, tp: int, ac: str, precision: str, sp: bool = False) -> float:
+def layer_time_per_token_s(model: Any, hw: Hardware, tp: int, ac: str, precision: str, sp: bool = False,
+                           attention: str = "flash") -> float:
     """Forward + backward (+ recompute) time of one layer per token on one TP rank."""
     peak = hw.gpu.peak_flops_per_s(precision)
     width = min(model.hidden, model.ffn_hidden / tp, model.heads * (model.hidden // model.heads) / tp)
     gemm_rate = peak * hw.gpu.gemm_efficiency * _gemm_size_factor(width)
     attention_rate = peak * hw.gpu.attention_efficiency
     matmul_fwd = 2.0 * (attention_params(model) + ffn_params(model)) / tp / gemm_rate
-    attention_fwd = CAUSAL_ATTENTION_WORK * attention_core_forward_flops_per_token(model) / tp / attention_rate
-    mode = "fp32" if precision == "fp32" else "fsdp-mp"
     hbm = hw.gpu.hbm_bytes_per_s * HBM_EFFICIENCY
+    scores_fwd = 0.0  # score-matrix traffic of a materialising kernel, per forward
+    if attention == "materialized":
+        attention_fwd = attention_core_forward_flops_per_token(model) / tp / gemm_rate
+        score_elements = model.heads / tp * model.seq_len  # per token: one row of s scores per head
+        scores_fwd = score_elements * SCORE_BYTES_FORWARD / hbm
+        attention_fwd += scores_fwd
+    else:
+        attention_fwd = CAUSAL_ATTENTION_WORK * attention_core_forward_flops_per_token(model) / tp / attention_rate
+    mode = "fp32" if precision == "fp32" else "fsdp-mp"
     # under sequence parallelism the norm / residual regions run on a 1/tp sequence shard
     elementwise_fwd = layer_saved_bytes_per_token_no_ac(model, tp, sp and tp > 1, mode) / hbm
-    total = 3.0 * (matmul_fwd + attention_fwd) + ELEMENTWISE_PASSES * elementwise_fwd
+    # backward = 2x the forward's FLOPs; a materialised score matrix is streamed 19/13 as often
+    scores_bwd = scores_fwd * SCORE_BYTES_BACKWARD / SCORE_BYTES_FORWARD
+    total = 3.0 * (matmul_fwd + attention_fwd - scores_fwd) + scores_fwd + scores_bwd \
+        + ELEMENTWISE_PASSES * elementwise_fwd
     if ac == "full":
         total += matmul_fwd + attention_fwd + ELEMENTWISE_FORWARD_PASSES * elementwise_fwd
     elif ac == "selective":  # the runtime's op policy saves matmul/SDPA outputs, recomputes the rest
         total += ELEMENTWISE_FORWARD_PASSES * elementwise_fwd
+        if attention == "materialized":  # Korthikanti's selective: the attention core is replayed
+            total += attention_fwd
     return total
 
 
@@ -155,7 +183,7 @@ def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int) -> Step
     """Step time and throughput of one layout (see the module docstring for each term)."""
     tokens_mb = c.micro_batch * model.seq_len
     act_bytes = HALF_BYTES if c.precision != "fp32" else 4
-    layer_s = layer_time_per_token_s(model, hw, c.tp, c.ac, c.precision, c.sequence_parallel)
+    layer_s = layer_time_per_token_s(model, hw, c.tp, c.ac, c.precision, c.sequence_parallel, c.attention)
     compute_mb = tokens_mb * (c.max_rank_layers * layer_s
                               + (head_time_per_token_s(model, hw, c.tp, c.precision) if c.max_rank_has_head else 0.0))
 
@@ -184,7 +212,6 @@ def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int) -> Step
     pipeline_s = (c.micro_batches + bubble_slots) * slot_s
 
     dp_exposed, dp_total = _dp_comm_s(hw, c, compute_mb + tp_mb)
-    dp_exposed += max(0.0, dp_total - dp_exposed) * comm.overlap_slowdown(hw.gpu.name)
     local_params = c.rank_params / (c.dp if (c.dp > 1 or c.offload_optimizer) else 1)
     if c.offload_optimizer:
         optimizer_s = (OPTIMIZER_BYTES_PER_PARAM * local_params / CPU_OPTIMIZER_BYTES_PER_S
@@ -233,4 +260,5 @@ def _dp_comm_s(hw: Hardware, c: CostSetup, slot_s: float) -> tuple[float, float]
         micro_batches=c.micro_batches,
         gathers_in_backward=c.zero >= 3 and c.pp == 1,
         gather_every_micro_batch=c.pp == 1,
-        reduce_every_micro_batch=c.zero >= 2 and c.pp == 1))
+        reduce_every_micro_batch=c.zero >= 2 and c.pp == 1,
+        slowdown=comm.overlap_slowdown(hw.gpu.name)))

@@ -28,6 +28,7 @@ from hpctrain.plan.activations import (
     head_activations,
     in_flight_micro_batches,
     layer_activations,
+    materialized_score_activations,
     norm_backward_transient_bytes,
     output_projection_backward_bytes,
     precision_mode,
@@ -96,6 +97,7 @@ class RankSetup:
     foreach: bool = True
     overhead_bytes: float = DEFAULT_RUNTIME_OVERHEAD_BYTES
     lora: LoraShape | None = None  # train.lora: only the adapters train (plan/lora.py)
+    attention: str = "flash"  # cost.ATTENTION_KERNELS; "materialized" keeps the score matrix
 
 
 def optimizer_bytes_per_param(optimizer: str) -> int:
@@ -229,6 +231,8 @@ def _phase_items(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, 
     tokens = s.micro_batch * model.seq_len
     layer = layer_activations(model, tokens, s.tp, s.sequence_parallel, s.ac, mode)
     head = head_activations(model, tokens, s.tp, s.sequence_parallel, mode)
+    if s.attention == "materialized":
+        layer = materialized_score_activations(layer, model, tokens, s.tp, s.ac)
     if s.lora is not None:
         layer, head = lora_activations(layer, head, model, s.lora, tokens, s.tp, s.sequence_parallel, s.ac, mode)
     in_flight = in_flight_micro_batches(s.schedule, s.pp, pp_rank, s.micro_batches, s.virtual_stages)

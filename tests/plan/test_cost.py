@@ -62,3 +62,54 @@ def test_shares_and_throughput_are_consistent():
         assert c.tokens_per_s == pytest.approx(256 * 2048 / c.step_time_s)
         parts = c.compute_s + c.tp_comm_s + c.pp_comm_s + c.dp_comm_exposed_s + c.bubble_s + c.optimizer_s
         assert parts == pytest.approx(c.step_time_s)
+
+
+def _gpt(**model):
+    base = {"layers": 24, "hidden": 2304, "heads": 24, "vocab": 51200, "seq_len": 2048, "activation": "gelu"}
+    job = job_from_dict({"name": "m", "model": {**base, **model},
+                         "cluster": {"nodes": 4, "gpus_per_node": 8, "gpu": "a100-80gb", "node": "dgx-a100",
+                                     "fabric": "ib-hdr200"}})
+    return job.model, resolve_hardware(job)
+
+
+@pytest.mark.parametrize("tp, ac", [(1, "none"), (2, "full"), (4, "selective")])
+def test_a_materialising_attention_kernel_streams_the_score_matrix(tp, ac):
+    # Pre-FlashAttention kernels (Megatron's core attention) write and re-read the [heads, s, s]
+    # scores: 13 bytes per element forward, 19 backward, the forward once more when recomputed; their
+    # QK^T and AV are plain GEMMs over the whole square. The difference to the flash kernel is
+    # exactly those terms.
+    from hpctrain.plan import cost
+    from hpctrain.plan.model_stats import attention_core_forward_flops_per_token
+
+    model, hw = _gpt()
+    flash = cost.layer_time_per_token_s(model, hw, tp, ac, "bf16")
+    materialized = cost.layer_time_per_token_s(model, hw, tp, ac, "bf16", attention="materialized")
+    peak = hw.gpu.peak_flops_per_s("bf16")
+    width = min(model.hidden, model.ffn_hidden / tp, model.hidden / tp)
+    gemm_rate = peak * hw.gpu.gemm_efficiency * width / (width + cost.GEMM_SIZE_KNEE)
+    core = attention_core_forward_flops_per_token(model) / tp
+    replays = 1 if ac != "none" else 0  # full, and Korthikanti's selective, replay the attention core
+    passes = 3 + replays
+    scores = model.heads / tp * model.seq_len * (13 + 19 + 13 * replays) / (hw.gpu.hbm_bytes_per_s * cost.HBM_EFFICIENCY)
+    expected = (passes * core / gemm_rate + scores
+                - (3 + (1 if ac == "full" else 0)) * cost.CAUSAL_ATTENTION_WORK * core
+                / (peak * hw.gpu.attention_efficiency))
+    assert materialized - flash == pytest.approx(expected, rel=1e-9)
+    assert materialized > flash
+
+
+def test_a_materialising_attention_kernel_keeps_the_scores_without_checkpointing():
+    # Korthikanti et al. 2022, eq. 1: 5 a s^2 b bytes per layer (softmax output, dropout mask and
+    # output) are saved without recomputation; with it they live only during the layer's replay.
+    from hpctrain.plan.activations import SCORE_SAVED_BYTES, layer_activations, materialized_score_activations
+
+    model, _ = _gpt()
+    tokens, tp = 2 * model.seq_len, 2
+    scores = 5.0 * model.heads / tp * model.seq_len * tokens
+    assert SCORE_SAVED_BYTES == 5.0
+    for ac in ("none", "selective", "full"):
+        base = layer_activations(model, tokens, tp, False, ac, "fsdp-mp")
+        with_scores = materialized_score_activations(base, model, tokens, tp, ac)
+        kept = with_scores.saved_bytes - base.saved_bytes
+        replay = with_scores.recompute_peak_bytes - base.recompute_peak_bytes
+        assert (kept, replay) == ((scores, 0.0) if ac == "none" else (0.0, scores))

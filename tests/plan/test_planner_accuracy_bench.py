@@ -88,3 +88,22 @@ def test_fit_reads_only_the_calibration_set(corpus: list[dict], monkeypatch: pyt
     poison = {v: abs(math.log(bench.evaluate(poisoned, {"a100-80gb": v}, rank=False).predicted)) for v in grid}
     both = {v: (errors[v] + poison[v]) / 2 for v in grid}
     assert min(both, key=both.get) != fitted["a100-80gb"]
+
+
+def test_the_publishers_software_is_costed(corpus: list[dict]) -> None:
+    """A run declares what its software had: its attention kernel (pre-FlashAttention runs
+    materialise the scores, slower than flash) and its recomputation modes (no selective before
+    Korthikanti et al. 2022); the search keeps to both."""
+    runs = {run["name"]: run for run in corpus}
+    run = runs["ptdp2-175b-384"]
+    assert run["attention"] == "materialized" and run["ac_modes"] == ["none", "full"]
+    job = bench._job(run, fixed=False)
+    hw = bench._hardware(job, None)
+    layouts, _ = bench._search(job, hw, run=run)
+    assert layouts and {lay.ac for lay in layouts} <= {"none", "full"}
+    flash_run = {key: value for key, value in run.items() if key not in ("attention", "ac_modes")}
+    flash, _ = bench._search(job, hw, run=flash_run)
+    assert "selective" in {lay.ac for lay in flash}
+    assert flash[0].cost.tokens_per_s > layouts[0].cost.tokens_per_s
+    with pytest.raises(SystemExit, match="attention must be one of flash, materialized"):
+        bench._attention({**run, "attention": "xformers"})
