@@ -31,6 +31,7 @@ CORPUS = Path(__file__).resolve().parent / "data" / "published_runs.yaml"
 TOP = 5
 TOLERANCE = 0.15
 GIB = 2**30
+TIME_UNITS = ("step_time_s",)
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,10 @@ class Outcome:
 
     @property
     def error(self) -> float:
-        """Predicted / published - 1, in the publisher's unit (the same ratio as tokens/s)."""
+        """Predicted / published - 1 in throughput terms (the same ratio as tokens/s): for a time
+        unit (step_time_s) that is published / predicted - 1."""
+        if self.unit in TIME_UNITS:
+            return self.published / self.predicted - 1
         return self.predicted / self.published - 1
 
 
@@ -78,7 +82,7 @@ def _job(run: dict[str, Any], fixed: bool) -> Any:
     train: dict[str, Any] = {"global_batch": run["global_batch"], "micro_batch": "auto",
                              "activation_checkpointing": "auto", "precision": "bf16"}
     if fixed:
-        for key in ("tp", "pp", "dp", "zero"):
+        for key in ("tp", "pp", "dp", "zero", "schedule", "virtual_stages"):
             if lay.get(key) is not None:
                 parallel[key] = lay[key]
         if lay.get("micro_batch") is not None:
@@ -138,6 +142,8 @@ def to_unit(run: dict[str, Any], model: Any, hw: Any, tokens_per_s_per_gpu: floa
     metric = run["metric"]
     if metric["unit"] == "tokens_per_s_per_gpu":
         return tokens_per_s_per_gpu
+    if metric["unit"] == "step_time_s":  # one iteration of the global batch
+        return run["global_batch"] * model.seq_len / (tokens_per_s_per_gpu * run["hardware"]["gpus"])
     flops = publisher_flops_per_token(model, metric["flops"]) * tokens_per_s_per_gpu
     if metric["unit"] == "tflops_per_gpu":
         return flops / 1e12
@@ -229,6 +235,8 @@ def summary_line(s: dict[str, Any]) -> str:
 
 
 def _format(value: float, unit: str) -> str:
+    if unit in TIME_UNITS:
+        return f"{value:.2f} s"
     return f"{value:.1%}" if unit == "mfu" else (f"{value:,.0f}" if unit == "tokens_per_s_per_gpu" else f"{value:.0f}")
 
 

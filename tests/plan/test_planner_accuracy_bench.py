@@ -107,3 +107,17 @@ def test_the_publishers_software_is_costed(corpus: list[dict]) -> None:
     assert flash[0].cost.tokens_per_s > layouts[0].cost.tokens_per_s
     with pytest.raises(SystemExit, match="attention must be one of flash, materialized"):
         bench._attention({**run, "attention": "xformers"})
+
+
+def test_a_step_time_row_is_costed_as_published_and_compared_as_throughput(corpus: list[dict]) -> None:
+    """Korthikanti et al.'s table 5 rows publish seconds per iteration: the prediction is the global
+    batch over the planner's tokens/s, the error a throughput ratio (published / predicted - 1), and
+    the published schedule (interleaved, 3 stages per rank) is the one costed."""
+    run = {r["name"]: r for r in corpus}["korthikanti-175b-t5-selective"]
+    o = bench.evaluate(run, rank=False)
+    hw, lay, _ = bench.predict(run)
+    assert (lay.schedule, lay.virtual_stages, lay.ac, lay.sequence_parallel) == ("interleaved-1f1b", 3, "selective", True)
+    assert o.unit == "step_time_s" and o.published == 13.75
+    assert o.predicted == pytest.approx(64 * 2048 / lay.cost.tokens_per_s)
+    assert o.error == pytest.approx(13.75 / o.predicted - 1)
+    assert "13.75 s" in bench.row(o)
