@@ -20,9 +20,9 @@ from hpctrain.plan.comm import FsdpStep, collective_s, fsdp_exposed_s, group_lin
 from hpctrain.plan.hardware import Hardware
 from hpctrain.plan.model_stats import (
     attention_core_forward_flops_per_token,
-    attention_params,
-    ffn_params,
+    ffn_matrices,
     flops_per_token,
+    head_dim,
     head_forward_flops_per_token,
     model_flops_per_token,
 )
@@ -57,9 +57,15 @@ CAUSAL_ATTENTION_WORK = 0.5
 ATTENTION_KERNELS = ("flash", "materialized")
 SCORE_BYTES_FORWARD = 13.0
 SCORE_BYTES_BACKWARD = 19.0
-# GEMM efficiency falls as d / (d + 128) for small widths: cuBLAS's training-shape tiles are 128-256
-# wide, and a dimension that fills a tile only partly wastes the rest (tile quantization, NVIDIA
-# "Matrix Multiplication Background" user guide, sections 2.3 and 3.1). The form is chosen, not fitted.
+# A GEMM's efficiency falls with a short reduction dimension K: each output tile runs a main loop
+# over K whose prologue and epilogue (loading the first tiles, writing the accumulators) do not
+# shrink with it, so a tile is busy K / (K + K0) of its time; cuBLAS's training-shape tiles are
+# 128-256 wide and a K of one tile costs about a second's worth (NVIDIA "Matrix Multiplication
+# Background" user guide, sections 2.3-2.4 and 3.1: performance grows with K until the main loop
+# dominates). Every linear of a layer runs three GEMMs of equal FLOPs (Narayanan et al. 2021,
+# appendix): forward (K = its input width), input gradient (K = its output width) and weight
+# gradient (K = the micro-batch's tokens), so under TP the sharded widths are K in only some of
+# them. K0 = 128 is chosen, not fitted.
 GEMM_SIZE_KNEE = 128.0
 # AdamW step + grad-norm: read p, g, m, v and write p, m, v in fp32, plus one read of g for the norm.
 OPTIMIZER_BYTES_PER_PARAM = 32.0
@@ -131,14 +137,37 @@ def _gemm_size_factor(width: float) -> float:
     return width / (width + GEMM_SIZE_KNEE)
 
 
+def layer_linears(model: Any, tp: int) -> list[tuple[float, float]]:
+    """(input width, output width) of each linear of one layer on one TP rank: column-parallel
+    q, k, v and up(/gate) split their outputs, row-parallel o and down their inputs."""
+    q = model.heads * head_dim(model) / tp
+    kv = model.kv_heads * head_dim(model) / tp
+    ffn = model.ffn_hidden / tp
+    h = float(model.hidden)
+    up = [(h, ffn)] * (ffn_matrices(model) - 1)
+    return [(h, q), (h, kv), (h, kv), (q, h)] + up + [(ffn, h)]
+
+
+def linear_gemm_times(model: Any, tp: int, tokens: float, rate: float) -> tuple[float, float]:
+    """(forward, backward) time per token of a layer's linears on one TP rank at `rate` FLOP/s,
+    each GEMM slowed by its K (GEMM_SIZE_KNEE): forward K = input width, backward K = output width
+    (input gradient) and the micro-batch's tokens (weight gradient)."""
+    forward = backward = 0.0
+    for fan_in, fan_out in layer_linears(model, tp):
+        flops = 2.0 * fan_in * fan_out
+        forward += flops / (rate * _gemm_size_factor(fan_in))
+        backward += flops / (rate * _gemm_size_factor(fan_out)) + flops / (rate * _gemm_size_factor(tokens))
+    return forward, backward
+
+
 def layer_time_per_token_s(model: Any, hw: Hardware, tp: int, ac: str, precision: str, sp: bool = False,
-                           attention: str = "flash") -> float:
-    """Forward + backward (+ recompute) time of one layer per token on one TP rank."""
+                           attention: str = "flash", tokens: float | None = None) -> float:
+    """Forward + backward (+ recompute) time of one layer per token on one TP rank; `tokens` is the
+    micro-batch's token count (the weight gradients' K; default one sequence)."""
     peak = hw.gpu.peak_flops_per_s(precision)
-    width = min(model.hidden, model.ffn_hidden / tp, model.heads * (model.hidden // model.heads) / tp)
-    gemm_rate = peak * hw.gpu.gemm_efficiency * _gemm_size_factor(width)
+    gemm_rate = peak * hw.gpu.gemm_efficiency
     attention_rate = peak * hw.gpu.attention_efficiency
-    matmul_fwd = 2.0 * (attention_params(model) + ffn_params(model)) / tp / gemm_rate
+    matmul_fwd, matmul_bwd = linear_gemm_times(model, tp, tokens if tokens else model.seq_len, gemm_rate)
     hbm = hw.gpu.hbm_bytes_per_s * HBM_EFFICIENCY
     scores_fwd = 0.0  # score-matrix traffic of a materialising kernel, per forward
     if attention == "materialized":
@@ -153,7 +182,7 @@ def layer_time_per_token_s(model: Any, hw: Hardware, tp: int, ac: str, precision
     elementwise_fwd = layer_saved_bytes_per_token_no_ac(model, tp, sp and tp > 1, mode) / hbm
     # backward = 2x the forward's FLOPs; a materialised score matrix is streamed 19/13 as often
     scores_bwd = scores_fwd * SCORE_BYTES_BACKWARD / SCORE_BYTES_FORWARD
-    total = 3.0 * (matmul_fwd + attention_fwd - scores_fwd) + scores_fwd + scores_bwd \
+    total = matmul_fwd + matmul_bwd + 3.0 * (attention_fwd - scores_fwd) + scores_fwd + scores_bwd \
         + ELEMENTWISE_PASSES * elementwise_fwd
     if ac == "full":
         total += matmul_fwd + attention_fwd + ELEMENTWISE_FORWARD_PASSES * elementwise_fwd
@@ -183,7 +212,8 @@ def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int) -> Step
     """Step time and throughput of one layout (see the module docstring for each term)."""
     tokens_mb = c.micro_batch * model.seq_len
     act_bytes = HALF_BYTES if c.precision != "fp32" else 4
-    layer_s = layer_time_per_token_s(model, hw, c.tp, c.ac, c.precision, c.sequence_parallel, c.attention)
+    layer_s = layer_time_per_token_s(model, hw, c.tp, c.ac, c.precision, c.sequence_parallel, c.attention,
+                                     tokens=tokens_mb)
     compute_mb = tokens_mb * (c.max_rank_layers * layer_s
                               + (head_time_per_token_s(model, hw, c.tp, c.precision) if c.max_rank_has_head else 0.0))
 

@@ -29,9 +29,10 @@ GIB = 2**30
 # boost), so it sits below what cuBLAS reaches alone on large GEMMs (NVIDIA
 # "Matrix Multiplication Background" user guide, section 2.3, tile sizes and performance). Re-fit
 # when the cost model changes (A100: 0.66 before the pre-FlashAttention runs' score traffic had a
-# term of its own, cost.SCORE_BYTES_*; 0.70 with it). H200 has no run in the corpus: it shares
+# term of its own, cost.SCORE_BYTES_*; 0.70 with it; 0.69 once each GEMM's reduction width sets
+# its efficiency, cost.linear_gemm_times). H200 has no run in the corpus: it shares
 # H100's SMs, clocks and 700 W limit (H200 datasheet) and takes H100's figure.
-A100_GEMM_EFFICIENCY = 0.70
+A100_GEMM_EFFICIENCY = 0.69
 H100_GEMM_EFFICIENCY = 0.57
 # Attention efficiency from the kernels' own papers (not fitted): FlashAttention-2 reaches 50-73 % of
 # the A100 peak (Dao 2023, arXiv 2307.08691, abstract; forward, backward lower, hence the low end) and

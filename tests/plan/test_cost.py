@@ -85,8 +85,7 @@ def test_a_materialising_attention_kernel_streams_the_score_matrix(tp, ac):
     flash = cost.layer_time_per_token_s(model, hw, tp, ac, "bf16")
     materialized = cost.layer_time_per_token_s(model, hw, tp, ac, "bf16", attention="materialized")
     peak = hw.gpu.peak_flops_per_s("bf16")
-    width = min(model.hidden, model.ffn_hidden / tp, model.hidden / tp)
-    gemm_rate = peak * hw.gpu.gemm_efficiency * width / (width + cost.GEMM_SIZE_KNEE)
+    gemm_rate = peak * hw.gpu.gemm_efficiency  # batched score GEMMs: no reduction-width term
     core = attention_core_forward_flops_per_token(model) / tp
     replays = 1 if ac != "none" else 0  # full, and Korthikanti's selective, replay the attention core
     passes = 3 + replays
@@ -113,3 +112,27 @@ def test_a_materialising_attention_kernel_keeps_the_scores_without_checkpointing
         kept = with_scores.saved_bytes - base.saved_bytes
         replay = with_scores.recompute_peak_bytes - base.recompute_peak_bytes
         assert (kept, replay) == ((scores, 0.0) if ac == "none" else (0.0, scores))
+
+
+def test_gemm_efficiency_follows_each_gemms_reduction_width():
+    # Every linear runs forward (K = input width), input-gradient (K = output width) and
+    # weight-gradient (K = tokens) GEMMs of equal FLOPs, each at K / (K + 128) of the GEMM rate.
+    from hpctrain.plan import cost
+
+    model, hw = _gpt()
+    rate = 1e15
+    linears = cost.layer_linears(model, 8)
+    h, ffn = 2304.0, 4 * 2304.0 / 8
+    assert linears == [(h, h / 8), (h, h / 8), (h, h / 8), (h / 8, h), (h, ffn), (ffn, h)]
+    forward, backward = cost.linear_gemm_times(model, 8, 4096, rate)
+
+    def slow(k):
+        return (k + 128.0) / k
+
+    assert forward == pytest.approx(sum(2 * i * o / rate * slow(i) for i, o in linears))
+    assert backward == pytest.approx(sum(2 * i * o / rate * (slow(o) + slow(4096)) for i, o in linears))
+    # the narrow TP shard is K only in some passes: TP 8 costs per FLOP less than min(width) would say
+    flops = 3 * sum(2 * i * o for i, o in linears) / rate
+    assert flops * slow(h / 8) > forward + backward > flops
+    # more tokens per micro-batch: cheaper weight gradients
+    assert cost.linear_gemm_times(model, 8, 16384, rate)[1] < backward

@@ -76,7 +76,7 @@ def test_fit_reads_only_the_calibration_set(corpus: list[dict], monkeypatch: pyt
     a validation run on the same GPU, however wrong, does not move it."""
     runs = {run["name"]: run for run in corpus}
     calibration = runs["mpt-1b-a100"]
-    poisoned = {**runs["torchtitan-llama3-8b"], "metric": {"value": 1.0, "unit": "tokens_per_s_per_gpu"}}
+    poisoned = {**runs["torchtitan-llama3-70b"], "metric": {"value": 1.0, "unit": "tokens_per_s_per_gpu"}}
     grid = [0.45, 0.63, 0.85]
     monkeypatch.setattr(bench, "GEMM_GRID", grid)
     fitted = bench.fit_gemm_efficiency([calibration, poisoned])
