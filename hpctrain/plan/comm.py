@@ -72,8 +72,12 @@ def group_link(hw: Hardware, span_slots: int, ranks: int) -> Link:
     1536 GPUs at a fixed global batch, i.e. its ~1 TB per GPU of gathers and reduce-scatters moved
     at ~16 GB/s per GPU, two thirds of one HDR NIC, not 8x that. So a member that crosses the
     fabric is bounded by its own NIC: the node's achievable fabric bandwidth / gpus_per_node.
-    Known tension: torchtitan's FSDP2 on 8 DGX A100 nodes (bench/planner_accuracy.py) runs 15-30 %
-    faster than this bound allows, closer to the nccl-tests aggregate.
+    Known tension: torchtitan's FSDP2 on 8 DGX A100 nodes (bench/planner_accuracy.py) beats this
+    bound. Its Llama 2 13B row (2162 tokens/s, 104 GB of fp32 reduce-scatters and bf16 gathers per
+    GPU and step) needs at least 27 GB/s per GPU, its Llama 2 70B local-batch-1 row (355 tokens/s)
+    at least 49 GB/s: more than one HDR NIC's 25 GB/s line rate, closer to the nccl-tests
+    aggregate. With the aggregate (members per node x one NIC) those rows fit and the six ZeRO-3
+    rows come out 1.3-4x too fast; no single bandwidth fits both publishers' collectives.
     """
     if ranks <= 1:
         return Link(float("inf"), ranks, 1)
