@@ -50,11 +50,14 @@ class Outcome:
     fits: bool
     memory_gib: float
     published_memory_gib: Optional[float]
+    failure: str = ""  # why the run could not be costed (it then counts as a miss everywhere)
 
     @property
     def error(self) -> float:
         """Predicted / published - 1 in throughput terms (the same ratio as tokens/s): for a time
         unit (step_time_s) that is published / predicted - 1."""
+        if self.failure:
+            return float("inf")
         if self.unit in TIME_UNITS:
             return self.published / self.predicted - 1
         return self.predicted / self.published - 1
@@ -212,6 +215,22 @@ def evaluate(run: dict[str, Any], gemm_efficiency: Optional[dict[str, float]] = 
                    published_memory_gib=run.get("memory_gib"))
 
 
+def failed(run: dict[str, Any], why: str) -> Outcome:
+    """A corpus run the planner cannot cost (an unknown name, an impossible layout): a miss."""
+    metric = run.get("metric", {})
+    return Outcome(name=run.get("name", "?"), set=run.get("set", "validation"), layout_case=bool(run.get("layout_case")),
+                   rank=None, rank_note="", unit=metric.get("unit", "?"), published=float(metric.get("value", 0) or 0),
+                   predicted=float("nan"), layout="", fits=False, memory_gib=float("nan"),
+                   published_memory_gib=None, failure=why.strip().splitlines()[0] if why.strip() else "error")
+
+
+def evaluate_or_fail(run: dict[str, Any], gemm_efficiency: Optional[dict[str, float]] = None) -> Outcome:
+    try:
+        return evaluate(run, gemm_efficiency)
+    except (ValueError, KeyError, TypeError, SystemExit) as exc:
+        return failed(run, f"{type(exc).__name__}: {exc}" if not isinstance(exc, SystemExit) else str(exc))
+
+
 def summary(outcomes: list[Outcome], which: str) -> dict[str, Any]:
     """The figures of one set: top-5 share of layout cases, +-15 % share and median |error|."""
     chosen = [o for o in outcomes if o.set == which]
@@ -223,7 +242,8 @@ def summary(outcomes: list[Outcome], which: str) -> dict[str, Any]:
             "top5_share": top / len(layout_cases) if layout_cases else float("nan"),
             "throughput_cases": len(chosen), "within": within,
             "within_share": within / len(chosen) if chosen else float("nan"),
-            "median_abs_error": statistics.median(errors) if errors else float("nan")}
+            "median_abs_error": statistics.median(errors) if errors else float("nan"),
+            "not_costed": sum(1 for o in chosen if o.failure)}
 
 
 def summary_line(s: dict[str, Any]) -> str:
@@ -231,7 +251,8 @@ def summary_line(s: dict[str, Any]) -> str:
         return f"{s['set']}: no runs selected"
     return (f"{s['set']}: published (tp,pp) in top {TOP}: {s['top5']}/{s['layout_cases']} ({s['top5_share']:.0%}); "
             f"throughput within +-{TOLERANCE:.0%}: {s['within']}/{s['throughput_cases']} ({s['within_share']:.0%}); "
-            f"median |error| {s['median_abs_error']:.1%}")
+            f"median |error| {s['median_abs_error']:.1%}"
+            + (f"; {s['not_costed']} not costed, counted as misses" if s.get("not_costed") else ""))
 
 
 def _format(value: float, unit: str) -> str:
@@ -241,6 +262,8 @@ def _format(value: float, unit: str) -> str:
 
 
 def row(o: Outcome) -> str:
+    if o.failure:
+        return f"{o.name:<27} {o.set[:3]} NOT COSTED (counted as a miss): {o.failure}"
     rank = "-" if o.rank is None else str(o.rank)
     case = "" if o.layout_case else "*"
     memory = f"{o.memory_gib:.0f} GiB" + ("" if o.fits else " over") + (
@@ -287,7 +310,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.fit:
         fitted = fit_gemm_efficiency(runs)
         print("fitted on calibration: " + ", ".join(f"{gpu} gemm_efficiency={v:.2f}" for gpu, v in fitted.items()))
-    outcomes = [evaluate(r, fitted) for r in runs]
+    outcomes = [evaluate_or_fail(r, fitted) for r in runs]
     print("rank: of the published (tp,pp) family in the full search (* = not a layout case); "
           "predicted: the best layout within the published one")
     for o in outcomes:

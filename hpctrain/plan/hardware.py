@@ -154,11 +154,17 @@ class NodeProfile:
     nvlink_island_gpus: int  # GPUs that reach each other over NVLink/NVSwitch at full bandwidth
     nics_per_node: int
     fabric: str
+    other_gpus: tuple[str, ...] = ()  # the same server model sold with another GPU variant
+
+    @property
+    def gpus(self) -> tuple[str, ...]:
+        return (self.gpu, *self.other_gpus)
 
 
 NODES: dict[str, NodeProfile] = {
-    # NVIDIA DGX A100 user guide: 8x A100 on 6 NVSwitches (one island), 8x HDR200 compute NICs.
-    "dgx-a100": NodeProfile("dgx-a100", "a100-80gb", 8, 8, 8, "ib-hdr200"),
+    # NVIDIA DGX A100 user guide: 8x A100 on 6 NVSwitches (one island), 8x HDR200 compute NICs; the
+    # DGX A100 320GB system carries the 40 GB A100, the 640GB system the 80 GB one.
+    "dgx-a100": NodeProfile("dgx-a100", "a100-80gb", 8, 8, 8, "ib-hdr200", other_gpus=("a100-40gb",)),
     # NVIDIA DGX H100 user guide: 8x H100 SXM on 4 NVSwitches, 8x NDR400 (ConnectX-7) compute NICs.
     "dgx-h100": NodeProfile("dgx-h100", "h100-80gb", 8, 8, 8, "ib-ndr400"),
     # NVIDIA HGX H200 reference board: 8x H200 SXM with NVSwitch; typically 8x NDR400 NICs.
@@ -223,9 +229,9 @@ def check_catalog_names(job: Any) -> list[str]:
                             f"known: {', '.join(known)}")
     if cluster.node is not None and _lookup(NODES, cluster.node) is not None and spec is None:
         profile = _lookup(NODES, cluster.node)
-        if _lookup(GPUS, cluster.gpu) is not None and profile.gpu != cluster.gpu.lower():
-            problems.append(f"cluster.gpu: node profile {profile.name!r} has {profile.gpu} GPUs (got {cluster.gpu!r}); "
-                            f"set cluster.gpu={profile.gpu} or choose another cluster.node")
+        if _lookup(GPUS, cluster.gpu) is not None and cluster.gpu.lower() not in profile.gpus:
+            problems.append(f"cluster.gpu: node profile {profile.name!r} has {' or '.join(profile.gpus)} GPUs "
+                            f"(got {cluster.gpu!r}); set cluster.gpu={profile.gpu} or choose another cluster.node")
     return problems
 
 

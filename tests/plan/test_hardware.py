@@ -46,3 +46,17 @@ def test_gpu_spec_defines_a_new_gpu():
 def test_unknown_name_raises_with_suggestion():
     with pytest.raises(ValueError, match="did you mean 'ib-ndr400'"):
         resolve_hardware(job(fabric="ib-ndr"))
+
+
+def test_a_node_profile_takes_its_gpu_variants_and_refuses_others():
+    # DGX A100 320GB (40 GB A100s) and 640GB (80 GB) are one server model: the profile's islands and
+    # NICs, the chosen GPU's memory and HBM bandwidth.
+    small = resolve_hardware(job(node="dgx-a100", gpu="a100-40gb", gpus_per_node=8))
+    assert small.gpu.name == "a100-40gb" and small.gpu.memory_bytes == 40 * 2**30
+    assert (small.nvlink_island_gpus, small.nics_per_node) == (8, 8)
+    assert small.gpu.hbm_bytes_per_s < resolve_hardware(job(node="dgx-a100", gpus_per_node=8)).gpu.hbm_bytes_per_s
+    with pytest.raises(ValueError, match="node profile 'dgx-h100' has h100-80gb GPUs .got 'a100-40gb'.; "
+                                         "set cluster.gpu=h100-80gb"):
+        resolve_hardware(job(node="dgx-h100", gpu="a100-40gb", gpus_per_node=8))
+    with pytest.raises(ValueError, match="'dgx-a100' has a100-80gb or a100-40gb GPUs"):
+        resolve_hardware(job(node="dgx-a100", gpu="h100-80gb", gpus_per_node=8))

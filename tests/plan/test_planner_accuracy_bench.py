@@ -121,3 +121,14 @@ def test_a_step_time_row_is_costed_as_published_and_compared_as_throughput(corpu
     assert o.predicted == pytest.approx(64 * 2048 / lay.cost.tokens_per_s)
     assert o.error == pytest.approx(13.75 / o.predicted - 1)
     assert "13.75 s" in bench.row(o)
+
+
+def test_a_run_the_planner_cannot_cost_is_a_miss_not_a_crash(corpus: list[dict]) -> None:
+    good = {r["name"]: r for r in corpus}["mpt-1b-a100"]
+    bad = {**good, "name": "typo", "hardware": {**good["hardware"], "gpu": "a100-81gb"}}
+    outcomes = [bench.evaluate_or_fail(good), bench.evaluate_or_fail(bad)]
+    assert outcomes[1].failure.startswith("ValueError: cluster.gpu: unknown name (got 'a100-81gb')")
+    assert "NOT COSTED" in bench.row(outcomes[1])
+    s = bench.summary(outcomes, "calibration")
+    assert (s["throughput_cases"], s["within"], s["not_costed"]) == (2, 1, 1)
+    assert "1 not costed, counted as misses" in bench.summary_line(s)
