@@ -326,14 +326,31 @@ def _measure_gloo(configs: list[Config]) -> list[dict[str, float]]:
     return [found[i] for i in range(len(configs))]
 
 
+def _measure_in_process(cfg: Config) -> dict[str, float]:
+    """One fake- or real-tensor configuration, measured in this process (one thread)."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+
+    torch.set_num_threads(1)
+    job = cfg.job()
+    world = job.parallel.tp * job.parallel.pp * job.parallel.dp
+    return _with_fake_group(world, lambda: _measure_here(cfg, fake=cfg.kind == "fake"))
+
+
 def measure_all(configs: list[Config]) -> list[dict[str, float]]:
-    """Measured bytes per category for each configuration (in order)."""
+    """Measured bytes per category for each configuration (in order). The fake- and real-tensor
+    configurations are independent single-process measurements (MemTracker counts tensors, not
+    the process's memory), so they are spread over spawned workers, one per core; the gloo ones
+    run as one multi-process group."""
+    from concurrent.futures import ProcessPoolExecutor
+
     out: dict[int, dict[str, float]] = {}
-    for index, cfg in enumerate(configs):
-        if cfg.kind in ("fake", "real"):
-            job = cfg.job()
-            world = job.parallel.tp * job.parallel.pp * job.parallel.dp
-            out[index] = _with_fake_group(world, lambda: _measure_here(cfg, fake=cfg.kind == "fake"))
+    local = [i for i, cfg in enumerate(configs) if cfg.kind in ("fake", "real")]
+    if local:
+        workers = max(1, min(len(local), os.cpu_count() or 1))
+        with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
+            for index, value in zip(local, pool.map(_measure_in_process, [configs[i] for i in local])):
+                out[index] = value
     gloo = [i for i, cfg in enumerate(configs) if cfg.kind == "gloo"]
     if gloo:
         for index, value in zip(gloo, _measure_gloo([configs[i] for i in gloo])):
