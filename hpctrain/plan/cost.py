@@ -171,27 +171,28 @@ def layer_time_per_token_s(model: Any, hw: Hardware, tp: int, ac: str, precision
     attention_rate = peak * hw.gpu.attention_efficiency
     matmul_fwd, matmul_bwd = linear_gemm_times(model, tp, tokens if tokens else model.seq_len, gemm_rate)
     hbm = hw.gpu.hbm_bytes_per_s * HBM_EFFICIENCY
-    scores_fwd = 0.0  # score-matrix traffic of a materialising kernel, per forward
-    if attention == "materialized":
-        attention_fwd = attention_core_forward_flops_per_token(model) / tp / gemm_rate
+    core_flops = attention_core_forward_flops_per_token(model) / tp
+    if attention == "materialized":  # plain GEMMs over the whole square, plus the scores' traffic
+        core_fwd = core_flops / gemm_rate
         score_elements = model.heads / tp * model.seq_len  # per token: one row of s scores per head
         scores_fwd = score_elements * SCORE_BYTES_FORWARD / hbm
-        attention_fwd += scores_fwd
+        scores_bwd = score_elements * SCORE_BYTES_BACKWARD / hbm
     else:
-        attention_fwd = CAUSAL_ATTENTION_WORK * attention_core_forward_flops_per_token(model) / tp / attention_rate
+        core_fwd = CAUSAL_ATTENTION_WORK * core_flops / attention_rate
+        scores_fwd = scores_bwd = 0.0
     mode = "fp32" if precision == "fp32" else "fsdp-mp"
     # under sequence parallelism the norm / residual regions run on a 1/tp sequence shard
     elementwise_fwd = layer_saved_bytes_per_token_no_ac(model, tp, sp and tp > 1, mode) / hbm
-    # backward = 2x the forward's FLOPs; a materialised score matrix is streamed 19/13 as often
-    scores_bwd = scores_fwd * SCORE_BYTES_BACKWARD / SCORE_BYTES_FORWARD
-    total = matmul_fwd + matmul_bwd + 3.0 * (attention_fwd - scores_fwd) + scores_fwd + scores_bwd \
-        + ELEMENTWISE_PASSES * elementwise_fwd
+    # the attention core's backward is twice its forward's FLOPs (as every GEMM's)
+    total = (matmul_fwd + matmul_bwd + 3.0 * core_fwd + scores_fwd + scores_bwd
+             + ELEMENTWISE_PASSES * elementwise_fwd)
+    attention_replay = core_fwd + scores_fwd
     if ac == "full":
-        total += matmul_fwd + attention_fwd + ELEMENTWISE_FORWARD_PASSES * elementwise_fwd
+        total += matmul_fwd + attention_replay + ELEMENTWISE_FORWARD_PASSES * elementwise_fwd
     elif ac == "selective":  # the runtime's op policy saves matmul/SDPA outputs, recomputes the rest
         total += ELEMENTWISE_FORWARD_PASSES * elementwise_fwd
         if attention == "materialized":  # Korthikanti's selective: the attention core is replayed
-            total += attention_fwd
+            total += attention_replay
     return total
 
 
