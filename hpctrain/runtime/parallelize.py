@@ -30,6 +30,7 @@ from hpctrain.errors import ConfigError
 from hpctrain.runtime.activation_checkpoint import apply_ac
 from hpctrain.runtime.compile import apply_compile
 from hpctrain.runtime.data_parallel import apply_fsdp, sync_every_microbatch
+from hpctrain.runtime.grad_norm import clip_to, is_sharded, norm_weights, weighted_grad_sq
 from hpctrain.runtime.init import ShardFill, init_parameters, random_fill
 from hpctrain.runtime.lora import apply_lora, init_lora, is_adapter
 from hpctrain.runtime.model import ModelArgs, Transformer, build_model, cross_entropy_loss
@@ -108,7 +109,7 @@ class Training:
             if isinstance(p, DTensor):
                 names = p.device_mesh.mesh_dim_names or ()
                 for i, placement in enumerate(p.placements):
-                    if i < len(names) and names[i] == "tp" and _is_sharded(placement):
+                    if i < len(names) and names[i] == "tp" and is_sharded(placement):
                         dim, size = getattr(placement, "dim") % len(shape), p.device_mesh.size(i)
                         chunk = -(-shape[dim] // size)  # torch.chunk: the last shards may be short
                         rank = p.device_mesh.get_local_rank(i)
@@ -248,23 +249,11 @@ class Training:
         return loss, norm, agreed
 
     def _clip(self, norm: float, max_norm: float | None) -> None:
-        if max_norm is not None and math.isfinite(max_norm) and norm > max_norm:
-            coef = max_norm / (norm + 1e-6)
-            grads = [local_tensor(p.grad) for p in self.parameters() if p.grad is not None]
-            torch._foreach_mul_(grads, coef)
+        clip_to(self.parameters(), norm, max_norm)
 
     def _grad_sq_local(self) -> torch.Tensor:
         """This rank's weighted sum of squared gradient elements (float64, on the device)."""
-        groups: dict[tuple[torch.device, float], list[torch.Tensor]] = {}
-        for p, weight in self._norm_weights:
-            if p.grad is not None:
-                g = local_tensor(p.grad).detach()
-                groups.setdefault((g.device, weight), []).append(g)
-        sq = torch.zeros((), dtype=torch.float64, device=self.device)
-        for (_, weight), grads in groups.items():
-            norms = torch._foreach_norm(grads, 2.0)  # one fused kernel per group, fp32 accumulation
-            sq += torch.stack(norms).double().pow(2).sum().to(self.device) * weight
-        return sq
+        return weighted_grad_sq(self._norm_weights, self.device)
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
         """optimizer.step(), unless fp16 loss scaling found inf/nan; returns whether it stepped."""
@@ -276,31 +265,6 @@ class Training:
             optimizer.step()
         self.loss_scaler.update()
         return stepped
-
-
-def _is_sharded(placement: Any) -> bool:
-    """Shard or FSDP's _StridedShard (whose is_shard() is False): anything but Replicate/Partial."""
-    return not (placement.is_replicate() or placement.is_partial())
-
-
-def _norm_weights(training: Training) -> list[tuple[nn.Parameter, float]]:
-    """Per parameter, 1 / (number of ranks in its pp stage holding the same elements)."""
-    from torch.distributed.tensor import DTensor
-
-    replicas = training.dims.dp * training.dims.tp
-    weights = []
-    for part in training.model_parts:
-        tied_copy = part.has_tied_copy and training.tied_group is not None
-        for name, p in part.named_parameters():
-            if tied_copy and name == "output.weight":
-                continue  # counted once, on the first stage
-            sharded = 1
-            if isinstance(p, DTensor):
-                for i, placement in enumerate(p.placements):
-                    if _is_sharded(placement):
-                        sharded *= p.device_mesh.size(i)
-            weights.append((p, sharded / replicas))
-    return weights
 
 
 def _tied_group(mesh: Any, rank: int) -> Any:
@@ -417,7 +381,7 @@ def build_training(job: Any, device: torch.device, initialise: bool = True) -> T
         training.schedule = apply_pp(
             parts, mesh["pp"], device, schedule=par.schedule, n_microbatches=n_micro, loss_fn=training._loss_fn
         )
-    training._norm_weights = _norm_weights(training)
+    training._norm_weights = norm_weights(training.model_parts, dims.dp * dims.tp, training.tied_group is not None)
     if initialise:
         training.initialise()
     return training
