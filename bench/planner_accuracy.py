@@ -3,15 +3,19 @@
     python bench/planner_accuracy.py [--only NAME ...] [--fit] [--corpus PATH]
 
 The corpus (bench/data/published_runs.yaml) lists each run with its source, its published layout and
-its published throughput in the publisher's own unit, its attention kernel (runs before
-FlashAttention materialise the score matrix: cost.py, "materialized"), split up front into a calibration and a
-validation set (by source; the file's header says how). For each run:
-- rank: where the published (tp, pp) family lands in the planner's full search (families ordered by
-  their best layout; "-" when the planner finds that family infeasible, with its reason);
+its published throughput in the publisher's own unit, and what the publisher's software had (its
+attention kernel: runs before FlashAttention materialise the score matrix, cost.py "materialized";
+its recomputation modes, `ac_modes`), split up front into a calibration and a validation set (by
+source; the file's header says how). For each run:
+- rank: where the published (tp, pp) family lands in the planner's full search over the publisher's
+  recomputation modes (families ordered by their best layout; "-" when the planner finds that
+  family infeasible, with its reason);
 - predicted vs published throughput: the planner's best layout within the published layout (the
   fields the source fixes are fixed, the rest searched; one over the memory budget is still costed
   and marked "over"), converted to the publisher's unit with the publisher's FLOP formula;
 - predicted memory of that layout, beside the published figure where there is one.
+A run the planner cannot cost (an unknown catalog name, an impossible layout) is printed as NOT
+COSTED and counts as a miss in every figure.
 Then one summary line per set: published (tp, pp) in the top 5 (layout cases), throughput within
 +-15 %, median absolute throughput error. `--fit` fits each GPU's GEMM efficiency on the calibration
 set only (hardware.py cites the result) and reports both sets with the fitted values. Torch-free.
