@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from hpctrain.config import job_from_dict
-from hpctrain.diagnose.commands import register
+from hpctrain.cli.diagnose import register
 from hpctrain.plan.planner import plan_job
 
 from ._runs import gpu_job, healthy_telemetry, make_run, metrics_lines
@@ -42,7 +42,7 @@ def test_report_cli_tables_only(tmp_path, capsys):
 
 
 def test_login_path_imports_no_torch_and_no_matplotlib():
-    code = ("import sys, hpctrain.diagnose.commands, hpctrain.diagnose.doctor, hpctrain.diagnose.report; "
+    code = ("import sys, hpctrain.cli.diagnose, hpctrain.diagnose.doctor, hpctrain.diagnose.report; "
             "print('torch' in sys.modules, 'matplotlib' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]

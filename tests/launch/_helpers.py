@@ -13,11 +13,9 @@ from typing import Any, Callable, Optional
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
-# `hpctrain` as a user runs it; adds the launch commands when cli.py does not list them yet.
+# `hpctrain` as a user runs it.
 CLI = [sys.executable, "-c",
-       "import sys; from hpctrain import cli; m = 'hpctrain.launch.commands'; "
-       "cli.COMMAND_MODULES = tuple(cli.COMMAND_MODULES) + (() if m in cli.COMMAND_MODULES else (m,)); "
-       "sys.exit(cli.main())"]
+       "import sys; from hpctrain.cli import main; sys.exit(main())"]
 
 # Imported by every Python process of a job through PYTHONPATH: each runtime rank records its
 # environment (read from /proc, so before any of hpctrain runs) into HPCTRAIN_PROBE_DIR.

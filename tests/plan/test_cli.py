@@ -11,23 +11,13 @@ from pathlib import Path
 import pytest
 
 from hpctrain import cli
-from hpctrain.plan.cli_commands import register
 
 ROOT = Path(__file__).resolve().parents[2]
 TOPO = Path(__file__).parent / "data" / "topo"
 
 
 def run(argv: list[str], capsys) -> tuple[int, str, str]:
-    parser = cli.build_parser()
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    if "plan" not in sub.choices:  # until hpctrain/cli.py lists hpctrain.plan.cli_commands
-        register(sub)
-    original = cli.build_parser
-    cli.build_parser = lambda: parser
-    try:
-        code = cli.main(argv)
-    finally:
-        cli.build_parser = original
+    code = cli.main(argv)
     out, err = capsys.readouterr()
     return code, out, err
 

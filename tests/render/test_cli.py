@@ -18,7 +18,7 @@ QUICKSTART = str(REPO / "examples" / "quickstart.yaml")
 
 def _main(argv: list[str]) -> int:
     """The command as hpctrain.cli runs it (parse, call the handler, map errors to exit codes)."""
-    from hpctrain.render import commands
+    from hpctrain.cli import render as commands
 
     parser = argparse.ArgumentParser(prog="hpctrain")
     commands.register(parser.add_subparsers(dest="command"))
@@ -58,7 +58,7 @@ def test_render_mistakes_exit_2_with_the_field(capsys: pytest.CaptureFixture[str
 def test_commands_module_is_light_and_render_never_imports_torch(tmp_path: Path) -> None:
     code = (
         "import sys\n"
-        "import hpctrain.render.commands\n"
+        "import hpctrain.cli.render\n"
         "heavy = [m for m in ('jinja2', 'torch', 'pydantic', 'yaml') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
         "from tests.render.test_cli import _main\n"

@@ -103,7 +103,7 @@ def test_data_prepare_command_needs_no_torch(tmp_path) -> None:
     files = text_files()[:3]
     code = (
         "import argparse, sys\n"
-        "from hpctrain.runtime import data_commands\n"
+        "from hpctrain.cli import data as data_commands\n"
         "assert 'numpy' not in sys.modules and 'torch' not in sys.modules\n"
         "p = argparse.ArgumentParser(); data_commands.register(p.add_subparsers())\n"
         "a = p.parse_args(sys.argv[1:]); rc = a.handler(a)\n"
@@ -121,7 +121,7 @@ def test_data_prepare_command_needs_no_torch(tmp_path) -> None:
 
 
 def test_data_command_usage_without_action() -> None:
-    from hpctrain.runtime import data_commands
+    from hpctrain.cli import data as data_commands
 
     parser = argparse.ArgumentParser()
     data_commands.register(parser.add_subparsers())

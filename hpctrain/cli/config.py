@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+from hpctrain.cli.options import add_set_option
+
 
 def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
-    from hpctrain.cli import add_set_option
-
     validate = subparsers.add_parser("validate", help="check job.yaml files against the schema",
                                      description="Exit 0 when every file is valid; else print one line per "
                                                  "problem (FILE:LINE: field: what; fix) and exit 2.")

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+from hpctrain.cli.options import add_set_option
+
 
 def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
-    from hpctrain.cli import add_set_option
-
     render = subparsers.add_parser(
         "render", help="write the sbatch script, the container recipe and the resolved job (vcjob.yaml for volcano)",
         description="Resolve the job (the planner fills every 'auto'), then write job.sbatch, recipe.def and "

@@ -1,8 +1,9 @@
 """The `hpctrain` command: parse arguments, call one stage function, print, map errors to exit codes.
 
-Each stage contributes its subcommands through a `register(subparsers)` function in a small module
-that imports only argparse at top level; the stage itself is imported when its command runs, so
-`hpctrain validate` never pays for (or imports) torch.
+Each stage's subcommands are registered by a `register(subparsers)` function in a small module of this
+package (hpctrain/cli/<stage>.py) that imports only argparse at top level; the stage itself is imported
+when its command runs, so `hpctrain validate` never pays for (or imports) torch. This package is the
+only place stages meet; no stage imports it (docs/architecture.md, "Who imports whom").
 """
 
 from __future__ import annotations
@@ -13,24 +14,19 @@ import sys
 from typing import Optional, Sequence
 
 from hpctrain import __version__
+from hpctrain.cli.options import add_set_option
 from hpctrain.errors import HpctrainError
 
 # Modules with a `register(subparsers)` function, in --help order. Only commands that work are listed.
 COMMAND_MODULES = (
-    "hpctrain.config.commands",
-    "hpctrain.plan.cli_commands",
-    "hpctrain.render.commands",
-    "hpctrain.runtime.data_commands",
-    "hpctrain.runtime.export_commands",
-    "hpctrain.launch.commands",
-    "hpctrain.diagnose.commands",
+    "hpctrain.cli.config",
+    "hpctrain.cli.plan",
+    "hpctrain.cli.render",
+    "hpctrain.cli.data",
+    "hpctrain.cli.export",
+    "hpctrain.cli.launch",
+    "hpctrain.cli.diagnose",
 )
-
-
-def add_set_option(parser: argparse.ArgumentParser) -> None:
-    """The `--set KEY=VALUE` option shared by every command that reads a job."""
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a job.yaml value, e.g. --set parallel.tp=4 (repeatable; YAML scalars)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 
+from hpctrain.cli.options import add_set_option
+
 TYPE_CHECKING = False  # the constant mypy understands, without importing typing on the login path
 if TYPE_CHECKING:
     from typing import Any
@@ -27,14 +29,12 @@ def _add_wait(parser: argparse.ArgumentParser) -> None:
 
 
 def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
-    from hpctrain.cli import add_set_option as _add_set
-
     submit = subparsers.add_parser("submit", help="submit a job (Slurm, or local processes)",
                                    description="Resolve the job, create runs/<name>-<time>/, render the sbatch script "
                                                "and submit it (or start local processes); prints the job id and the "
                                                "run directory. Exit 2: bad input; 3: the scheduler refused.")
     submit.add_argument("job", metavar="JOB.yaml", help="the job file to submit")
-    _add_set(submit)
+    add_set_option(submit)
     submit.add_argument("--dry-run", action="store_true", help="write the run directory and script, submit nothing")
     _add_wait(submit)
     submit.set_defaults(handler=run_submit)
@@ -44,7 +44,7 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
                                               "infeasible points with the planner's reason, submit one array "
                                               "(--array=0-N%K); each task reads its own resolved job.")
     sweep.add_argument("job", metavar="JOB.yaml", help="the job file whose grid to submit")
-    _add_set(sweep)
+    add_set_option(sweep)
     sweep.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2,...",
                        help="a grid axis, e.g. --grid parallel.tp=1,2,4 (repeatable; adds to or replaces sweep.grid)")
     sweep.add_argument("--max-parallel", type=int, default=None, metavar="K", help="array tasks at once (%%K)")
@@ -76,7 +76,7 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
                                    description="Resubmit a finished, failed or cancelled run in the same run "
                                                "directory; --set may change the layout or node count.")
     resume.add_argument("run", metavar="RUN", help=_RUN_HELP)
-    _add_set(resume)
+    add_set_option(resume)
     resume.add_argument("--dry-run", action="store_true", help="write the new job files and script, submit nothing")
     _add_wait(resume)
     _add_runs_dir(resume)

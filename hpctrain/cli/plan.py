@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+from hpctrain.cli.options import add_set_option
+
 
 def add_plan_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
-    from hpctrain.cli import add_set_option
-
     plan = subparsers.add_parser(
         "plan", help="predict memory and step time, and pick the best TP/PP/DP layout",
         description="Search every layout the job allows (the `auto` values of parallel.*, train.micro_batch and "

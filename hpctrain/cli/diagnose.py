@@ -18,7 +18,7 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     doctor.add_argument("--stall-minutes", type=float, default=10.0, metavar="N",
                         help="report no progress after N minutes without a metrics line (default 10)")
     doctor.add_argument("--no-scheduler", action="store_true", help="do not ask Slurm (sacct/scontrol) about the job")
-    # scheduler_query: Slurm's view of the job (sacct), given by cli.py from the launch stage's wrapper
+    # scheduler_query: Slurm's view of the job (sacct), given by hpctrain/cli/main.py from the launch stage's wrapper
     # when --no-scheduler is not set; diagnose itself never imports launch (ARCHITECTURE.md section 5).
     doctor.set_defaults(handler=run_doctor, scheduler_query=None, wants_scheduler_query=True)
 
