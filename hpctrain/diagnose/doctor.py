@@ -89,7 +89,8 @@ def diagnose_run(path: str | Path, *, thresholds: Thresholds = Thresholds(),
     notes = []
     if ctx.prediction is None and ctx.prediction_problem:
         notes.append(f"no planner prediction: {ctx.prediction_problem}")
-    from hpctrain.plan.replan import LAYOUT_CHANGED, describe
+    from hpctrain.rundir.events import LAYOUT_CHANGED
+    from hpctrain.rundir.layouts import describe
 
     for change in run.events_named(LAYOUT_CHANGED):  # an elastic job re-planned for the nodes it got
         notes.append(f"layout changed at attempt {change.get('attempt')}: {describe(change.get('old') or {})} -> "

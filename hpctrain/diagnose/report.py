@@ -75,7 +75,8 @@ def summary_rows(s: RunSummary) -> list[list[str]]:
         ["pipeline wait share", _fmt(bubble[0] if bubble else None, ".1f", 100, " %"),
          _fmt(pred_bubble, ".1f", 100, " %")],
     ]
-    from hpctrain.plan.replan import LAYOUT_CHANGED, describe
+    from hpctrain.rundir.events import LAYOUT_CHANGED
+    from hpctrain.rundir.layouts import describe
 
     for change in run.events_named(LAYOUT_CHANGED):  # elastic jobs: one row per re-planned start
         rows.insert(1, [f"layout changed (attempt {change.get('attempt')})",

@@ -39,8 +39,9 @@ def total_steps(run_dir: Path) -> Optional[int]:
 
 def layouts(run_dir: Path, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Every layout the run has had, oldest first: the submitted one, then each layout_changed's new one
-    (elastic jobs re-plan at each start; hpctrain.plan.replan). The current one is last."""
-    from hpctrain.plan.replan import LAYOUT_CHANGED, layout_of
+    (elastic jobs re-plan at each start; hpctrain.launch.replan). The current one is last."""
+    from hpctrain.rundir.events import LAYOUT_CHANGED
+    from hpctrain.rundir.layouts import layout_of
 
     changes = [e for e in events if e.get("event") == LAYOUT_CHANGED]
     if not changes:
@@ -199,7 +200,7 @@ def format_table(status: dict[str, Any]) -> str:
         point = " ".join(f"{k}={v}" for k, v in skipped["point"].items())
         lines.append(f"skipped {point}: " + " ".join(line.strip() for line in skipped["reason"].splitlines()))
     if status["kind"] == "job" and len(status.get("layouts") or []) > 1:
-        from hpctrain.plan.replan import describe
+        from hpctrain.rundir.layouts import describe
 
         lines.append("layouts:")
         for layout in status["layouts"]:

@@ -19,6 +19,8 @@ from typing import Any
 from hpctrain.rundir.layout import EVENTS_FILE
 from hpctrain.rundir.read import RunDirError, damaged, decode
 
+LAYOUT_CHANGED = "layout_changed"  # an elastic start re-planned (hpctrain/launch/replan.py)
+
 # Event names the batch script writes (sbatch_templates/exit_path.sh.j2), with their `reason` /
 # `why_not` words, so that status and the doctor can explain them.
 REQUEUED = "requeued"

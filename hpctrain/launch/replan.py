@@ -1,4 +1,4 @@
-"""Re-plan an elastic job for the nodes it actually got: `python -m hpctrain.plan.replan`.
+"""Re-plan an elastic job for the nodes it actually got: `python -m hpctrain.launch.replan`.
 
 The one deliberate exception to "no stage re-plans": a job whose `cluster.nodes` is a range
 (`4-8`) learns its node count only when Slurm starts it (SLURM_JOB_NUM_NODES), first time or
@@ -19,28 +19,13 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from hpctrain.config import dump_job, load_job
 from hpctrain.errors import ConfigError, HpctrainError
-
-LAYOUT_CHANGED = "layout_changed"
-LAYOUTS_DIR = "layouts"  # under submit/: attempt-A.resolved.yaml, the job each attempt ran
-LAYOUT_KEYS = ("nodes", "tp", "pp", "dp", "micro_batch", "grad_accumulation")
-
-
-def layout_of(resolved: dict[str, Any]) -> dict[str, Any]:
-    """{nodes, tp, pp, dp, micro_batch, grad_accumulation} of a resolved job (as a plain mapping)."""
-    cluster, parallel, train = (resolved.get(k) or {} for k in ("cluster", "parallel", "train"))
-    out = {"nodes": cluster.get("nodes"), "tp": parallel.get("tp"), "pp": parallel.get("pp"),
-           "dp": parallel.get("dp"), "micro_batch": train.get("micro_batch")}
-    mb, dp, batch = out["micro_batch"], out["dp"], train.get("global_batch")
-    ints = all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (mb, dp, batch))
-    out["grad_accumulation"] = batch // (mb * dp) if ints else None
-    return out
-
-
-def describe(layout: dict[str, Any]) -> str:
-    """`nodes=2 tp=1 pp=1 dp=8 micro_batch=1 grad_accumulation=4` (keys in LAYOUT_KEYS order)."""
-    return " ".join(f"{k}={layout.get(k)}" for k in LAYOUT_KEYS if layout.get(k) is not None)
-
+from hpctrain.plan import resolve_job
+from hpctrain.rundir.events import LAYOUT_CHANGED, append_event
+from hpctrain.rundir.layout import JOB_FILE, PLAN_FILE, RESOLVED_FILE, SUBMIT_DIR, write_json, write_text
+from hpctrain.rundir.layouts import LAYOUTS_DIR, describe, layout_of
+from hpctrain.rundir.read import read_yaml_mapping
 
 def replan(run_dir: Path, nodes: int, attempt: int) -> Optional[dict[str, Any]]:
     """Plan run_dir/job.yaml for `nodes` nodes; rewrite the resolved job if its layout changed.
@@ -48,12 +33,6 @@ def replan(run_dir: Path, nodes: int, attempt: int) -> Optional[dict[str, Any]]:
     Returns the layout_changed event, or None when the layout stays as it was. ConfigError/PlanError
     (exit 2) when the count is outside the range or no layout fits it.
     """
-    from hpctrain.config import dump_job, load_job
-    from hpctrain.plan import resolve_job
-    from hpctrain.rundir.events import append_event
-    from hpctrain.rundir.layout import JOB_FILE, PLAN_FILE, RESOLVED_FILE, SUBMIT_DIR, write_json, write_text
-    from hpctrain.rundir.read import read_yaml_mapping
-
     job = load_job(str(run_dir / JOB_FILE))
     counts = job.cluster.node_counts
     if nodes not in counts:
@@ -74,7 +53,7 @@ def replan(run_dir: Path, nodes: int, attempt: int) -> Optional[dict[str, Any]]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hpctrain.plan.replan", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m hpctrain.launch.replan", description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", required=True, type=Path, help="the run (or sweep task) directory")
     parser.add_argument("--nodes", required=True, help="nodes allocated (SLURM_JOB_NUM_NODES)")
     parser.add_argument("--attempt", default="0", help="the start's attempt number (SLURM_RESTART_COUNT)")

@@ -1,5 +1,5 @@
 """Elastic node ranges without Slurm: the config forms, validate-time refusals, the rendered script,
-and `python -m hpctrain.plan.replan` on a real run directory."""
+and `python -m hpctrain.launch.replan` on a real run directory."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ import yaml
 from hpctrain.config import dump_job
 from hpctrain.config.loader import job_from_dict
 from hpctrain.errors import ConfigError
-from hpctrain.plan.replan import LAYOUT_CHANGED, main, replan
+from hpctrain.launch.replan import main, replan
+from hpctrain.rundir.events import LAYOUT_CHANGED
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -83,11 +84,11 @@ def test_rendered_script_replans_and_asks_for_a_range() -> None:
     script = render_script(resolved, array=None, run_dir="/runs/el")
     assert "#SBATCH --nodes=2-3\n" in script and "#SBATCH --mincpus=1\n" in script
     assert "--ntasks-per-node=1\n" not in script.split("set -uo")[0]  # not in the #SBATCH lines
-    assert '-m hpctrain.plan.replan --run-dir="$TASK_DIR" --nodes="$NODES" --attempt="$ATTEMPT"' in script
+    assert '-m hpctrain.launch.replan --run-dir="$TASK_DIR" --nodes="$NODES" --attempt="$ATTEMPT"' in script
     assert 'srun --kill-on-bad-exit=1 --nodes="$NODES"' in script
     fixed, _ = resolve_job(job_from_dict(_job(nodes=2)))
     plain = render_script(fixed, array=None, run_dir="/runs/el")
-    assert "hpctrain.plan.replan" not in plain and "#SBATCH --ntasks-per-node=1\n" in plain
+    assert "hpctrain.launch.replan" not in plain and "#SBATCH --ntasks-per-node=1\n" in plain
 
 
 def _run_dir(tmp_path: Path) -> Path:
@@ -143,7 +144,7 @@ def test_status_shows_every_layout(tmp_path: Path) -> None:
 
 def test_replan_imports_no_torch(tmp_path: Path) -> None:
     run = _run_dir(tmp_path)
-    code = ("import sys; from hpctrain.plan.replan import main; rc = main(['--run-dir', sys.argv[1], '--nodes', '2']);"
+    code = ("import sys; from hpctrain.launch.replan import main; rc = main(['--run-dir', sys.argv[1], '--nodes', '2']);"
             " assert 'torch' not in sys.modules, 'torch imported'; sys.exit(rc)")
     result = subprocess.run([sys.executable, "-c", code, str(run)], capture_output=True, text=True,
                             env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
