@@ -14,7 +14,6 @@ import sys
 from typing import Optional, Sequence
 
 from hpctrain import __version__
-from hpctrain.cli.options import add_set_option
 from hpctrain.errors import HpctrainError
 
 # Modules with a `register(subparsers)` function, in --help order. Only commands that work are listed.

@@ -12,6 +12,7 @@ import re
 from typing import Any, Optional
 
 from hpctrain.errors import RenderError
+from hpctrain.render.binds import container_binds
 from hpctrain.render.quoting import SbatchLine, sbatch_line, slurm_job_name
 
 _NAME_LIST = r"[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*"
@@ -132,8 +133,6 @@ def sbatch_problems(job: Any) -> list[str]:
     `validate` runs this, so a value that render refuses never validates. Each check is the one
     sbatch_lines makes (same functions, same messages); they are only collected instead of raised.
     """
-    from hpctrain.render.context import container_binds
-
     s = job.slurm
     checks: list[Any] = [lambda: sbatch_line("job-name", slurm_job_name(job.name), field="name"),
                          lambda: container_binds(job, "")]
