@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Optional
 
 from pydantic import Field
@@ -20,6 +19,7 @@ from hpctrain.config.infra import (
 )
 from hpctrain.config.kubernetes import KubernetesConfig
 from hpctrain.config.model import ModelConfig
+from hpctrain.config.problem import Problem
 from hpctrain.config.training import ParallelConfig, Placement, TrainConfig
 from hpctrain.config.types import Text
 
@@ -49,16 +49,6 @@ class Job(Section):
     @property
     def world_size(self) -> int:
         return self.cluster.nodes * self.cluster.gpus_per_node
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One thing wrong with a job: where, what, the value received and how to fix it."""
-
-    path: str
-    message: str
-    got: Any
-    fix: str
 
 
 def _fixed(value: Any) -> Optional[int]:

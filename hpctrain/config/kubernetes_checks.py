@@ -5,10 +5,10 @@ from __future__ import annotations
 import posixpath
 from typing import Any
 
+from hpctrain.config.problem import Problem
+
 
 def kubernetes_problems(job: Any) -> list[Any]:
-    from hpctrain.config.job import Problem
-
     k8s, out = job.kubernetes, []
     if job.cluster.executor != "volcano":
         return out
