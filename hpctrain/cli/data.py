@@ -53,7 +53,18 @@ def _usage(parser: argparse.ArgumentParser) -> int:
     return 2
 
 
+def _require_numpy(command: str) -> None:
+    """The token files are numpy arrays: without the data (or runtime) extra, say which install brings it."""
+    import importlib.util
+
+    from hpctrain.errors import ConfigError
+
+    if importlib.util.find_spec("numpy") is None:
+        raise ConfigError(f"hpctrain data {command}: needs numpy, which is not installed; pip install 'hpctrain[data]'")
+
+
 def run_prepare(args: argparse.Namespace) -> int:
+    _require_numpy("prepare")
     from hpctrain.runtime.data_prepare import prepare
 
     done = prepare(args.files, args.output, tokenizer=args.tokenizer, field_name=args.field, workers=args.workers,

@@ -42,8 +42,9 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 # What building hpctrain from its checkout needs (pyproject.toml names README.md and maps the template
-# folders into the package); copied by %files, never the whole checkout (.git, runs/, caches).
-BUILD_INPUTS = ("pyproject.toml", "setup.cfg", "README.md", "hpctrain", "sbatch_templates", "singularity",
+# folders into the package; setup.py finds the packages); copied by %files, never the whole checkout
+# (.git, runs/, caches).
+BUILD_INPUTS = ("pyproject.toml", "setup.py", "setup.cfg", "README.md", "hpctrain", "sbatch_templates", "singularity",
                 "examples")
 SOURCE_IN_IMAGE = "/opt/hpctrain-src"
 # A %files line is split on whitespace by apptainer/singularity and has no quoting we can rely on.

@@ -1,22 +1,21 @@
 """A recipe rendered from a checkout builds its hpctrain from that checkout, with no package index.
 
 The build is replayed without apptainer: the files the recipe's %files copies are copied into a scratch
-image root, and what its %post pip-installs is installed, from there, into a scratch venv (system site
-packages for pip, setuptools and the dependencies; --no-index so nothing can come from an index); then
-hpctrain is imported from that venv.
+image root, and what its %post pip-installs is installed, from there, non-editable into a fresh venv with
+a build environment of its own (no system site packages: what this machine has installed by hand cannot
+stand in for a missing install step); then hpctrain is imported from that venv.
 """
 
 from __future__ import annotations
 
 import copy
-import os
 import shlex
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from venvs import clean_env, fresh_venv, pip_install
 
 from hpctrain import __version__
 from hpctrain.config import job_from_dict
@@ -62,15 +61,13 @@ def test_recipe_installs_hpctrain_from_the_checkout(tmp_path: Path) -> None:
     arguments = _pip_arguments(parsed.install)
     assert arguments == ["/opt/hpctrain-src"]  # hpctrain only: the job asks for no extra pip package
 
+    # %post's `pip install` builds the copied checkout non-editable. Replayed in a fresh venv with a build
+    # environment of its own (tests/venvs.py): nothing comes from this interpreter's site-packages.
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
-                   check=True, timeout=60)
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PIP_INDEX_URL", "PIP_FIND_LINKS")}
-    python = str(venv / "bin" / "python")
-    install = subprocess.run([python, "-m", "pip", "install", "--no-deps", "--no-index", "--no-build-isolation",
-                              "--no-cache-dir", *(str(_in_root(root, a)) for a in arguments)],
-                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-    assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
+    python_path = fresh_venv(venv)
+    pip_install(python_path, *(str(_in_root(root, a)) for a in arguments), options=("--no-build-isolation",))
+    env = clean_env()
+    python = str(python_path)
 
     probe = ("import hpctrain, hpctrain.render.recipe as r; from hpctrain.resources import data_dir; "
              "print(hpctrain.__file__); print(hpctrain.__version__); print(r.__file__); "
