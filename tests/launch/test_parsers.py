@@ -7,9 +7,9 @@ import subprocess
 import pytest
 
 from hpctrain.errors import ConfigError, SubmissionError
-from hpctrain.launch import parsers
-from hpctrain.launch.parsers import JobRecord
-from hpctrain.launch.slurm_commands import RetryPolicy, SlurmCommands
+from hpctrain.launch.slurm import parsers
+from hpctrain.launch.slurm.parsers import JobRecord
+from hpctrain.launch.slurm.commands import RetryPolicy, SlurmCommands
 
 
 @pytest.mark.parametrize("raw, state", [
