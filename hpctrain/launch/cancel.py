@@ -32,7 +32,8 @@ def cancel_run(run_dir: Path, task_id: Optional[int] = None,
     if rundir.is_sweep(run_dir):
         tasks = [(entry["task_id"], run_dir / entry["run_dir"]) for entry in read_sweep(run_dir).get("tasks", [])]
         if task_id is not None and task_id not in [t for t, _ in tasks]:
-            raise ConfigError(f"--task: the sweep {run_dir.name} has no task {task_id}; see `hpctrain status {run_dir}`")
+            raise ConfigError(f"--task: the sweep {run_dir.name} has no task {task_id}; "
+                              f"see `hpctrain status {run_dir}`")
         jobs = [(f"{sub['job_id']}_{t}", path) for t, path in tasks if task_id is None or t == task_id]
     executor = executor_of(sub, env)
 

@@ -1,4 +1,4 @@
-"""Table-driven tests of the parsers of Slurm output (hpctrain/launch/parsers.py) and the retrying wrapper."""
+"""Table-driven tests of the parsers of Slurm output (hpctrain/launch/slurm/parsers.py) and the retrying wrapper."""
 
 from __future__ import annotations
 
