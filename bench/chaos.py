@@ -70,7 +70,7 @@ def slurm(env: dict[str, str], *argv: str, check: bool = True) -> str:
 
 
 def job_info(env: dict[str, str], job_id: str) -> dict[str, str]:
-    from hpctrain.launch.parsers import parse_scontrol_record
+    from hpctrain.launch.slurm.parsers import parse_scontrol_record
 
     line = slurm(env, "scontrol", "-o", "show", "job", job_id, check=False).strip()
     return parse_scontrol_record(line.splitlines()[0]) if line else {}

@@ -88,7 +88,7 @@ def _print_submission(submission: Any, dry_run: bool) -> None:
 
     print(submission.executor_note, file=sys.stderr)
     if dry_run:
-        kind = "manifest" if submission.executor == "volcano" else "script"
+        kind = submission.artefact  # "script", or a volcano Job's "manifest"
         where = f"; {kind} {submission.script_path}" if submission.script_path else ""
         where += f"; recipe {submission.recipe_path}" if submission.recipe_path else ""
         print(f"dry run: nothing submitted{where}")
@@ -188,18 +188,13 @@ def run_logs(args: argparse.Namespace) -> int:
     import shutil
     import sys
 
-    from hpctrain.launch.logs import pick_logs
-    from hpctrain.launch.rundir import last_submission
+    from hpctrain.launch.logs import pick_logs, remote_logs
 
     run_dir = _find(args)
-    sub = last_submission(run_dir) or {}
-    if sub.get("executor") == "volcano" and sub.get("job_id"):
-        from hpctrain.launch.kubectl import Kubectl
-
-        # The ranks' logs are on the shared volume (<pvc>/<run>/logs); here, the pods' own output.
-        print(f"hpctrain logs: pod output of {sub['job_id']}; rank logs are in {sub.get('pod_run_dir')}/logs on "
-              "the shared volume", file=sys.stderr)
-        sys.stdout.write(Kubectl().logs(str(sub["job_id"])))
+    remote = remote_logs(run_dir)  # logs the executor keeps elsewhere (a Volcano Job's pod output)
+    if remote is not None:
+        print(f"hpctrain logs: {remote.note}", file=sys.stderr)
+        sys.stdout.write(remote.text)
         return 0
     files, note = pick_logs(run_dir, args.rank, args.attempt)
     if note:

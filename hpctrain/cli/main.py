@@ -49,7 +49,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if getattr(args, "wants_scheduler_query", False) and not getattr(args, "no_scheduler", False):
             # The composition root joins the stages: the doctor reads Slurm's view through launch's wrapper.
-            from hpctrain.launch.slurm_commands import job_query
+            from hpctrain.launch.slurm.commands import job_query
 
             args.scheduler_query = job_query()
         return int(args.handler(args) or 0)

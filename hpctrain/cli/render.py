@@ -30,24 +30,15 @@ def run_render(args: argparse.Namespace) -> int:
     import os
 
     from hpctrain.config import load_job
-    from hpctrain.render import render_script, write_rendered
+    from hpctrain.render.artefacts import artefact_for
     from hpctrain.render.quoting import slurm_job_name
 
     job = load_job(args.job, args.overrides)
     out_dir = args.output_dir or os.path.join(job.runs_dir, f"{slurm_job_name(job.name)}-rendered")
-    if job.cluster.executor == "volcano":
-        from hpctrain.render.vcjob import render_vcjob, write_vcjob
-
-        if args.stdout:
-            print(render_vcjob(job, run_dir=args.run_dir), end="")
-            return 0
-        for path in write_vcjob(job, out_dir, run_dir=args.run_dir).values():
-            print(path)
-        return 0
+    artefact = artefact_for(job)  # the sbatch script and recipe, or a volcano Job's vcjob.yaml
     if args.stdout:
-        print(render_script(job, run_dir=args.run_dir or out_dir, template_dir=args.template_dir), end="")
+        print(artefact.text(job, args.run_dir, out_dir, args.template_dir), end="")
         return 0
-    paths = write_rendered(job, out_dir, run_dir=args.run_dir, template_dir=args.template_dir)
-    for path in paths.values():
+    for path in artefact.files(job, out_dir, args.run_dir, args.template_dir).values():
         print(path)
     return 0

@@ -29,7 +29,7 @@ from hpctrain.rundir.states import LIVE_SLURM_STATES
 LOG_NAME = RANK_LOG
 # What the run dir calls a still-running job (events) and what Slurm / the local executor call it.
 ACTIVE_SCHEDULER_STATES = LIVE_SLURM_STATES
-# job id -> records with job_id, state, exit_code, reason, restarts, nodes (launch.parsers.JobRecord)
+# job id -> records with job_id, state, exit_code, reason, restarts, nodes (launch.slurm.parsers.JobRecord)
 SchedulerQuery = Callable[[str], list[Any]]
 
 
@@ -169,7 +169,7 @@ def _scheduler_view(run_dir: Path, events: list[dict[str, Any]], query: Optional
         state, reason = str(local["state"]).upper(), local.get("reason")
         pid = local.get("pid")
         if state in ("PENDING", "RUNNING") and isinstance(pid, int) and not pid_alive(pid):
-            state, reason = "FAILED", "the local supervisor process is gone"  # as `status` says (local_executor)
+            state, reason = "FAILED", "the local supervisor process is gone"  # as `status` says (launch.local.executor)
         return {"state": state, "exit_codes": local.get("exit_codes") or [], "reason": reason,
                 "source": "local executor"}
     submitted = [e for e in events if e["event"] == "submitted" and e.get("job_id")]

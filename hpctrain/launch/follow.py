@@ -5,10 +5,10 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, Callable, Optional, TextIO
 
 from hpctrain.errors import HpctrainError, JobFailedError
-from hpctrain.launch.slurm_commands import SlurmCommands
 from hpctrain.launch.status import is_finished, run_status
 
 
@@ -82,7 +82,7 @@ class FollowInterrupted(HpctrainError):
                          f"  cancel it:       hpctrain cancel {run_dir}")
 
 
-def follow(run_dir: Path, timeout_s: float, *, commands: Optional[SlurmCommands] = None,
+def follow(run_dir: Path, timeout_s: float, *, env: Optional[Mapping[str, str]] = None,
            interval_s: float = 1.0, stream: TextIO = sys.stderr,
            on_poll: Optional[Callable[[], object]] = None, job_id: Optional[str] = None) -> dict[str, Any]:
     """Poll until the job (every task of a sweep) has ended; raise JobFailedError unless all COMPLETED.
@@ -90,7 +90,7 @@ def follow(run_dir: Path, timeout_s: float, *, commands: Optional[SlurmCommands]
     Ctrl-C raises FollowInterrupted, which says that the job goes on and how to cancel it.
     """
     try:
-        status = _follow(run_dir, timeout_s, commands, interval_s, stream, on_poll)
+        status = _follow(run_dir, timeout_s, env, interval_s, stream, on_poll)
     except KeyboardInterrupt:
         raise FollowInterrupted(run_dir, job_id) from None
     states = [t["state"] for t in status.get("tasks", [])] or [status["state"]]
@@ -102,11 +102,11 @@ def follow(run_dir: Path, timeout_s: float, *, commands: Optional[SlurmCommands]
     return status
 
 
-def _follow(run_dir: Path, timeout_s: float, commands: Optional[SlurmCommands], interval_s: float, stream: TextIO,
+def _follow(run_dir: Path, timeout_s: float, env: Optional[Mapping[str, str]], interval_s: float, stream: TextIO,
             on_poll: Optional[Callable[[], object]]) -> dict[str, Any]:
     deadline = time.monotonic() + timeout_s
     wait_s = interval_s
-    status = run_status(run_dir, commands)
+    status = run_status(run_dir, env)
     bar = _bar(status.get("steps"), stream) if status["kind"] == "job" else None
     try:
         while True:
@@ -124,7 +124,7 @@ def _follow(run_dir: Path, timeout_s: float, commands: Optional[SlurmCommands], 
             # changes, and look again soon after something did.
             time.sleep(wait_s)
             previous = (status.get("state"), status.get("step"))
-            status = run_status(run_dir, commands)
+            status = run_status(run_dir, env)
             changed = (status.get("state"), status.get("step")) != previous
             wait_s = interval_s if changed else min(wait_s * 1.5, max(interval_s, MAX_POLL_S))
     finally:

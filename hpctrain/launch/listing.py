@@ -5,10 +5,10 @@ from __future__ import annotations
 import re
 import time
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, Optional
 
 from hpctrain.errors import HpctrainError
-from hpctrain.launch.slurm_commands import SlurmCommands
 from hpctrain.launch.status import run_status
 from hpctrain.rundir.layout import is_run_dir
 
@@ -27,17 +27,16 @@ def created_s(run_dir: Path) -> float:
     return run_dir.stat().st_mtime
 
 
-def list_runs(runs_dir: str, commands: Optional[SlurmCommands] = None) -> list[dict[str, Any]]:
+def list_runs(runs_dir: str, env: Optional[Mapping[str, str]] = None) -> list[dict[str, Any]]:
     """One row per run directory in runs_dir, newest first. A run that cannot be read is listed with its error."""
     root = Path(runs_dir)
     runs = [p for p in root.iterdir() if is_run_dir(p)] if root.is_dir() else []
     rows = []
     now = time.time()
-    commands = commands or SlurmCommands()  # one wrapper for every Slurm run listed
     for path in sorted(runs, key=lambda p: (created_s(p), p.name), reverse=True):
         row: dict[str, Any] = {"name": path.name, "run_dir": str(path.resolve()), "age_s": round(now - created_s(path))}
         try:
-            status = run_status(path, commands)
+            status = run_status(path, env)
         except HpctrainError as exc:  # one damaged run must not hide the others
             rows.append({**row, "kind": "job", "state": "UNREADABLE", "reason": str(exc).splitlines()[0]})
             continue

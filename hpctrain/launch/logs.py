@@ -2,7 +2,8 @@
 
 Rank logs are named by the global rank (hpctrain/rundir/ranks.py); a process that stopped before it
 knew its rank left its output only in the launcher's log of its slot, logs/task-S.attempt-A.log,
-which `--rank R` shows when rank R has no log of its own.
+which `--rank R` shows when rank R has no log of its own. Logs an executor keeps elsewhere (a
+Volcano Job's pod output) come from `Executor.logs` (`remote_logs`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from pathlib import Path
 from typing import Optional
 
 from hpctrain.errors import ConfigError
+from hpctrain.launch.executor import RemoteLogs, executor_of
+from hpctrain.launch.rundir import last_submission
 from hpctrain.rundir.layout import LOGS_DIR
 from hpctrain.rundir.ranks import TASK_LOG, rank_order_of, slot_of
 
@@ -25,6 +28,15 @@ class LogFile:
     path: Path
     rank: Optional[int]  # None: not a rank log (the batch script's own output, ...)
     attempt: int
+
+
+def remote_logs(run_dir: Path) -> Optional[RemoteLogs]:
+    """The logs the run's executor keeps outside the run directory (with a note saying where the rest are),
+    or None when they are all in run_dir (every backend but volcano)."""
+    sub = last_submission(run_dir)
+    if not sub or not sub.get("job_id"):
+        return None
+    return executor_of(sub).logs(run_dir, sub)
 
 
 def parse_log_name(name: str) -> tuple[Optional[int], int]:

@@ -9,6 +9,7 @@ metrics.jsonl back to that step. The previous job files are kept in submit/previ
 from __future__ import annotations
 
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -16,9 +17,10 @@ from hpctrain.config import load_job
 from hpctrain.config.paths import absolute_paths
 from hpctrain.errors import ConfigError
 from hpctrain.launch import rundir, stages
-from hpctrain.launch.slurm_commands import SlurmCommands
+from hpctrain.launch.executor import choose
+from hpctrain.launch.files import write_job_files
 from hpctrain.launch.status import is_active, run_status
-from hpctrain.launch.submit import Submission, check_local, choose_executor, launch, write_job_files
+from hpctrain.launch.submit import Submission, launch
 from hpctrain.rundir.layout import CHECKPOINTS_DIR, JOB_FILE, PLAN_FILE, RESOLVED_FILE, SUBMIT_DIR
 from hpctrain.rundir.lock import check_free
 
@@ -42,12 +44,12 @@ def _keep_previous(run_dir: Path) -> Path:
 
 
 def resume_run(run_dir: Path, overrides: Sequence[str] = (), *, dry_run: bool = False,
-               commands: Optional[SlurmCommands] = None) -> tuple[Submission, str]:
+               env: Optional[Mapping[str, str]] = None) -> tuple[Submission, str]:
     """Resubmit run_dir; return (submission, the checkpoint it will resume from)."""
     if rundir.is_sweep(run_dir):
         raise ConfigError(f"RUN: {run_dir.name} is a sweep; resume one of its tasks, e.g. "
                           f"`hpctrain resume {run_dir / rundir.TASKS_DIR / '0'}`")
-    status = run_status(run_dir, commands)
+    status = run_status(run_dir, env)
     if is_active(status):
         raise ConfigError(f"RUN: {run_dir.name} is still {status['state']} (job {status['job_id']}); wait for it or "
                           f"`hpctrain cancel {run_dir}` first")
@@ -61,13 +63,12 @@ def resume_run(run_dir: Path, overrides: Sequence[str] = (), *, dry_run: bool = 
         skipped = f" (skipped: {'; '.join(rejected)})" if rejected else ""
         raise ConfigError(f"RUN: no complete checkpoint in {checkpoint_dir(run_dir, job.checkpoint.dir)}{skipped}; "
                           f"nothing to resume from (submit the job afresh: `hpctrain submit {run_dir / 'job.yaml'}`)")
-    kind, note = choose_executor(job, commands.env if commands else None, dry_run=dry_run)
-    if kind in ("local", "ray"):
-        check_local(job)
+    executor, note = choose(job, env, dry_run=dry_run)
+    executor.check(job)
     resolved, plan = stages.resolve(job)
     kept = _keep_previous(run_dir)
     write_job_files(run_dir, job, resolved, plan)
     rundir.append_event(run_dir, "resume_requested", checkpoint=str(checkpoint), overrides=list(overrides),
                         previous=str(kept.relative_to(run_dir)))
-    submission = launch(run_dir, resolved, kind, note, [(None, run_dir, resolved)], dry_run=dry_run, commands=commands)
+    submission = launch(run_dir, resolved, executor, note, [(None, run_dir, resolved)], dry_run=dry_run)
     return submission, str(checkpoint)

@@ -1,7 +1,7 @@
 """The launcher's calls into the other stages, in one place: plan (resolve), render, runtime command.
 
 Launch never re-plans a resolved job and never writes a script itself: the planner fills the `auto`
-values once, the render stage writes the sbatch script, and both executors start the same
+values once, the render stage writes the sbatch script, and every executor starts the same
 runtime entry point.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hpctrain.config import Job
-from hpctrain.render.context import RUNTIME_MODULE  # the one entry point both executors start
+from hpctrain.render.context import RUNTIME_MODULE  # the one entry point every executor starts
 from hpctrain.rundir.layout import RESOLVED_FILE
 
 

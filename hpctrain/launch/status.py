@@ -1,29 +1,27 @@
 """`status`: where a run (or each task of a sweep) stands — scheduler state, restarts, step, tokens/s.
 
-The scheduler's view (scontrol, then sacct; or the local supervisor's state file) is joined with
-what the runtime left in the run directory: the last metrics line and the lifecycle events.
+The scheduler's view (`Executor.state` of the executor that submitted the run: scontrol then sacct,
+the local supervisor's state file, the Ray Jobs API, kubectl) is joined with what the runtime left in
+the run directory: the last metrics line and the lifecycle events.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
-from hpctrain.launch import parsers, rundir
-from hpctrain.launch.parsers import JobRecord
-from hpctrain.launch.slurm_commands import SlurmCommands
+from hpctrain.launch import rundir
+from hpctrain.launch.executor import ACTIVE_STATES, UNKNOWN, SchedulerState, active_states_of, executor_of
 from hpctrain.rundir.events import NOT_REQUEUED, WHY_NOT_REQUEUED
 from hpctrain.rundir.layout import RESOLVED_FILE
 from hpctrain.rundir.metrics import last_metrics, last_value
 from hpctrain.rundir.read import read_yaml_mapping
 from hpctrain.rundir.sweep_file import read_sweep
 
-ACTIVE = parsers.ACTIVE_STATES | {"SUBMITTED"}
-# The local executor's own live states. Its STOPPED (a stop that nothing requeued) has ended, whereas Slurm's
-# STOPPED is a live job held with SIGSTOP: which one a row means depends on its executor.
-LOCAL_ACTIVE = frozenset({"PENDING", "RUNNING", "SUBMITTED"})
+ACTIVE = ACTIVE_STATES  # in Slurm's words; an executor may have its own (Executor.active_states)
 # Events shown as the restart history (written by the launcher and the runtime).
 HISTORY_EVENTS = ("submitted", "resubmitted", "started", "resumed", "signal", "signal_received", "time limit near",
                   "requeue requested", "requeued", "not_requeued", "preempted", "stopped", "finished", "failed",
@@ -66,37 +64,19 @@ def restarts_from_events(events: list[dict[str, Any]]) -> int:
 
 
 def task_status(run_dir: Path, job_id: Optional[str], executor: Optional[str],
-                record: Optional[JobRecord] = None) -> dict[str, Any]:
-    """One job or task: state, restarts, step, tokens/s, history."""
+                scheduler: Optional[SchedulerState] = None) -> dict[str, Any]:
+    """One job or task: state, restarts, step, tokens/s, history. `scheduler`: its executor's answer."""
     events = rundir.read_events(run_dir)
     out: dict[str, Any] = {"run_dir": str(run_dir), "job_id": job_id, "executor": executor}
-    reason = None
     if job_id is None:
         failed = [e for e in events if e.get("event") == "failed" and e.get("stage") == "submit"]
         state = "SUBMIT_FAILED" if failed else ("DRY_RUN" if any(e.get("event") == "dry_run" for e in events)
                                                else "NOT_SUBMITTED")
         reason = failed[-1].get("reason") if failed else None
         scheduler_restarts = 0
-    elif executor == "ray":
-        from hpctrain.launch.ray_executor import job_record
-
-        submitted = rundir.last_submission(run_dir) or {}
-        state, reason = job_record(job_id, str(submitted.get("address") or ""))
-        scheduler_restarts = 0
-    elif executor == "local":
-        from hpctrain.launch.local_executor import task_record
-
-        local = task_record(run_dir, job_id)
-        state, reason, scheduler_restarts = local.get("state", "UNKNOWN"), local.get("reason"), 0
-    elif executor == "volcano":
-        from hpctrain.launch.kubectl import PHASE_STATES, Kubectl
-
-        phase = Kubectl().phase(str(job_id))
-        state, scheduler_restarts = PHASE_STATES.get(phase, phase.upper()), 0
     else:
-        state = record.state if record else "UNKNOWN"
-        scheduler_restarts = (record.restarts or 0) if record else 0
-        reason = record.reason if record and record.reason not in ("", "None") else None
+        scheduler = scheduler or UNKNOWN
+        state, reason, scheduler_restarts = scheduler.state, scheduler.reason, scheduler.restarts
     metrics = last_metrics(run_dir) or {}
     if state not in ACTIVE:
         reason = _not_requeued(events) or reason
@@ -121,7 +101,7 @@ def _val_loss(run_dir: Path) -> Optional[float]:
     return found[1] if found else None
 
 
-def _aggregate(states: list[str]) -> str:
+def aggregate(states: list[str]) -> str:
     if not states:
         return "UNKNOWN"
     if len(set(states)) == 1:
@@ -132,27 +112,32 @@ def _aggregate(states: list[str]) -> str:
     return "FAILED" if "FAILED" in states else "MIXED"
 
 
-def run_status(run_dir: Path, commands: Optional[SlurmCommands] = None) -> dict[str, Any]:
+def run_status(run_dir: Path, env: Optional[Mapping[str, str]] = None) -> dict[str, Any]:
     """The status of a run directory: a job, or a sweep with one entry per task."""
     sub = rundir.last_submission(run_dir)
     job_id, executor = (sub.get("job_id"), sub.get("executor")) if sub else (None, None)
-    records: dict[str, JobRecord] = {}
-    if job_id and executor == "slurm":
-        records = {r.job_id: r for r in (commands or SlurmCommands()).jobs(str(job_id))}
     name = run_dir.name
-    if not rundir.is_sweep(run_dir):
-        status = task_status(run_dir, job_id, executor, records.get(str(job_id)) if job_id else None)
-        return {"kind": "job", "name": name, **status}
-    sweep = read_sweep(run_dir)
+    sweep = read_sweep(run_dir) if rundir.is_sweep(run_dir) else None
+    # (task id, job id of the task, its run directory): one row for a job, one per task of a sweep
+    rows = [(None, str(job_id) if job_id else None, run_dir)] if sweep is None else [
+        (entry["task_id"], f"{job_id}_{entry['task_id']}" if job_id else None, run_dir / entry["run_dir"])
+        for entry in sweep.get("tasks", [])]
+    states = scheduler_states(sub, [(jid, path) for _, jid, path in rows if jid], env) if job_id and sub else {}
+    if sweep is None:
+        return {"kind": "job", "name": name, **task_status(run_dir, rows[0][1], executor, states.get(rows[0][1] or ""))}
     tasks = []
-    for entry in sweep.get("tasks", []):
-        task_id = entry["task_id"]
-        task_job = f"{job_id}_{task_id}" if job_id else None
-        status = task_status(run_dir / entry["run_dir"], task_job, executor, records.get(task_job or ""))
+    for (task_id, task_job, task_dir), entry in zip(rows, sweep.get("tasks", [])):
+        status = task_status(task_dir, task_job, executor, states.get(task_job or ""))
         tasks.append({"task_id": task_id, "point": entry.get("point"), **status})
-    state = _aggregate([t["state"] for t in tasks])
+    state = aggregate([t["state"] for t in tasks])
     return {"kind": "sweep", "name": name, "run_dir": str(run_dir), "job_id": job_id, "executor": executor,
             "array": sweep.get("array"), "state": state, "tasks": tasks, "skipped": sweep.get("skipped", [])}
+
+
+def scheduler_states(submitted: Mapping[str, Any], jobs: Sequence[tuple[str, Path]],
+                     env: Optional[Mapping[str, str]] = None) -> dict[str, SchedulerState]:
+    """The submitting executor's view of `jobs` (job id, run directory), in one call for an array."""
+    return executor_of(submitted, env).state(submitted, jobs)
 
 
 def json_safe(value: Any) -> Any:
@@ -168,7 +153,7 @@ def json_safe(value: Any) -> Any:
 
 def is_active(row: dict[str, Any]) -> bool:
     """A job or task (a row of run_status) that is still queued or running, in its executor's vocabulary."""
-    return row["state"] in (LOCAL_ACTIVE if row.get("executor") == "local" else ACTIVE)
+    return row["state"] in active_states_of(row.get("executor"))
 
 
 def is_finished(status: dict[str, Any]) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -19,9 +20,11 @@ from hpctrain.config.grid import base_data, check_grid, point_overrides
 from hpctrain.config.overrides import parse_override
 from hpctrain.errors import ConfigError
 from hpctrain.launch import stages
+from hpctrain.launch.executor import TaskSpec, choose
+from hpctrain.launch.files import write_job_files
 from hpctrain.launch.rundir import SWEEP_FILE, TASKS_DIR, create_run_dir, init_run_dir, write_json
-from hpctrain.launch.slurm_commands import SlurmCommands
-from hpctrain.launch.submit import Submission, TaskSpec, check_local, choose_executor, launch, write_job_files
+from hpctrain.launch.submit import Submission, launch
+
 
 def parse_grid_option(text: str) -> tuple[str, list[Any]]:
     """`parallel.tp=1,2,4` -> ("parallel.tp", [1, 2, 4]); values are YAML scalars like --set."""
@@ -80,23 +83,11 @@ def resolve_points(job: Job, points: list[dict[str, Any]]) -> tuple[list[tuple[d
     return feasible, skipped
 
 
-def _check_one_array(feasible: list[tuple[dict[str, Any], Job, Job, dict[str, Any]]], root: Path, array: str) -> None:
-    """One array runs one script: every point must render to the same text (same nodes, GPUs, sbatch options,
-    placement); the task-specific part is read from tasks/<id>/job.resolved.yaml at run time."""
-    first = stages.render_script(feasible[0][2], root, array=array)
-    for point, _, resolved, _ in feasible[1:]:
-        if stages.render_script(resolved, root, array=array) != first:
-            raise ConfigError(f"sweep.grid: point {point_label(point)} needs another sbatch script than "
-                              f"{point_label(feasible[0][0])} (nodes, GPUs, sbatch options or rank placement "
-                              "differ), and one job array runs one script; sweep those keys in separate submissions")
-
-
 def submit_sweep(job: Job, grid_options: Sequence[str] = (), *, max_parallel: Optional[int] = None,
-                 dry_run: bool = False, commands: Optional[SlurmCommands] = None) -> tuple[Submission, dict[str, Any]]:
+                 dry_run: bool = False, env: Optional[Mapping[str, str]] = None) -> tuple[Submission, dict[str, Any]]:
     """Expand, resolve every point, write the task run dirs and submit one array. Returns (submission, sweep.json)."""
-    kind, note = choose_executor(job, commands.env if commands else None, dry_run=dry_run)
-    if kind == "local":
-        check_local(job)
+    executor, note = choose(job, env, dry_run=dry_run)
+    executor.check(job)
     grid = grid_of(job, grid_options)
     feasible, skipped = resolve_points(job, expand_grid(grid))
     if not feasible:
@@ -111,13 +102,13 @@ def submit_sweep(job: Job, grid_options: Sequence[str] = (), *, max_parallel: Op
         stages.check_sweep_checkpoint_dirs([(point_label(p), resolved) for p, _, resolved, _ in feasible])
     parallel = max_parallel or (job.sweep.max_parallel if job.sweep else 4)
     array = f"0-{len(feasible) - 1}%{min(parallel, len(feasible))}"
+    executor.check(job, array=array)  # before anything is written: a backend without job arrays refuses here
     root = create_run_dir(job.runs_dir, job.name)
-    if kind == "slurm":
-        try:
-            _check_one_array(feasible, root, array)
-        except ConfigError:
-            shutil.rmtree(root, ignore_errors=True)
-            raise
+    try:
+        executor.check_sweep([(point_label(p), resolved) for p, _, resolved, _ in feasible], root, array)
+    except ConfigError:
+        shutil.rmtree(root, ignore_errors=True)
+        raise
     tasks: list[TaskSpec] = []
     for task_id, (point, point_job, resolved, plan) in enumerate(feasible):
         task_dir = root / TASKS_DIR / str(task_id)
@@ -126,13 +117,13 @@ def submit_sweep(job: Job, grid_options: Sequence[str] = (), *, max_parallel: Op
         write_job_files(task_dir, point_job, resolved, plan)
         tasks.append((task_id, task_dir, resolved))
     write_job_files(root, job, feasible[0][2], feasible[0][3])
-    sweep = {"name": job.name, "grid": grid, "max_parallel": parallel, "array": array, "executor": kind,
+    sweep = {"name": job.name, "grid": grid, "max_parallel": parallel, "array": array, "executor": executor.name,
              "job_id": None, "tasks": [{"task_id": i, "point": p, "run_dir": f"{TASKS_DIR}/{i}"}
                                        for i, (p, _, _, _) in enumerate(feasible)],
              "skipped": skipped}
     write_json(root / SWEEP_FILE, sweep)
-    submission = launch(root, feasible[0][2], kind, note, tasks, array=array, max_parallel=parallel,
-                        dry_run=dry_run, commands=commands)
+    submission = launch(root, feasible[0][2], executor, note, tasks, array=array, max_parallel=parallel,
+                        dry_run=dry_run)
     sweep["job_id"] = submission.job_id
     write_json(root / SWEEP_FILE, sweep)
     return submission, sweep

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hpctrain.config import dump_job, job_from_dict
-from hpctrain.launch.local_executor import LocalExecutor
+from hpctrain.launch.local.executor import LocalExecutor
 from hpctrain.launch.rundir import append_event, init_run_dir
 from hpctrain.plan.planner import resolve_job
 
@@ -49,7 +49,7 @@ def run_local(root: Path, job_data: dict[str, Any], *, stage_layers: Optional[li
     (run_dir / "job.yaml").write_text(dump_job(job))
     (run_dir / "job.resolved.yaml").write_text(dump_job(resolved))
     (run_dir / "plan.json").write_text(json.dumps(result.to_json(top=1)))
-    job_id, proc = LocalExecutor(python).submit(run_dir, [(None, run_dir, resolved)], 1)
+    job_id, proc = LocalExecutor(python=python).start(run_dir, [(None, run_dir, resolved)], 1)
     append_event(run_dir, "submitted", executor="local", job_id=job_id)
     proc.wait(timeout=timeout_s)
     return run_dir

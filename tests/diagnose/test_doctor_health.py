@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from hpctrain.diagnose.doctor import diagnose_run
-from hpctrain.launch.parsers import JobRecord
+from hpctrain.launch.slurm.parsers import JobRecord
 
 from ._runs import T0, assert_fixes_replan, event, gpu_job, healthy_telemetry, make_run, metrics_lines
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hpctrain.config import job_from_dict
 from hpctrain.diagnose.doctor import diagnose_run
 from hpctrain.diagnose.predict import predict_job
-from hpctrain.launch.parsers import JobRecord
+from hpctrain.launch.slurm.parsers import JobRecord
 
 from ._runs import GIB, assert_fixes_replan, event, gpu_job, healthy_telemetry, make_run, metrics_lines, rank_summary
 

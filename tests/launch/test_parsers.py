@@ -1,4 +1,4 @@
-"""Table-driven tests of the parsers of Slurm output (hpctrain/launch/parsers.py) and the retrying wrapper."""
+"""Table-driven tests of the parsers of Slurm output (hpctrain/launch/slurm/parsers.py) and the retrying wrapper."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import subprocess
 import pytest
 
 from hpctrain.errors import ConfigError, SubmissionError
-from hpctrain.launch import parsers
-from hpctrain.launch.parsers import JobRecord
-from hpctrain.launch.slurm_commands import RetryPolicy, SlurmCommands
+from hpctrain.launch.slurm import parsers
+from hpctrain.launch.slurm.parsers import JobRecord
+from hpctrain.launch.slurm.commands import RetryPolicy, SlurmCommands
 
 
 @pytest.mark.parametrize("raw, state", [

@@ -15,7 +15,7 @@ from ._helpers import REPO, run_cli, tiny_job, write_job
 
 def test_login_path_imports_no_ray() -> None:
     code = ("import sys, hpctrain.cli, hpctrain.launch.submit, hpctrain.launch.status, hpctrain.launch.cancel, "
-            "hpctrain.launch.resume, hpctrain.launch.ray_executor, hpctrain.cli.launch; "
+            "hpctrain.launch.resume, hpctrain.launch.ray.executor, hpctrain.cli.launch; "
             "bad = sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')); "
             "assert not bad, bad")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

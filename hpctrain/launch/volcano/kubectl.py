@@ -1,4 +1,4 @@
-"""Every kubectl call of the volcano executor, behind one small wrapper (as slurm_commands.py is for Slurm).
+"""Every kubectl call of the volcano executor, behind one small wrapper (as slurm/commands.py is for Slurm).
 
 The job id of a Volcano Job is `<namespace>/<name>`. kubectl is run with an argv list (never a
 shell); a missing kubectl or one without a current context is the user's setup (exit 2) and leaves

@@ -11,13 +11,13 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Optional
 
 from hpctrain.errors import ConfigError, SubmissionError
-from hpctrain.launch import parsers
-from hpctrain.launch.parsers import JobRecord
+from hpctrain.launch.slurm import parsers
+from hpctrain.launch.slurm.parsers import JobRecord
 
 SLURM_PROGRAMS = ("sbatch", "squeue", "sacct", "scontrol", "scancel")
 
@@ -124,7 +124,7 @@ def missing_program_error(program: str) -> ConfigError:
                        "cluster.executor: local (or auto) to run on this machine")
 
 
-def sbatch_available(env: Optional[dict[str, str]] = None) -> Optional[str]:
+def sbatch_available(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
     """Path of sbatch on PATH, or None."""
     return shutil.which("sbatch", path=(env or os.environ).get("PATH"))
 

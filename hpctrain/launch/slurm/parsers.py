@@ -1,6 +1,6 @@
 """Parsers of Slurm's command output: small pure functions, each with a table-driven test.
 
-Nothing here runs a command; `hpctrain.launch.slurm_commands` runs them and hands the text over.
+Nothing here runs a command; `hpctrain.launch.slurm.commands` runs them and hands the text over.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The local executor: the same job as processes on this machine, for a laptop, a CI box or a test.
 
 It differs from the Slurm executor in who starts the ranks: a detached supervisor process
-(`local_supervisor`) instead of sbatch/srun. Same run directory, same runtime entry point, same
-rank variables. Job ids look like `local-<supervisor pid>` (`local-<pid>_<task>` in a sweep).
+(`hpctrain.launch.local_supervisor`) instead of sbatch/srun. Same run directory, same runtime entry
+point, same rank variables. Job ids look like `local-<supervisor pid>` (`local-<pid>_<task>` in a sweep).
 """
 
 from __future__ import annotations
@@ -12,31 +12,61 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
 from hpctrain.config import Job
+from hpctrain.errors import ConfigError
 from hpctrain.launch import local_supervisor as sup
+from hpctrain.launch.executor import Executor, Handle, Prepared, SchedulerState, TaskSpec
+from hpctrain.launch.files import writing
 from hpctrain.launch.rundir import write_json
+from hpctrain.launch.stages import runtime_argv
 from hpctrain.rundir.layout import SUBMIT_DIR
 from hpctrain.rundir.local_state import local_state_path, read_local_state
-from hpctrain.launch.stages import runtime_argv
-from hpctrain.launch.submit import writing
 from hpctrain.rundir.lock import RunLock, acquire
 
 SUPERVISOR_MODULE = "hpctrain.launch.local_supervisor"
 
 
-class LocalExecutor:
+class LocalExecutor(Executor):
     """Starts one supervisor per submission (a job, or all tasks of a sweep)."""
 
     name = "local"
+    supports_arrays = True  # the supervisor runs a sweep's tasks, max_parallel at a time
+    # The supervisor's own live states. Its STOPPED (a stop that nothing requeued) has ended, whereas Slurm's
+    # STOPPED is a live job held with SIGSTOP.
+    active_states = frozenset({"PENDING", "RUNNING", "SUBMITTED"})
 
-    def __init__(self, python: Optional[str] = None) -> None:
+    def __init__(self, env: Optional[Mapping[str, str]] = None, python: Optional[str] = None) -> None:
+        super().__init__(env)
         self.python = python or sys.executable
 
-    def submit(self, root: Path, tasks: list[tuple[Optional[int], Path, Job]],
-               max_parallel: int = 1) -> tuple[str, subprocess.Popen[bytes]]:
+    def check(self, job: Job, *, array: Optional[str] = None) -> None:
+        """The ranks run on the host (no Singularity image)."""
+        if job.container.image is not None:
+            raise ConfigError(f"container.image: the local executor runs on the host, not in an image (got "
+                              f"{job.container.image!r}); unset container.image or use cluster.executor: slurm")
+
+    def submit(self, run_dir: Path, resolved: Job, tasks: list[TaskSpec], prepared: Prepared, *,
+               array: Optional[str] = None, max_parallel: int = 1) -> Handle:
+        job_id, proc = self.start(run_dir, tasks, max_parallel)
+        return Handle(job_id, process=proc)
+
+    def state(self, submitted: Mapping[str, Any], jobs: Sequence[tuple[str, Path]]) -> dict[str, SchedulerState]:
+        out = {}
+        for job_id, run_dir in jobs:
+            record = task_record(run_dir, job_id)
+            out[job_id] = SchedulerState(str(record.get("state", "UNKNOWN")), record.get("reason"))
+        return out
+
+    def cancel(self, submitted: Mapping[str, Any], job_id: str, task_id: Optional[int] = None) -> bool:
+        if task_id is not None:
+            raise ConfigError("--task: the local executor cancels a whole sweep; drop --task")
+        return cancel(job_id)
+
+    def start(self, root: Path, tasks: list[TaskSpec], max_parallel: int = 1) -> tuple[str, subprocess.Popen[bytes]]:
         """Start the supervisor for `tasks` (task id, run dir holding job.resolved.yaml, that job); return
         (job id, supervisor process)."""
         # A single job's run directory may hold live ranks (a resume): take its lock before touching anything
@@ -50,7 +80,7 @@ class LocalExecutor:
             if held is not None:
                 held.release()  # the supervisor holds its inherited copy
 
-    def _start(self, root: Path, tasks: list[tuple[Optional[int], Path, Job]], max_parallel: int,
+    def _start(self, root: Path, tasks: list[TaskSpec], max_parallel: int,
                held: Optional[RunLock]) -> tuple[str, subprocess.Popen[bytes]]:
         spec = {"max_parallel": max_parallel,
                 # runtime.python, as in the batch script; else the interpreter running hpctrain now

@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import os
 import shlex
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
 from hpctrain.config import Job
-from hpctrain.errors import SubmissionError
+from hpctrain.errors import ConfigError, SubmissionError
+from hpctrain.launch.executor import Executor, Handle, Prepared, SchedulerState, TaskSpec
+from hpctrain.render.context import rank_python
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
 DRIVER_MODULE = "hpctrain.launch.ray_driver"
@@ -30,7 +33,41 @@ STATES = {"PENDING": "PENDING", "RUNNING": "RUNNING", "SUCCEEDED": "COMPLETED", 
 _FORWARDED_PREFIXES = ("HPCTRAIN_",)  # the submitter's settings the ranks honour (test knobs, timeouts)
 
 
-def address_of(job: Job, environ: Optional[dict[str, str]] = None) -> str:
+class RayExecutor(Executor):
+    """One Ray job per run, through the Ray Jobs API; its address is recorded in the `submitted` event."""
+
+    name = "ray"
+    supports_arrays = False
+
+    def describe(self, job: Job, *, dry_run: bool = False) -> str:
+        return f"executor: ray (cluster.executor; Ray Jobs API at {address_of(job, self.env)})"
+
+    def check(self, job: Job, *, array: Optional[str] = None) -> None:
+        """The ranks run in the Ray workers' environment (no Singularity image); one Ray job, no arrays."""
+        if job.container.image is not None:
+            raise ConfigError(f"container.image: the ray executor runs the ranks in the Ray workers' environment, "
+                              f"not in an image (got {job.container.image!r}); unset container.image (a Ray "
+                              "cluster brings its own image) or use cluster.executor: slurm")
+        if array is not None:
+            raise ConfigError("cluster.executor: ray submits one job; a sweep (job array) needs cluster.executor "
+                              "slurm or local")
+
+    def submit(self, run_dir: Path, resolved: Job, tasks: list[TaskSpec], prepared: Prepared, *,
+               array: Optional[str] = None, max_parallel: int = 1) -> Handle:
+        job_id, address = submit(run_dir, resolved, rank_python(resolved))
+        return Handle(job_id, facts={"address": address})  # status and cancel ask this address
+
+    def state(self, submitted: Mapping[str, Any], jobs: Sequence[tuple[str, Path]]) -> dict[str, SchedulerState]:
+        address = str(submitted.get("address") or "")
+        return {job_id: SchedulerState(*job_record(job_id, address)) for job_id, _ in jobs}
+
+    def cancel(self, submitted: Mapping[str, Any], job_id: str, task_id: Optional[int] = None) -> bool:
+        if task_id is not None:
+            raise ConfigError("--task: a Ray run is a single job; drop --task")
+        return cancel(job_id, str(submitted.get("address") or ""))
+
+
+def address_of(job: Job, environ: Optional[Mapping[str, str]] = None) -> str:
     env = os.environ if environ is None else environ
     return job.cluster.ray.address or env.get("RAY_ADDRESS") or DEFAULT_ADDRESS
 

@@ -1,10 +1,14 @@
 """submitit's Slurm executor, with hpctrain's rendered script as the submission file.
 
 submitit builds a submission file (`_make_submission_file_text`), runs a submission command
-(`_make_submission_command`) and parses the job id (`_get_job_id_from_submission_command`). We
-fill the first hook with the render stage's script, so what `hpctrain render` shows is byte for byte
-what Slurm receives; sbatch runs through `SlurmCommands` (timeouts, bounded retries on "Socket
-timed out", Slurm's message on refusal). The script starts the runtime itself (no pickled function).
+(`_make_submission_command`) and parses the job id (`_get_job_id_from_submission_command`): its
+documented hooks, which we fill. The file is the render stage's script, so what `hpctrain render`
+shows is byte for byte what Slurm receives; the script starts the runtime itself (no pickled
+function, so `submit(fn)` and its pickles are not used: `_submit_command` is the entry point, as for
+submitit's own command jobs). submitit runs sbatch through `CommandFunction`, which has no timeout
+and no retry; our `_submit_command` is submitit's with that one call replaced by `SlurmCommands.sbatch`
+(timeouts, bounded retries on "Socket timed out", Slurm's own message on refusal). The job it returns
+is submitit's `SlurmJob`.
 """
 
 from __future__ import annotations
@@ -16,8 +20,8 @@ from typing import Any, Union
 import submitit
 from submitit.core import core, utils
 
-from hpctrain.launch.parsers import parse_sbatch_parsable
-from hpctrain.launch.slurm_commands import SlurmCommands, missing_program_error, sbatch_available
+from hpctrain.launch.slurm.commands import SlurmCommands, missing_program_error, sbatch_available
+from hpctrain.launch.slurm.parsers import parse_sbatch_parsable
 
 
 class RenderedSlurmExecutor(submitit.SlurmExecutor):
@@ -26,8 +30,12 @@ class RenderedSlurmExecutor(submitit.SlurmExecutor):
     def __init__(self, folder: Union[str, Path], script_text: str, commands: SlurmCommands) -> None:
         if sbatch_available(commands.env) is None:
             raise missing_program_error("sbatch")
-        core.PicklingExecutor.__init__(self, folder)  # SlurmExecutor's own __init__ only checks srun
-        self.python = "python3"
+        try:
+            # submitit's own __init__: the folder, its parameters, and its check that srun is here (the batch
+            # script runs the ranks with srun; a login node with sbatch but no srun is a broken Slurm client)
+            super().__init__(folder, python="python3")
+        except RuntimeError:
+            raise missing_program_error("srun") from None
         self.script_text = script_text
         self.commands = commands
         self._throttling = 0.0  # one submission per command: nothing to pace
