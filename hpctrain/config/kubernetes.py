@@ -10,7 +10,7 @@ yaml.safe_dump, never through a template.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Optional
 
 from pydantic import Field, PlainValidator, WithJsonSchema
 from pydantic_core import PydanticCustomError
@@ -43,13 +43,19 @@ def _name_type(pattern: str, max_length: int, what: str, example: str) -> Any:
     return Annotated[str, PlainValidator(check), WithJsonSchema(schema)]
 
 
-DnsLabel = _name_type(_DNS_LABEL, 63, "a DNS-1123 label (lower-case letters, digits and '-')", "'ml-team'")
-DnsSubdomain = _name_type(_DNS_SUBDOMAIN, 253, "a DNS-1123 subdomain (lower-case letters, digits, '-' and '.')",
-                          "'high-priority'")
-QualifiedName = _name_type(_QUALIFIED, 63, "a label key: [prefix/]name of letters, digits, '-', '_', '.'",
-                           "'nvidia.com/gpu.product'")
-LabelValue = _name_type(_LABEL_VALUE, 63, "a label value: letters, digits, '-', '_', '.' (or empty)",
-                        "'NVIDIA-H100-80GB-HBM3'")
+if TYPE_CHECKING:  # pydantic types built at run time (_name_type); mypy sees the strings they hold
+    DnsLabel = str
+    DnsSubdomain = str
+    QualifiedName = str
+    LabelValue = str
+else:
+    DnsLabel = _name_type(_DNS_LABEL, 63, "a DNS-1123 label (lower-case letters, digits and '-')", "'ml-team'")
+    DnsSubdomain = _name_type(_DNS_SUBDOMAIN, 253, "a DNS-1123 subdomain (lower-case letters, digits, '-' and '.')",
+                              "'high-priority'")
+    QualifiedName = _name_type(_QUALIFIED, 63, "a label key: [prefix/]name of letters, digits, '-', '_', '.'",
+                               "'nvidia.com/gpu.product'")
+    LabelValue = _name_type(_LABEL_VALUE, 63, "a label value: letters, digits, '-', '_', '.' (or empty)",
+                            "'NVIDIA-H100-80GB-HBM3'")
 
 
 class PvcConfig(Section):

@@ -8,8 +8,8 @@ from typing import Any
 from hpctrain.config.problem import Problem
 
 
-def kubernetes_problems(job: Any) -> list[Any]:
-    k8s, out = job.kubernetes, []
+def kubernetes_problems(job: Any) -> list[Problem]:
+    k8s, out = job.kubernetes, list[Problem]()
     if job.cluster.executor != "volcano":
         return out
     if k8s is None:

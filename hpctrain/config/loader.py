@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import difflib
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from pydantic import BaseModel, ValidationError
 
@@ -70,7 +70,7 @@ _FIXES = {
 }
 
 
-def _describe(err: dict[str, Any], path: Path) -> tuple[str, str]:
+def _describe(err: Mapping[str, Any], path: Path) -> tuple[str, str]:
     """(what is wrong, how to fix) for one pydantic error."""
     kind, ctx = err["type"], err.get("ctx") or {}
     if kind == "extra_forbidden":

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Optional
+from typing import TYPE_CHECKING, Annotated, Literal, Optional, Union
 
 from pydantic import Field
 
@@ -10,6 +10,21 @@ from hpctrain.config import limits as L
 from hpctrain.config.base import Section
 from hpctrain.config.lora import LoraConfig
 from hpctrain.config.types import Text, ZeroStage, auto_int
+
+# Integers or "auto" within their bounds: pydantic types built at run time (types.auto_int); mypy sees the
+# values they hold.
+if TYPE_CHECKING:
+    MicroBatch = Union[int, str]
+    TpDegree = Union[int, str]
+    PpDegree = Union[int, str]
+    DpDegree = Union[int, str]
+    VirtualStages = Union[int, str]
+else:
+    MicroBatch = auto_int(1, L.MAX_MICRO_BATCH)
+    TpDegree = auto_int(1, L.MAX_GPUS_PER_NODE)
+    PpDegree = auto_int(1, L.MAX_LAYERS)
+    DpDegree = auto_int(1, L.MAX_WORLD)
+    VirtualStages = auto_int(1, L.MAX_LAYERS)
 
 
 class OptimizerConfig(Section):
@@ -36,7 +51,7 @@ class TrainConfig(Section):
     """What to train and how: batch, steps, precision, optimizer, data."""
 
     global_batch: int = Field(8, ge=1, le=L.MAX_GLOBAL_BATCH, description="Sequences per optimizer step, over all data-parallel ranks.")
-    micro_batch: auto_int(1, L.MAX_MICRO_BATCH) = Field("auto", description="Sequences per forward pass per rank, or auto.")
+    micro_batch: MicroBatch = Field("auto", description="Sequences per forward pass per rank, or auto.")
     steps: int = Field(100, ge=1, le=L.MAX_STEPS, description="Optimizer steps to run.")
     precision: Literal["bf16", "fp16", "fp32"] = Field("bf16", description="Compute precision (master weights fp32).")
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig, description="Optimizer settings.")
@@ -61,11 +76,11 @@ class TrainConfig(Section):
 class ParallelConfig(Section):
     """The layout: tensor (tp), pipeline (pp) and data (dp) parallel degrees and how each runs."""
 
-    tp: auto_int(1, L.MAX_GPUS_PER_NODE) = Field("auto", description="Tensor-parallel degree (kept inside an NVLink island).")
-    pp: auto_int(1, L.MAX_LAYERS) = Field("auto", description="Pipeline-parallel degree (stages).")
-    dp: auto_int(1, L.MAX_WORLD) = Field("auto", description="Data-parallel degree (FSDP2 replicas/shards).")
+    tp: TpDegree = Field("auto", description="Tensor-parallel degree (kept inside an NVLink island).")
+    pp: PpDegree = Field("auto", description="Pipeline-parallel degree (stages).")
+    dp: DpDegree = Field("auto", description="Data-parallel degree (FSDP2 replicas/shards).")
     schedule: Literal["auto", "gpipe", "1f1b", "interleaved-1f1b"] = Field("auto", description="Pipeline schedule.")
-    virtual_stages: auto_int(1, L.MAX_LAYERS) = Field("auto", description="Model chunks per pipeline rank (interleaved-1f1b).")
+    virtual_stages: VirtualStages = Field("auto", description="Model chunks per pipeline rank (interleaved-1f1b).")
     zero: ZeroStage = Field("auto", description="ZeRO stage over dp: 0/1/2 keep params unsharded in compute, 3 reshards.")
     sequence_parallel: bool = Field(False, description="Shard norm/dropout activations over tp (needs tp > 1).")
     offload_optimizer: bool = Field(False, description="Keep optimizer states and the step on the CPU.")

@@ -32,10 +32,12 @@ def _series(ctx: Context, key: str) -> list[tuple[int, float]]:
 
 def _lr_fixes(ctx: Context) -> list[Fix]:
     train = ctx.section("train")
-    optimizer = train.get("optimizer") if isinstance(train.get("optimizer"), dict) else {}
+    optimizer = train.get("optimizer")
+    optimizer = optimizer if isinstance(optimizer, dict) else {}
     lr = optimizer.get("lr", 3e-4)
     steps = int(train.get("steps") or 100)
-    schedule = train.get("lr_schedule") if isinstance(train.get("lr_schedule"), dict) else {}
+    schedule = train.get("lr_schedule")
+    schedule = schedule if isinstance(schedule, dict) else {}
     warmup = int(schedule.get("warmup_steps") or 0)
     fixes = [validated("halve the peak learning rate", [f"train.optimizer.lr={float(lr) / 2:g}"], ctx.run.job_data)]
     longer = min(steps - 1, max(2 * warmup, steps // 20))

@@ -150,7 +150,7 @@ def verify_files(folder: str, files: dict[str, Any], names: Iterable[str]) -> li
     for name in names:
         entry = files.get(name)
         problem = _size_problem(folder, name, entry)
-        if problem is None:
+        if problem is None and isinstance(entry, dict):  # _size_problem has checked the entry's shape
             try:
                 if file_sha256(os.path.join(folder, name)) != entry["sha256"]:
                     problem = f"the file {name} checksum mismatch (corrupted after it was written)"

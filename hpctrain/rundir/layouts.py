@@ -18,8 +18,10 @@ def layout_of(resolved: dict[str, Any]) -> dict[str, Any]:
     out = {"nodes": cluster.get("nodes"), "tp": parallel.get("tp"), "pp": parallel.get("pp"),
            "dp": parallel.get("dp"), "micro_batch": train.get("micro_batch")}
     mb, dp, batch = out["micro_batch"], out["dp"], train.get("global_batch")
-    ints = all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (mb, dp, batch))
-    out["grad_accumulation"] = batch // (mb * dp) if ints else None
+    out["grad_accumulation"] = None
+    if isinstance(mb, int) and isinstance(dp, int) and isinstance(batch, int) and \
+            not any(isinstance(v, bool) or v <= 0 for v in (mb, dp, batch)):
+        out["grad_accumulation"] = batch // (mb * dp)
     return out
 
 
