@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
@@ -67,6 +68,12 @@ class RayExecutor(Executor):
         return cancel(job_id, str(submitted.get("address") or ""))
 
 
+# A head that has just started answers the Jobs API before its job agent runs: the submission is refused
+# with this text (HTTP 500) until the agent registers. Waited for, up to AGENT_WAIT_S, instead of exit 3.
+_AGENT_STARTING = "No available agent to submit job"
+AGENT_WAIT_S = 60.0
+
+
 def address_of(job: Job, environ: Optional[Mapping[str, str]] = None) -> str:
     env = os.environ if environ is None else environ
     return job.cluster.ray.address or env.get("RAY_ADDRESS") or DEFAULT_ADDRESS
@@ -96,12 +103,18 @@ def submit(run_dir: Path, job: Job, python: str) -> tuple[str, str]:
     address = address_of(job)
     client = _client(address)
     env_vars = {k: v for k, v in os.environ.items() if k.startswith(_FORWARDED_PREFIXES)}
-    try:
-        job_id = client.submit_job(entrypoint=entrypoint(run_dir, python), runtime_env={"env_vars": env_vars},
-                                   metadata={"hpctrain_run_dir": str(run_dir)})
-    except Exception as exc:  # the Jobs API answers refusals as HTTP errors of several types
-        raise SubmissionError(f"Ray refused the job at {address}: {str(exc).strip()[:300]}") from None
-    return str(job_id), address
+    deadline = time.monotonic() + AGENT_WAIT_S
+    while True:
+        try:
+            job_id = client.submit_job(entrypoint=entrypoint(run_dir, python), runtime_env={"env_vars": env_vars},
+                                       metadata={"hpctrain_run_dir": str(run_dir)})
+            return str(job_id), address
+        except Exception as exc:  # the Jobs API answers refusals as HTTP errors of several types
+            text = str(exc).strip()
+            if _AGENT_STARTING in text and time.monotonic() < deadline:
+                time.sleep(1.0)  # a head started seconds ago: its job agent is not up yet
+                continue
+            raise SubmissionError(f"Ray refused the job at {address}: {text[:300]}") from None
 
 
 def job_record(job_id: str, address: str) -> tuple[str, Optional[str]]:
