@@ -137,7 +137,7 @@ def vcjob_manifest(job: Any, *, run_dir: Optional[str] = None) -> dict[str, Any]
         "schedulerName": "volcano",
         "minAvailable": nodes,  # gang scheduling: all pods or none
         "queue": k8s.queue,
-        "maxRetry": k8s.max_retry if k8s.max_retry is not None else job.slurm.max_requeues,
+        "maxRetry": k8s.max_retry if k8s.max_retry is not None else job.restart.max_requeues,
         # Volcano's job controller (applyPolicies) takes the first policy, in order, whose event or exit
         # code matches; a failed pod brings both, so the exit-code policy must come first to win.
         "policies": [

@@ -1,5 +1,5 @@
 """The script's exit path, executed with stubs: requeue when the runtime asks or a rank crashes, within
-slurm.max_requeues, the exact job or array task; otherwise say why not, in the log and in events.jsonl.
+restart.max_requeues, the exact job or array task; otherwise say why not, in the log and in events.jsonl.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def test_budget_spent_ends_the_job_and_says_why(tmp_path: Path, bin_dir: Path, e
     run, task_dir = _run(tmp_path, bin_dir, SLURM_RESTART_COUNT="3", **env)
     assert run.returncode == status
     assert not [a for a in run.argv_of("scontrol") if a[0] == "requeue"]
-    assert b"not requeued: 3 of slurm.max_requeues=3 requeues used" in run.stderr
+    assert b"not requeued: 3 of restart.max_requeues=3 requeues used" in run.stderr
     assert [(e["event"], e["why_not"]) for e in _events(task_dir)] == [("not_requeued", "max-requeues-reached")]
 
 
@@ -151,7 +151,7 @@ def test_requeue_disabled(tmp_path: Path, bin_dir: Path) -> None:
     assert "--no-requeue" in option_values(script) and "--requeue" not in option_values(script)
     run = run_script(script, bin_dir=bin_dir, work=tmp_path, env={"STUB_RANK_RC": "4"})
     assert run.returncode == 4 and not [a for a in run.argv_of("scontrol") if a[0] == "requeue"]
-    assert b"not requeued: slurm.requeue is false (rank-crashed)" in run.stderr
+    assert b"not requeued: restart.requeue is false (rank-crashed)" in run.stderr
 
 
 def test_stale_marker_from_an_earlier_attempt_is_ignored(tmp_path: Path, bin_dir: Path) -> None:
