@@ -1,7 +1,7 @@
 """The local executor: the same job as processes on this machine, for a laptop, a CI box or a test.
 
 It differs from the Slurm executor in who starts the ranks: a detached supervisor process
-(`local_supervisor`) instead of sbatch/srun. Same run directory, same runtime entry point, same
+(`local/supervisor.py`) instead of sbatch/srun. Same run directory, same runtime entry point, same
 rank variables. Job ids look like `local-<supervisor pid>` (`local-<pid>_<task>` in a sweep).
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hpctrain.config import Job
-from hpctrain.launch import local_supervisor as sup
+from hpctrain.launch.local import supervisor as sup
 from hpctrain.launch.rundir import write_json
 from hpctrain.rundir.layout import SUBMIT_DIR
 from hpctrain.rundir.local_state import local_state_path, read_local_state
@@ -24,7 +24,7 @@ from hpctrain.launch.stages import runtime_argv
 from hpctrain.launch.submit import writing
 from hpctrain.rundir.lock import RunLock, acquire
 
-SUPERVISOR_MODULE = "hpctrain.launch.local_supervisor"
+SUPERVISOR_MODULE = "hpctrain.launch.local.supervisor"
 
 
 class LocalExecutor:

@@ -109,7 +109,7 @@ def test_gang_restart_and_resources_follow_the_job() -> None:
     assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "65536Mi"}} in pod["volumes"]
     assert {"name": "dshm", "mountPath": "/dev/shm"} in container(doc)["volumeMounts"]
     assert {"name": "run", "persistentVolumeClaim": {"claimName": "training-runs"}} in pod["volumes"]
-    assert container(doc)["command"] == ["python3", "-m", "hpctrain.launch.pod", "--run-dir",
+    assert container(doc)["command"] == ["python3", "-m", "hpctrain.launch.volcano.pod", "--run-dir",
                                          "/runs/llama3-8b-volcano", "--gpus", "8"]
     env = env_of(doc)
     profile, variables = nccl_environment(job)
@@ -164,7 +164,7 @@ def test_hostile_strings_are_data_in_every_free_text_field() -> None:
         assert doc["metadata"]["name"] == k8s_name(text)
         command = container(doc)["command"]
         # The command is an argv list: the job's strings are single arguments, never shell code.
-        assert command == [text, "-m", "hpctrain.launch.pod", "--run-dir", f"{mount_for(text)}/{k8s_name(text)}",
+        assert command == [text, "-m", "hpctrain.launch.volcano.pod", "--run-dir", f"{mount_for(text)}/{k8s_name(text)}",
                            "--gpus", "2"]
         assert container(doc)["image"] == text and "args" not in container(doc)
         assert {"name": "run", "mountPath": mount_for(text)} in container(doc)["volumeMounts"]

@@ -1,6 +1,6 @@
 """The local executor's job process: runs a job (or a sweep's tasks) as rank processes on this machine.
 
-    python -m hpctrain.launch.local_supervisor RUN_DIR/submit/local-spec.json
+    python -m hpctrain.launch.local.supervisor RUN_DIR/submit/local-spec.json
 
 It plays the part of Slurm for a machine without one: each task's ranks get torchrun's variables
 (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT) and

@@ -1,6 +1,6 @@
 """The command of every pod of a Volcano Job: start one rank per GPU of the pod, supervise them.
 
-    python3 -m hpctrain.launch.pod --run-dir DIR --gpus N
+    python3 -m hpctrain.launch.volcano.pod --run-dir DIR --gpus N
 
 What srun is to a Slurm job: it reads the pod's place from Volcano's environment
 (hpctrain/rundir/volcano.py: node rank from VC_TASK_INDEX, the master from the svc plugin's hosts),
@@ -33,7 +33,7 @@ from hpctrain.rundir.layout import LOGS_DIR, RESOLVED_FILE
 from hpctrain.rundir.ranks import ATTEMPT_ENV, LOG_DIR_ENV, task_log_name
 from hpctrain.rundir.volcano import JOB_TEXT_ENV, PodRendezvous, pod_attempt, pod_rendezvous
 
-PROG = "python -m hpctrain.launch.pod"
+PROG = "python -m hpctrain.launch.volcano.pod"
 RUNTIME_MODULE = "hpctrain.runtime"
 KILL_WAIT_S = 10.0  # between SIGTERM and SIGKILL when the other ranks are stopped
 SIGTERM_EXIT = 128 + signal.SIGTERM

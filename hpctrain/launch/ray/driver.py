@@ -1,4 +1,4 @@
-"""The driver of a Ray job: `python -m hpctrain.launch.ray_driver --run-dir DIR` (the Ray entrypoint).
+"""The driver of a Ray job: `python -m hpctrain.launch.ray.driver --run-dir DIR` (the Ray entrypoint).
 
 It plays the part of the sbatch script on a Ray cluster. Each attempt starts one `RankWorker` actor
 per GPU (per CPU slot on a cluster without GPUs); each actor runs the same runtime entry point as
@@ -202,7 +202,7 @@ class Driver:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hpctrain.launch.ray_driver")
+    parser = argparse.ArgumentParser(prog="python -m hpctrain.launch.ray.driver")
     parser.add_argument("--run-dir", required=True, type=Path)
     args = parser.parse_args(argv)
     driver = Driver(args.run_dir.resolve())
