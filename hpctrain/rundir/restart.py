@@ -32,7 +32,7 @@ from hpctrain.rundir.metrics import last_metrics
 BAD_INPUT_EXIT = 2  # docs/architecture: exit 2 = the user's input is wrong
 # What ended the attempt (an event's `reason`): the causes a restart is asked for, and the others.
 FINISHED, RUNTIME_REQUESTED, RANK_CRASHED, BAD_INPUT = "finished", "runtime-requested", "rank-crashed", "bad-input"
-NO_STEP = "none"  # a crash before the first metrics line: FailedStep for "no step logged"
+NO_STEP: Literal["none"] = "none"  # a crash before the first metrics line: FailedStep for "no step logged"
 FailedStep = Union[int, Literal["none"]]
 
 
@@ -126,7 +126,7 @@ def message(decision: Decision, exit_code: int, step: Optional[int], attempt: in
 
 
 # -- the batch script's exit path: `python -m hpctrain.rundir.restart` ------------------------------------
-def _read_text(path: Optional[str]) -> Optional[str]:
+def read_marker(path: Optional[str]) -> Optional[str]:
     """A marker's text (None when the file is absent)."""
     if not path:
         return None
@@ -140,7 +140,7 @@ def _read_text(path: Optional[str]) -> Optional[str]:
 
 def read_failed_step(path: Path) -> Optional[FailedStep]:
     """The step of the previous crash (FAILED_STEP_FILE), None when there was none."""
-    text = _read_text(str(path))
+    text = read_marker(str(path))
     if text is None:
         return None
     return int(text) if text.isdigit() else NO_STEP
@@ -164,8 +164,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
-    policy = RestartConfig(requeue=args.requeue == "true", max_requeues=args.max_requeues)
-    markers = Markers(_read_text(args.requeue_marker), _read_text(args.bad_input_marker))
+    policy = RestartConfig.model_validate({"requeue": args.requeue == "true", "max_requeues": args.max_requeues})
+    markers = Markers(read_marker(args.requeue_marker), read_marker(args.bad_input_marker))
     raw = (last_metrics(args.run_dir) or {}).get("step")
     step = raw if isinstance(raw, int) and not isinstance(raw, bool) and raw >= 0 else None
     failed_path = args.run_dir / FAILED_STEP_FILE
