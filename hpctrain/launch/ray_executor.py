@@ -5,7 +5,7 @@
 `submit` sends one Ray job whose entrypoint is the driver (`python -m hpctrain.launch.ray.driver`);
 the driver, on the cluster, starts one worker per GPU (or CPU slot) running the same runtime entry
 point as srun does, with the rendezvous (MASTER_ADDR/PORT) from Ray, and restarts a failed attempt
-within slurm.max_requeues (resuming from the newest checkpoint). The run directory must be visible
+within restart.max_requeues (resuming from the newest checkpoint). The run directory must be visible
 to the cluster's nodes at the same path, as on Slurm. Job ids are Ray submission ids.
 
 Ray is an optional extra (`pip install 'hpctrain[ray]'`): `import ray` happens inside these functions
