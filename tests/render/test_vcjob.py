@@ -97,7 +97,10 @@ def test_gang_restart_and_resources_follow_the_job() -> None:
     doc = manifest(data)
     spec, task = doc["spec"], doc["spec"]["tasks"][0]
     assert (spec["schedulerName"], spec["minAvailable"], task["replicas"], task["name"]) == ("volcano", 2, 2, TASK_NAME)
-    assert spec["maxRetry"] == data["slurm"]["max_requeues"] == 5
+    assert spec["maxRetry"] == data["restart"]["max_requeues"] == 5
+    restart = data.pop("restart")
+    old = {**data, "slurm": {**data.get("slurm", {}), **restart}}  # the old name still sets maxRetry
+    assert manifest(old)["spec"]["maxRetry"] == 5
     assert {"events": ["PodEvicted", "PodFailed"], "action": "RestartJob"} in spec["policies"]
     assert {"event": "TaskCompleted", "action": "CompleteJob"} in spec["policies"]
     assert spec["policies"][0] == {"exitCode": 2, "action": "AbortJob"}  # bad input: a restart would fail alike
