@@ -163,7 +163,8 @@ class RequeueController:
         self.env, self.device, self.event, self.flag, self.clock = env, device, event, flag, clock
         self.environ = os.environ if environ is None else environ
         self.policy: RestartConfig = job.restart
-        self.signal_name, self.max_requeues, self.requeue_enabled = job.restart.signal, job.restart.max_requeues, job.restart.requeue
+        self.signal_name, self.max_requeues, self.requeue_enabled = (job.restart.signal, job.restart.max_requeues,
+                                                                      job.restart.requeue)
         self.time_limit = job.slurm.time
         self.margin_s = float(self.environ.get(TIME_MARGIN_ENV) or default_margin_s(self.time_limit))
         self.step_delay_s = float(self.environ.get(STEP_DELAY_ENV, "0") or 0)
@@ -302,7 +303,8 @@ class RequeueController:
         if not verdict.requeue:
             why_not = verdict.reason
             print(f"hpctrain.runtime: NOT requeued ({why_not}: attempt {self.env.attempt}, restart.max_requeues="
-                  f"{self.max_requeues}, restart.requeue={self.requeue_enabled}); {reason}", file=sys.stderr, flush=True)
+                  f"{self.max_requeues}, restart.requeue={self.requeue_enabled}); {reason}", file=sys.stderr,
+                  flush=True)
             self.why_not = why_not
             self.event("not_requeued", reason=reason, why_not=why_not, step=step)
             return "not-requeued"

@@ -22,6 +22,9 @@ from pathlib import Path
 from typing import Optional
 
 POLICY = 'case " $* " in *" -m hpctrain.rundir.restart "*) POLICY=1 ;; *) POLICY= ;; esac\n'
+# singularity/apptainer exec [options] -- IMAGE COMMAND...: run COMMAND (recorded, unless it is the restart policy).
+CONTAINER = (POLICY + '[ -n "$POLICY" ] || record "$@"\n'
+             'while [ $# -gt 0 ] && [ "$1" != "--" ]; do shift; done\nshift 2\nexec "$@"\n')
 RECORD = r'''record() {
     local file="$STUB_LOG/calls/${EPOCHREALTIME/./}-$$-$RANDOM-${0##*/}"
     printf '%s\0' "${0##*/}" "$@" > "$file"
@@ -32,8 +35,8 @@ STUBS = {
     # srun: drop its own options, run the step's command once (one task stands for all).
     "srun": 'record "$@"\nwhile [ $# -gt 0 ] && [ "${1#-}" != "$1" ]; do shift; done\nexec "$@"\n',
     # singularity/apptainer exec [options] -- IMAGE COMMAND...: run COMMAND.
-    "singularity": POLICY + '[ -n "$POLICY" ] || record "$@"\nwhile [ $# -gt 0 ] && [ "$1" != "--" ]; do shift; done\nshift 2\nexec "$@"\n',
-    "apptainer": POLICY + '[ -n "$POLICY" ] || record "$@"\nwhile [ $# -gt 0 ] && [ "$1" != "--" ]; do shift; done\nshift 2\nexec "$@"\n',
+    "singularity": CONTAINER,
+    "apptainer": CONTAINER,
     # nsys profile --opt=... COMMAND...: run COMMAND.
     "nsys": 'record "$@"\nshift\nwhile [ $# -gt 0 ] && [ "${1#-}" != "$1" ]; do shift; done\nexec "$@"\n',
     # scontrol -o show node NAME: one line, NodeAddr=$STUB_NODE_ADDR (10.0.0.1); an empty one: node not found.
@@ -115,8 +118,9 @@ def run_script(script: str, *, bin_dir: Path, work: Path, env: Optional[dict[str
     (log / "calls").mkdir(parents=True, exist_ok=True)
     path = work / "job.sbatch"
     path.write_bytes(script.encode())
-    base = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(work), "LANG": "C.UTF-8", "STUB_LOG": str(log), "STUB_REAL_PYTHON": sys.executable,
-            "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_CPUS_ON_NODE": "16"}
+    base = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(work), "LANG": "C.UTF-8", "STUB_LOG": str(log),
+            "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_CPUS_ON_NODE": "16",
+            "STUB_REAL_PYTHON": sys.executable}
     result = subprocess.run(["bash", str(path)], cwd=work, env={**base, **(env or {})}, capture_output=True,
                             timeout=timeout_s, check=False)
     runtime_env: dict[str, str] = {}

@@ -5,8 +5,8 @@
 It plays the part of Slurm for a machine without one: each task's ranks are one rank group
 (launch/rank_group.py: torchrun's variables with OMP_NUM_THREADS=1, logs by slot then global rank and
 attempt, stopped together when one fails or when the job is cancelled, SIGTERM then SIGKILL after a
-grace period, like scancel; they die with this process). At most `max_parallel` tasks run at once (sbatch --array=...%K). The state of
-each task is kept in its `submit/local.json`. Imports no torch: the ranks do.
+grace period, like scancel; they die with this process). At most `max_parallel` tasks run at once
+(sbatch --array=...%K). The state of each task is kept in its `submit/local.json`. Imports no torch: the ranks do.
 """
 
 from __future__ import annotations

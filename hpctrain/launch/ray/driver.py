@@ -9,9 +9,9 @@ runtime's logs/rank-R.attempt-A.log, as under srun.
 
 One dead rank stops the others (srun --kill-on-bad-exit). A failed attempt is started again when the
 restart policy says so (rundir/restart.py `decide`, the batch script's exit path's rules: exit 2 and a
-second crash at the same step are final; within restart.max_requeues) and resumes from the newest checkpoint; a `requeued` / `not_requeued` event
-says why. On SIGTERM (`hpctrain cancel`, Ray's stop_job) the ranks are stopped. This module runs on
-the Ray cluster only: it imports ray at the top, the login path never imports it.
+second crash at the same step are final; within restart.max_requeues) and resumes from the newest
+checkpoint; a `requeued` / `not_requeued` event says why. On SIGTERM (`hpctrain cancel`, Ray's
+stop_job) the ranks are stopped. This module runs on the Ray cluster only: it imports ray at the top, the login path never imports it.
 """
 
 from __future__ import annotations
