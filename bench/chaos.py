@@ -11,7 +11,7 @@ in a seeded random order, each a seeded number of steps into an attempt:
               get the signal, save, exit 0; the batch script requeues)
   kill-rank   SIGKILL to one rank's process (chosen by the seed): srun ends the others, the batch script
               requeues, the next attempt resumes from the last complete checkpoint
-  time-limit  `scontrol update JobId=JOB TimeLimit=M` leaving less than slurm.signal_seconds: Slurm
+  time-limit  `scontrol update JobId=JOB TimeLimit=M` leaving less than restart.signal_seconds: Slurm
               sends the signal at its next limit check (~30 s tick); the ranks save, the script requeues;
               the original limit is put back once the job is pending again
 
@@ -55,8 +55,8 @@ train: {{global_batch: 8, micro_batch: 2, steps: {steps}, precision: fp32, activ
         log_every: 1, seed: 1234, lr_schedule: {{warmup_steps: 2}}}}
 parallel: {{tp: 2, pp: 1, dp: 2, zero: 0}}
 cluster: {{executor: {executor}, nodes: 2, gpus_per_node: 2, gpu: a100-80gb}}
-slurm: {{partition: low, time: "{limit}", exclusive: false, max_requeues: 10, signal: USR2,
-        signal_seconds: {signal_seconds}}}
+slurm: {{partition: low, time: "{limit}", exclusive: false}}
+restart: {{max_requeues: 10, signal: USR2, signal_seconds: {signal_seconds}}}
 checkpoint: {{every_steps: 5, keep_last: 2}}
 runs_dir: {runs_dir}
 """

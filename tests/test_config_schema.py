@@ -86,7 +86,7 @@ def test_defaults_filled() -> None:
                                                   "seq_len": 8, "activation": "gelu"}})
     assert job.model.kv_heads == 6 and job.model.ffn_hidden == 384
     assert default_ffn_hidden(4096, "swiglu") == 11008  # Llama 2 7B's figure
-    assert job.checkpoint.async_ is False and job.slurm.signal == "USR2"
+    assert job.checkpoint.async_ is False and job.restart.signal == "USR2"
 
 
 def test_overrides_are_yaml_scalars(tmp_path: Path) -> None:

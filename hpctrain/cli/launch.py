@@ -102,7 +102,7 @@ def _wait_timeout_s(job: Any) -> float:
 
     if job.slurm.time is None:
         return 24 * 3600.0
-    return slurm_time_seconds(job.slurm.time) * (1 + job.slurm.max_requeues) + 600.0
+    return slurm_time_seconds(job.slurm.time) * (1 + job.restart.max_requeues) + 600.0
 
 
 def run_submit(args: argparse.Namespace) -> int:

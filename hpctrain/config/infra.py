@@ -105,8 +105,31 @@ class ClusterConfig(Section):
         return f"{self.min_nodes}-{self.max_nodes}" if self.elastic else str(self.nodes)
 
 
+SignalName = Literal["USR2", "USR1", "TERM", "INT", "HUP"]
+
+
+class RestartConfig(Section):
+    """The restart policy every backend follows (rundir/restart.py decides): when a stopped or crashed attempt
+    starts again from the newest checkpoint, and how the ranks are warned before a time limit."""
+
+    requeue: bool = Field(True, description="Start the job again after a preemption, a signal or a crashed rank, "
+                          "within max_requeues (Slurm: scontrol requeue; Ray: a new attempt; Volcano: maxRetry). "
+                          "Never after bad input (exit 2) or a second crash at the same step.")
+    max_requeues: int = Field(3, ge=0, le=1000, description="Restarts allowed before giving up (Volcano: the "
+                              "default of kubernetes.max_retry).")
+    signal: SignalName = Field("USR2", description="Signal sent to every rank signal_seconds before the time limit "
+                               "(sbatch --signal); the ranks save a checkpoint and ask for a restart. USR1 is "
+                               "taken by NCCL.")
+    signal_seconds: int = Field(120, ge=10, le=65535, description="How long before the time limit the signal "
+                                "comes: enough for a checkpoint save and one step.")
+
+
+# slurm.<old name> -> restart.<name>: still accepted (config/loader.py merges them, with a notice).
+RESTART_ALIASES = ("requeue", "max_requeues", "signal", "signal_seconds")
+
+
 class SlurmConfig(Section):
-    """sbatch options and the requeue policy."""
+    """sbatch options (the restart policy is the restart section)."""
 
     partition: Optional[Text] = Field(None, description="--partition.")
     account: Optional[Text] = Field(None, description="--account.")
@@ -116,12 +139,13 @@ class SlurmConfig(Section):
     exclusive: bool = Field(True, description="--exclusive (whole nodes).")
     mem: Optional[Text] = Field(None, description="--mem, e.g. 0 (all) or 500G; unset with exclusive means all.")
     cpus_per_task: Optional[int] = Field(None, ge=1, le=1024, description="--cpus-per-task.")
-    requeue: bool = Field(True, description="Requeue on preemption, signal or crash, within max_requeues.")
-    signal: Literal["USR2", "USR1", "TERM", "INT", "HUP"] = Field(
-        "USR2", description="Signal sent to every task before the time limit (USR1 is taken by NCCL)."
-    )
-    signal_seconds: int = Field(120, ge=10, le=65535, description="How long before the limit the signal comes.")
-    max_requeues: int = Field(3, ge=0, le=1000, description="Requeues allowed before giving up.")
+    # The restart policy's old names (now the restart section): read as restart.*, with a notice (config/loader.py).
+    requeue: Optional[bool] = Field(None, description="Old name of restart.requeue (read as it, with a notice).")
+    signal: Optional[SignalName] = Field(None, description="Old name of restart.signal (read as it, with a notice).")
+    signal_seconds: Optional[int] = Field(None, ge=10, le=65535, description="Old name of restart.signal_seconds "
+                                          "(read as it, with a notice).")
+    max_requeues: Optional[int] = Field(None, ge=0, le=1000, description="Old name of restart.max_requeues (read "
+                                        "as it, with a notice).")
     setup: list[Text] = Field(default_factory=list, max_length=L.MAX_LIST_ITEMS, description="Shell lines run before training (module load ...). "
                              "These are shell by design: they run as written.")
     extra: dict[SbatchOption, Union[str, int, bool]] = Field(default_factory=dict, description="Further sbatch options.")

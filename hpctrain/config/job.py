@@ -13,6 +13,7 @@ from hpctrain.config.infra import (
     ContainerConfig,
     MonitorConfig,
     NcclConfig,
+    RestartConfig,
     RuntimeConfig,
     SlurmConfig,
     SweepConfig,
@@ -36,7 +37,9 @@ class Job(Section):
     parallel: ParallelConfig = Field(default_factory=ParallelConfig, description="Parallel layout.")
     placement: Optional[Placement] = Field(None, description="Filled by the planner; leave unset.")
     cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="The machines.")
-    slurm: SlurmConfig = Field(default_factory=SlurmConfig, description="sbatch options and requeue policy.")
+    slurm: SlurmConfig = Field(default_factory=SlurmConfig, description="sbatch options.")
+    restart: RestartConfig = Field(default_factory=RestartConfig, description="The restart policy every backend "
+                                   "follows (requeue, max_requeues, signal, signal_seconds).")
     container: ContainerConfig = Field(default_factory=ContainerConfig, description="Singularity/Apptainer image.")
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig, description="How the ranks are started.")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoints.")

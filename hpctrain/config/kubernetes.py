@@ -99,7 +99,7 @@ class KubernetesConfig(Section):
     service_account: Optional[DnsSubdomain] = Field(None, description="ServiceAccount of the pods; unset: "
                                                     "the namespace's default.")
     max_retry: Optional[int] = Field(None, ge=0, le=1000, description="Job restarts Volcano allows "
-                                     "(spec.maxRetry); unset: slurm.max_requeues.")
+                                     "(spec.maxRetry); unset: restart.max_requeues.")
     gpu_resource: QualifiedName = Field("nvidia.com/gpu", description="Extended resource name of a GPU "
                                         "(cluster.gpus_per_node of them per pod).")
     rdma_resource: Optional[QualifiedName] = Field(None, description="Extended resource of an RDMA/IB device "

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import difflib
+import sys
 from typing import Any, Mapping, Optional, Sequence
 
 from pydantic import BaseModel, ValidationError
 
+from hpctrain.config.infra import RESTART_ALIASES
 from hpctrain.config.job import Job, Problem, cross_field_problems
 from hpctrain.config.overrides import apply_overrides
 from hpctrain.config.types import ENV_FIX
@@ -133,10 +135,42 @@ def validate_data(data: dict[str, Any], source: Source) -> Job:
         job = Job.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_pydantic_lines(exc, source)) from None
+    job = restart_aliases(job, source)
     problems = cross_field_problems(job)
     if problems:
         raise ConfigError([_problem_line(p, source) for p in problems])
     return job
+
+
+_NOTICED: set[str] = set()  # each notice once per process (a command loads its job more than once)
+
+
+def restart_aliases(job: Job, source: Source) -> Job:
+    """slurm.requeue / max_requeues / signal / signal_seconds, the restart policy's old names: read as
+    restart.*, each with a one-line notice on stderr; both names with different values is a ConfigError."""
+    moved: dict[str, Any] = {}
+    moved_by_set: list[str] = []
+    for name in RESTART_ALIASES:
+        old = getattr(job.slurm, name)
+        if old is None:
+            continue
+        new = getattr(job.restart, name)
+        if ("restart", name) in source.overrides and ("slurm", name) not in source.overrides:
+            moved_by_set.append(name)  # `--set restart.NAME=...` overrides the file's old name
+            continue
+        if name in job.restart.model_fields_set and new != old:
+            raise ConfigError(f"{source.locate(('slurm', name))}: slurm.{name}={old} and restart.{name}={new} "
+                              f"disagree: slurm.{name} is the old name of restart.{name}; keep restart.{name} only")
+        moved[name] = old
+        notice = f"notice: slurm.{name} is now restart.{name} (read as restart.{name}={old})"
+        if notice not in _NOTICED:
+            _NOTICED.add(notice)
+            print(notice, file=sys.stderr, flush=True)
+    if not moved and not moved_by_set:
+        return job
+    restart = job.restart.model_copy(update=moved)
+    slurm = job.slurm.model_copy(update={name: None for name in [*moved, *moved_by_set]})
+    return job.model_copy(update={"restart": restart, "slurm": slurm})
 
 
 def load_job(path: str, overrides: Sequence[str] = ()) -> Job:

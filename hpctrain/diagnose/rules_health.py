@@ -121,23 +121,31 @@ def _restarts(ctx: Context) -> int:
     return max(counted)
 
 
+def restart_value(ctx: Context, name: str, default: int) -> int:
+    """restart.NAME of the run's job, else slurm.NAME (its old name, in older run directories), else the default."""
+    for section in ("restart", "slurm"):
+        value = ctx.section(section).get(name)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return default
+
+
 def requeue_budget_rule(ctx: Context) -> list[Finding]:
-    """The job used up slurm.max_requeues and did not finish."""
+    """The job used up restart.max_requeues and did not finish."""
     run = ctx.run
-    slurm = ctx.section("slurm")
-    budget = int(slurm.get("max_requeues", 3))
+    budget = restart_value(ctx, "max_requeues", 3)
     restarts = _restarts(ctx)
     said = [e for e in run.events if re.search(r"budget|max_requeues", str(e.get("reason") or ""), re.IGNORECASE)]
     finished = bool(run.events_named("finished"))
     if finished or not run.ended or (restarts < budget and not said):
         return []
-    evidence = [f"{restarts} restart(s) with slurm.max_requeues={budget}; the run ended without finishing"]
+    evidence = [f"{restarts} restart(s) with restart.max_requeues={budget}; the run ended without finishing"]
     evidence += [f"{e['event']} (attempt {e.get('attempt', '?')}): {e.get('reason')}" for e in said[:3]]
     reasons = [f"attempt {e.get('attempt', '?')}: {e['event']}" + (f" ({e.get('reason')})" if e.get("reason") else "")
                for e in run.events_named("requeued", "failed", "stopped")][-5:]
     evidence += reasons
     fix = validated("allow more requeues (and fix what keeps interrupting the job, listed above)",
-                    [f"slurm.max_requeues={max(2 * budget, budget + 3)}"], run.job_data)
+                    [f"restart.max_requeues={max(2 * budget, budget + 3)}"], run.job_data)
     return [Finding("requeue", ERROR, "requeue budget exhausted", tuple(evidence), (fix,) if fix else ())]
 
 
@@ -211,7 +219,6 @@ def _attempt_end(ctx: Context, attempt: Any, after: float) -> Optional[dict[str,
 def signal_rule(ctx: Context) -> list[Finding]:
     """The pre-limit signal came too late to save a checkpoint before the job was stopped."""
     run = ctx.run
-    slurm = ctx.section("slurm")
     late: list[str] = []
     for signal in run.events_named("signal", "signal_received"):
         if not signal.get("t"):
@@ -232,11 +239,11 @@ def signal_rule(ctx: Context) -> list[Finding]:
         return []
     step_s = run.median_metric("step_time_s") or 0.0
     save_s = _save_seconds(ctx) or 60.0
-    now_s = int(slurm.get("signal_seconds", 120))
+    now_s = restart_value(ctx, "signal_seconds", 120)
     needed = int(math.ceil((save_s + 2 * step_s + 60) / 10.0) * 10)
-    evidence = late + [f"slurm.signal_seconds={now_s}; a save needs ~{save_s:.0f} s plus up to one step "
+    evidence = late + [f"restart.signal_seconds={now_s}; a save needs ~{save_s:.0f} s plus up to one step "
                        f"({step_s:.1f} s) to reach a step boundary; Slurm delivers the signal up to ~60 s late"]
-    fix = validated("send the signal earlier", [f"slurm.signal_seconds={max(needed, 2 * now_s)}"], run.job_data)
+    fix = validated("send the signal earlier", [f"restart.signal_seconds={max(needed, 2 * now_s)}"], run.job_data)
     return [Finding("requeue", ERROR, "the signal arrived too late to save a checkpoint", tuple(evidence),
                     (fix,) if fix else ())]
 

@@ -78,10 +78,10 @@ def script_context(job: Any, *, run_dir: str, array: Optional[str]) -> dict[str,
         "gpu_per_task": c.gpu != "cpu",  # srun shows each rank its node's GPUs (--gpus-per-node)
         "rank_order": job.placement is not None and job.placement.rank_order is not None,
         "cpus_per_task": s.cpus_per_task or 0,  # 0: share the node's CPUs out at run time
-        "requeue": s.requeue,
-        "max_requeues": s.max_requeues,
-        "signal": s.signal,
-        "signal_seconds": s.signal_seconds,
+        "requeue": job.restart.requeue,
+        "max_requeues": job.restart.max_requeues,
+        "signal": job.restart.signal,
+        "signal_seconds": job.restart.signal_seconds,
         "nccl_profile": profile,
         "nccl_env": [{"name": v.name, "value": v.value, "why": comment_lines(f"{v.name}: {v.why}"), "under_task_dir": v.under_task_dir}
                      for v in nccl],

@@ -32,8 +32,8 @@ RESERVED = {
     "cpus-per-task": "slurm.cpus_per_task", "exclusive": "slurm.exclusive", "mem": "slurm.mem",
     "time": "slurm.time", "partition": "slurm.partition", "account": "slurm.account", "qos": "slurm.qos",
     "constraint": "slurm.constraint", "switches": "the planner (placement.switches)",
-    "signal": "slurm.signal and slurm.signal_seconds", "requeue": "slurm.requeue",
-    "no-requeue": "slurm.requeue", "open-mode": "nothing (hpctrain appends across requeues)",
+    "signal": "restart.signal and restart.signal_seconds", "requeue": "restart.requeue",
+    "no-requeue": "restart.requeue", "open-mode": "nothing (hpctrain appends across requeues)",
     "output": "nothing (hpctrain writes <run dir>/slurm-%j.out)", "error": "nothing (stderr joins the output)",
     "array": "sweep (hpctrain sweep)", "wrap": "nothing (the script is the job)",
     "chdir": "nothing (the job runs where it was submitted, so relative paths in job.yaml hold)",
@@ -105,8 +105,9 @@ def sbatch_lines(job: Any, *, run_dir: str, array: Optional[str]) -> list[Sbatch
     if switches is not None:
         lines.append(sbatch_line("switches", switches, field="placement.switches"))
     # No "B:" prefix: the signal goes to every task (the ranks), not only to the batch shell.
-    lines.append(sbatch_line("signal", f"{s.signal}@{s.signal_seconds}", field="slurm.signal"))
-    lines.append(sbatch_line("requeue" if s.requeue else "no-requeue"))
+    r = job.restart
+    lines.append(sbatch_line("signal", f"{r.signal}@{r.signal_seconds}", field="restart.signal"))
+    lines.append(sbatch_line("requeue" if r.requeue else "no-requeue"))
     lines.append(sbatch_line("open-mode", "append"))
     lines.append(sbatch_line("output", output_pattern(run_dir, array is not None), field="run directory"))
     if array is not None:

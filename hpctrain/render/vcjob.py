@@ -2,8 +2,8 @@
 
 The manifest is built as Python data and written with yaml.safe_dump, so every job.yaml value is a
 YAML scalar and nothing is a template: a name or path cannot add a key, a document or a command.
-The pod's command is an argv list (no shell), `python3 -m hpctrain.launch.pod`, which starts one
-`python -m hpctrain.runtime` per GPU (hpctrain/launch/pod.py); the contract with the pods (plugins,
+The pod's command is an argv list (no shell), `python3 -m hpctrain.launch.volcano.pod`, which starts one
+`python -m hpctrain.runtime` per GPU (hpctrain/launch/volcano/pod.py); the contract with the pods (plugins,
 variables, task name) is hpctrain/rundir/volcano.py.
 
 Field names follow volcano-sh/apis pkg/apis/batch/v1alpha1/job.go (JobSpec, TaskSpec,
@@ -98,7 +98,7 @@ def _pod_spec(job: Any, run_dir: str, job_text: str) -> dict[str, Any]:
         "name": CONTAINER_NAME,
         "image": k8s.image,
         "imagePullPolicy": k8s.image_pull_policy,
-        "command": [python, "-m", "hpctrain.launch.pod", "--run-dir", run_dir,
+        "command": [python, "-m", "hpctrain.launch.volcano.pod", "--run-dir", run_dir,
                     "--gpus", str(job.cluster.gpus_per_node)],
         "env": _env(job, run_dir, job_text),
         "resources": _resources(job),
@@ -137,7 +137,7 @@ def vcjob_manifest(job: Any, *, run_dir: Optional[str] = None) -> dict[str, Any]
         "schedulerName": "volcano",
         "minAvailable": nodes,  # gang scheduling: all pods or none
         "queue": k8s.queue,
-        "maxRetry": k8s.max_retry if k8s.max_retry is not None else job.slurm.max_requeues,
+        "maxRetry": k8s.max_retry if k8s.max_retry is not None else job.restart.max_requeues,
         # Volcano's job controller (applyPolicies) takes the first policy, in order, whose event or exit
         # code matches; a failed pod brings both, so the exit-code policy must come first to win.
         "policies": [

@@ -12,4 +12,5 @@ append_event`); nothing is imported here, so that modules can be added without t
     sweep_file    sweep.json, checked
     states    the scheduler's live job states
     ports     the one MASTER_PORT formula
+    restart   the restart policy: requeue or not after an attempt, and why (every backend)
 """

@@ -21,16 +21,17 @@ from hpctrain.rundir.read import RunDirError, damaged, decode
 
 LAYOUT_CHANGED = "layout_changed"  # an elastic start re-planned (hpctrain/launch/replan.py)
 
-# Event names the batch script writes (sbatch_templates/exit_path.sh.j2), with their `reason` /
-# `why_not` words, so that status and the doctor can explain them.
+# Event names the batch script writes (sbatch_templates/exit_path.sh.j2, deciding with rundir/restart.py), with
+# their `reason` / `why_not` words, so that status and the doctor can explain them.
 REQUEUED = "requeued"
 NOT_REQUEUED = "not_requeued"
 WHY_NOT_REQUEUED = {
     "bad-input": "a rank exited 2: the job's input is wrong, a requeue would fail the same way",
     "same-step": "it failed again at the same step after a requeue",
-    "max-requeues-reached": "slurm.max_requeues requeues are used up",
-    "requeue-disabled": "slurm.requeue is false",
+    "max-requeues-reached": "restart.max_requeues requeues are used up",
+    "requeue-disabled": "restart.requeue is false",
     "scontrol-failed": "scontrol requeue failed",
+    "policy-failed": "the restart policy (python -m hpctrain.rundir.restart) did not answer",
 }
 
 

@@ -1,6 +1,6 @@
 """submit/local.json: the local executor's record of one job or task (what sacct is to a Slurm job).
 
-Written by the local supervisor (launch/local_supervisor.py) and read by status, resume, cancel and
+Written by the local supervisor (launch/local/supervisor.py) and read by status, resume, cancel and
 the doctor. A reader gets a checked record or a RunDirError (one line, exit 2).
 """
 

@@ -10,7 +10,7 @@ The manifest (hpctrain/render/vcjob.py) asks for Volcano's `env` and `svc` job p
   as files `/etc/volcano/<task>.host` (one per line) and `<task>.num`.
 
 The pytorch plugin is not used: it sets RANK and WORLD_SIZE per pod, which a process per GPU must not
-inherit. The pod launcher (hpctrain/launch/pod.py) starts one rank per GPU with torchrun's variables,
+inherit. The pod launcher (hpctrain/launch/volcano/pod.py) starts one rank per GPU with torchrun's variables,
 and runtime/distributed.py recognises the pod by VC_TASK_INDEX. Pure functions; no torch.
 """
 

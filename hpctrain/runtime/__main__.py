@@ -1,7 +1,7 @@
 """`python -m hpctrain.runtime --job RESOLVED.yaml --run-dir DIR [--resume-from CKPT]`
 
 One process per GPU (srun, torchrun, or a single process). Exit codes (ARCHITECTURE.md 4):
-0 trained (or stopped cleanly after a checkpoint on slurm.signal / SIGTERM / a near time limit, having
+0 trained (or stopped cleanly after a checkpoint on restart.signal / SIGTERM / a near time limit, having
 asked for the requeue: requeue.py), 1 this rank failed (or, on rank 0, it stopped and nothing will
 requeue it: the `stopped` event says why), 2 the job, the run dir,
 the checkpoint or the launcher's variables are wrong (one line per problem, no traceback).
@@ -178,7 +178,7 @@ def _run(job: Any, env: Any, args: argparse.Namespace) -> int:
 
     # Before the slow start-up (a signal then is kept for the first step boundary), and never removed: a
     # signal after the last step (a late preemption) must not kill a rank that is exiting 0.
-    FLAG.install(job.slurm.signal)
+    FLAG.install(job.restart.signal)
     trainer = None
     try:
         device = init_distributed(env, need_group=bool(job.parallel.offload_optimizer))

@@ -10,7 +10,7 @@ Three launchers are recognised, in this order:
    MASTER_PORT if set, else derived from SLURM_JOB_ID and SLURM_RESTART_COUNT (`port_for_job`), so
    every rank computes the same port without talking and a requeued attempt does not meet the
    previous attempt's sockets in TIME_WAIT.
-3. A Volcano pod (VC_TASK_INDEX, hpctrain/rundir/volcano.py): the pod launcher (hpctrain/launch/pod.py)
+3. A Volcano pod (VC_TASK_INDEX, hpctrain/rundir/volcano.py): the pod launcher (hpctrain/launch/volcano/pod.py)
    gives each rank torchrun's variables, so case 1 applies with launcher "volcano" and the attempt
    from HPCTRAIN_ATTEMPT; a pod started without the launcher is one rank: node rank = task index,
    world = the svc plugin's host count, master = its first host.

@@ -2,14 +2,14 @@
 
 The protocol with the rendered batch script (sbatch_templates/requeue_protocol.sh.j2):
 
-1. `slurm.signal` (default USR2, sent to every rank `signal_seconds` before the limit and at
+1. `restart.signal` (default USR2, sent to every rank `signal_seconds` before the limit and at
    preemption) and SIGTERM only set a flag (`SignalFlag`); nothing else runs in the handler.
 2. At every step boundary all ranks agree with one all-reduce(MAX) over (signal number, "time is
    short"): one rank's signal stops every rank at the same step (`RequeueController.should_stop`).
 3. The trainer saves a checkpoint collectively, then `finish` asks for the requeue:
    - `HPCTRAIN_REQUEUE_BY=batch-script` (the rendered script): rank 0 writes one line, the reason,
      to `HPCTRAIN_REQUEUE_MARKER`; the script requeues the exact job from the host after srun, within
-     `slurm.max_requeues`. The runtime never calls scontrol here (it may be missing in a container).
+     `restart.max_requeues`. The runtime never calls scontrol here (it may be missing in a container).
    - unset (the runtime launched some other way): rank 0 runs `scontrol requeue` on the exact job
      (`ARRAYJOBID_TASKID` for an array task) within the budget, and says so loudly when it cannot.
    All ranks then exit 0 (ARCHITECTURE.md 4). When nothing will requeue the job (not under Slurm, the
@@ -36,6 +36,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from hpctrain.config.infra import RestartConfig
+from hpctrain.rundir.restart import Markers, decide
+
 REQUEUE_BY_ENV = "HPCTRAIN_REQUEUE_BY"  # "batch-script": the script requeues, not the runtime
 MARKER_ENV = "HPCTRAIN_REQUEUE_MARKER"  # the file rank 0 writes the reason to
 TIME_MARGIN_ENV = "HPCTRAIN_TIME_MARGIN_S"  # override of DEFAULT_TIME_MARGIN_S
@@ -61,7 +64,7 @@ class SignalFlag:
         self.received_s = time.time()
 
     def install(self, signal_name: str) -> None:
-        """Catch slurm.signal and SIGTERM (main thread only, as Python requires)."""
+        """Catch restart.signal and SIGTERM (main thread only, as Python requires)."""
         for signum in {SIGNALS[signal_name], signal.SIGTERM}:
             if signum not in self.previous:
                 self.previous[signum] = signal.signal(signum, self.handler)
@@ -142,15 +145,6 @@ def time_needed_s(save_s: Optional[float], step_s: Optional[float], margin_s: fl
     return max(2.0 * (save_s or 0.0) + (step_s or 0.0), margin_s)
 
 
-def requeue_allowed(attempt: int, max_requeues: int, enabled: bool) -> tuple[bool, str]:
-    """(allowed, why not) under slurm.requeue and slurm.max_requeues (attempt = requeues so far)."""
-    if not enabled:
-        return False, "requeue-disabled"
-    if attempt >= max_requeues:
-        return False, "max-requeues-reached"
-    return True, ""
-
-
 @dataclass
 class Decision:
     """What the ranks agreed on at a step boundary."""
@@ -168,9 +162,10 @@ class RequeueController:
                  clock: Callable[[], float] = time.time) -> None:
         self.env, self.device, self.event, self.flag, self.clock = env, device, event, flag, clock
         self.environ = os.environ if environ is None else environ
-        slurm = job.slurm
-        self.signal_name, self.max_requeues, self.requeue_enabled = slurm.signal, slurm.max_requeues, slurm.requeue
-        self.time_limit = slurm.time
+        self.policy: RestartConfig = job.restart
+        self.signal_name, self.max_requeues, self.requeue_enabled = (job.restart.signal, job.restart.max_requeues,
+                                                                      job.restart.requeue)
+        self.time_limit = job.slurm.time
         self.margin_s = float(self.environ.get(TIME_MARGIN_ENV) or default_margin_s(self.time_limit))
         self.step_delay_s = float(self.environ.get(STEP_DELAY_ENV, "0") or 0)
         self.job_id = self.environ.get("SLURM_JOB_ID")
@@ -303,10 +298,13 @@ class RequeueController:
             self.why_not = "not-under-slurm"
             self.event("not_requeued", reason=reason, why_not="not-under-slurm", step=step)
             return "not-requeued"
-        allowed, why_not = requeue_allowed(self.env.attempt, self.max_requeues, self.requeue_enabled)
-        if not allowed:
-            print(f"hpctrain.runtime: NOT requeued ({why_not}: attempt {self.env.attempt}, slurm.max_requeues="
-                  f"{self.max_requeues}, slurm.requeue={self.requeue_enabled}); {reason}", file=sys.stderr, flush=True)
+        # The runtime asks after a saved stop: the policy's runtime-requested case (rundir/restart.py).
+        verdict = decide(0, Markers(requeue_requested=reason), step, None, self.env.attempt, self.policy)
+        if not verdict.requeue:
+            why_not = verdict.reason
+            print(f"hpctrain.runtime: NOT requeued ({why_not}: attempt {self.env.attempt}, restart.max_requeues="
+                  f"{self.max_requeues}, restart.requeue={self.requeue_enabled}); {reason}", file=sys.stderr,
+                  flush=True)
             self.why_not = why_not
             self.event("not_requeued", reason=reason, why_not=why_not, step=step)
             return "not-requeued"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from hpctrain.diagnose.doctor import diagnose_run
 from hpctrain.launch.slurm.parsers import JobRecord
 
@@ -80,8 +82,8 @@ def test_requeue_budget_exhausted(tmp_path):
     findings = diagnose_run(run).findings
     budget = [f for f in findings if f.title == "requeue budget exhausted"]
     assert budget and budget[0].severity == "error"
-    assert "3 restart(s) with slurm.max_requeues=3" in budget[0].evidence[0]
-    assert budget[0].fixes[0].sets == ("slurm.max_requeues=6",)
+    assert "3 restart(s) with restart.max_requeues=3" in budget[0].evidence[0]
+    assert budget[0].fixes[0].sets == ("restart.max_requeues=6",)
     assert_fixes_replan(run, budget[0])
 
 
@@ -111,8 +113,19 @@ def test_signal_too_late_to_save(tmp_path):
     finding = _only(run, "requeue")
     assert finding.title == "the signal arrived too late to save a checkpoint"
     assert "attempt 0: signal USR2 30 s before it failed, no checkpoint saved in between" in finding.evidence[0]
-    assert finding.fixes[0].sets == ("slurm.signal_seconds=110",)
+    assert finding.fixes[0].sets == ("restart.signal_seconds=110",)
     assert_fixes_replan(run, finding)
+
+
+@pytest.mark.parametrize("section", ["restart", "slurm"])  # slurm.*: the old name, in older run directories
+def test_restart_values_are_read_under_both_names(tmp_path, section):
+    events = [event("started", 0.0, attempt=0), event("checkpoint saved", 600.0, attempt=0, step=100, duration_s=45.0),
+              event("signal", 3570.0, attempt=0, signal="USR2"), event("failed", 3600.0, attempt=0, reason="TIMEOUT")]
+    run = make_run(tmp_path, gpu_job(**{section: {"signal_seconds": 40}}), metrics=metrics_lines(20, 2.2, mfu=0.42),
+                   events=events)
+    finding = _only(run, "requeue")
+    assert "restart.signal_seconds=40;" in finding.evidence[-1]
+    assert finding.fixes[0].sets == ("restart.signal_seconds=110",)
 
 
 def test_time_limit_without_any_signal(tmp_path):

@@ -194,7 +194,7 @@ def test_two_pods_train_and_a_killed_pod_restarts_the_job_from_its_checkpoint(tm
 
 def test_a_pod_without_volcano_variables_exits_2_with_one_line(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VC_", "VK_"))}
-    proc = subprocess.run([sys.executable, "-m", "hpctrain.launch.pod", "--run-dir", str(tmp_path), "--gpus", "2"],
+    proc = subprocess.run([sys.executable, "-m", "hpctrain.launch.volcano.pod", "--run-dir", str(tmp_path), "--gpus", "2"],
                           env={**env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()

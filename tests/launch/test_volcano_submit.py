@@ -44,7 +44,7 @@ elif args[0] == "create":
 elif args[0] == "get":
     print("Running", end="")
 elif args[0] == "logs":
-    print("[pod/llama3-8b-volcano-worker-0/trainer] python -m hpctrain.launch.pod: pod 0 of 2")
+    print("[pod/llama3-8b-volcano-worker-0/trainer] python -m hpctrain.launch.volcano.pod: pod 0 of 2")
 """
 
 
@@ -151,7 +151,7 @@ def test_submit_status_logs_cancel_go_through_kubectl(tmp_path: Path, kubectl: P
 
 
 def test_the_volcano_login_path_and_pod_launcher_import_no_torch() -> None:
-    code = ("import sys, hpctrain.render.vcjob, hpctrain.launch.pod, hpctrain.launch.volcano.executor, "
+    code = ("import sys, hpctrain.render.vcjob, hpctrain.launch.volcano.pod, hpctrain.launch.volcano.executor, "
             "hpctrain.rundir.volcano, hpctrain.config.kubernetes; sys.exit(3 if 'torch' in sys.modules else 0)")
     proc = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
     assert proc.returncode == 0

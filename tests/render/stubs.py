@@ -5,7 +5,10 @@ name, then each argument), so concurrent monitor steps never interleave. `srun`,
 `apptainer` and `nsys` then run the command they wrap, as the real ones would, so the argv of the
 whole chain srun -> singularity -> nsys -> python3 is recorded. `python3` plays the runtime: it
 records its environment, writes the requeue marker when asked, and exits with the status asked.
-`pwned` must never run: hostile test strings try to call it.
+`pwned` must never run: hostile test strings try to call it. The exit path's restart policy
+(`python3 -m hpctrain.rundir.restart`, inside the image when there is one) is hpctrain's own step, not a
+program under test here: the stubs hand it to the real interpreter ($STUB_REAL_PYTHON) without recording it,
+and tests/render/test_exit_path.py checks it by what the script then does.
 """
 
 from __future__ import annotations
@@ -13,10 +16,15 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+POLICY = 'case " $* " in *" -m hpctrain.rundir.restart "*) POLICY=1 ;; *) POLICY= ;; esac\n'
+# singularity/apptainer exec [options] -- IMAGE COMMAND...: run COMMAND (recorded, unless it is the restart policy).
+CONTAINER = (POLICY + '[ -n "$POLICY" ] || record "$@"\n'
+             'while [ $# -gt 0 ] && [ "$1" != "--" ]; do shift; done\nshift 2\nexec "$@"\n')
 RECORD = r'''record() {
     local file="$STUB_LOG/calls/${EPOCHREALTIME/./}-$$-$RANDOM-${0##*/}"
     printf '%s\0' "${0##*/}" "$@" > "$file"
@@ -27,8 +35,8 @@ STUBS = {
     # srun: drop its own options, run the step's command once (one task stands for all).
     "srun": 'record "$@"\nwhile [ $# -gt 0 ] && [ "${1#-}" != "$1" ]; do shift; done\nexec "$@"\n',
     # singularity/apptainer exec [options] -- IMAGE COMMAND...: run COMMAND.
-    "singularity": 'record "$@"\nwhile [ $# -gt 0 ] && [ "$1" != "--" ]; do shift; done\nshift 2\nexec "$@"\n',
-    "apptainer": 'record "$@"\nwhile [ $# -gt 0 ] && [ "$1" != "--" ]; do shift; done\nshift 2\nexec "$@"\n',
+    "singularity": CONTAINER,
+    "apptainer": CONTAINER,
     # nsys profile --opt=... COMMAND...: run COMMAND.
     "nsys": 'record "$@"\nshift\nwhile [ $# -gt 0 ] && [ "${1#-}" != "$1" ]; do shift; done\nexec "$@"\n',
     # scontrol -o show node NAME: one line, NodeAddr=$STUB_NODE_ADDR (10.0.0.1); an empty one: node not found.
@@ -42,7 +50,8 @@ STUBS = {
                  '    exit 0\n'
                  'fi\n'
                  'if [ "$1" = requeue ]; then exit "${STUB_REQUEUE_RC:-0}"; fi\n'),
-    "python3": ('record "$@"\n'
+    "python3": ('if [ "${1:-} ${2:-}" = "-m hpctrain.rundir.restart" ]; then exec "$STUB_REAL_PYTHON" "$@"; fi\n'
+                'record "$@"\n'
                 # Wait (5 s at most) until the background monitors named in STUB_WAIT_FOR have run, so the
                 # script's exit path, which stops them, does not race with their start.
                 'for program in ${STUB_WAIT_FOR:-}; do\n'
@@ -110,7 +119,8 @@ def run_script(script: str, *, bin_dir: Path, work: Path, env: Optional[dict[str
     path = work / "job.sbatch"
     path.write_bytes(script.encode())
     base = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(work), "LANG": "C.UTF-8", "STUB_LOG": str(log),
-            "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_CPUS_ON_NODE": "16"}
+            "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_CPUS_ON_NODE": "16",
+            "STUB_REAL_PYTHON": sys.executable}
     result = subprocess.run(["bash", str(path)], cwd=work, env={**base, **(env or {})}, capture_output=True,
                             timeout=timeout_s, check=False)
     runtime_env: dict[str, str] = {}

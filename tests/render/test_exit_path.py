@@ -1,5 +1,5 @@
 """The script's exit path, executed with stubs: requeue when the runtime asks or a rank crashes, within
-slurm.max_requeues, the exact job or array task; otherwise say why not, in the log and in events.jsonl.
+restart.max_requeues, the exact job or array task; otherwise say why not, in the log and in events.jsonl.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def test_budget_spent_ends_the_job_and_says_why(tmp_path: Path, bin_dir: Path, e
     run, task_dir = _run(tmp_path, bin_dir, SLURM_RESTART_COUNT="3", **env)
     assert run.returncode == status
     assert not [a for a in run.argv_of("scontrol") if a[0] == "requeue"]
-    assert b"not requeued: 3 of slurm.max_requeues=3 requeues used" in run.stderr
+    assert b"not requeued: 3 of restart.max_requeues=3 requeues used" in run.stderr
     assert [(e["event"], e["why_not"]) for e in _events(task_dir)] == [("not_requeued", "max-requeues-reached")]
 
 
@@ -151,7 +151,7 @@ def test_requeue_disabled(tmp_path: Path, bin_dir: Path) -> None:
     assert "--no-requeue" in option_values(script) and "--requeue" not in option_values(script)
     run = run_script(script, bin_dir=bin_dir, work=tmp_path, env={"STUB_RANK_RC": "4"})
     assert run.returncode == 4 and not [a for a in run.argv_of("scontrol") if a[0] == "requeue"]
-    assert b"not requeued: slurm.requeue is false (rank-crashed)" in run.stderr
+    assert b"not requeued: restart.requeue is false (rank-crashed)" in run.stderr
 
 
 def test_stale_marker_from_an_earlier_attempt_is_ignored(tmp_path: Path, bin_dir: Path) -> None:
@@ -239,3 +239,34 @@ def test_master_port_depends_on_job_and_attempt(tmp_path: Path, bin_dir: Path) -
                          env={"SLURM_JOB_ID": job_id, "SLURM_RESTART_COUNT": attempt})
         ports.add(run.runtime_env["MASTER_PORT"])
     assert len(ports) == 3
+
+
+def test_policy_runs_inside_the_image_when_there_is_one(tmp_path: Path, bin_dir: Path) -> None:
+    """The restart policy needs hpctrain: with container.image it runs in the image, as the ranks do; the
+    script acts on its answer on the host (scontrol)."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    data = copy.deepcopy(BASE_JOB)
+    data.update(monitor={}, container={"image": "/images/x.sif"})
+    data["slurm"].update(setup=[])
+    script = render_script(job_from_dict(data), run_dir=str(run_dir))
+    [line] = [line for line in script.splitlines() if "-m hpctrain.rundir.restart --run-dir" in line]
+    assert line.startswith(f"singularity exec --bind={run_dir} -- /images/x.sif python3 -m hpctrain.rundir.restart")
+    run = run_script(script, bin_dir=bin_dir, work=tmp_path, env={"STUB_RANK_RC": "3"})
+    assert run.returncode == 0 and ["requeue", "4242"] in run.argv_of("scontrol")
+    assert [(e["event"], e["reason"]) for e in _events(run_dir)] == [("requeued", "rank-crashed")]
+
+
+@pytest.mark.parametrize(("env", "status", "events"), [
+    ({}, 0, []),  # the run finished: done, whatever the policy
+    ({"STUB_RANK_RC": "3"}, 3, [("not_requeued", "rank-crashed", "policy-failed")]),
+])
+def test_policy_that_cannot_run_is_reported(tmp_path: Path, bin_dir: Path, env: dict[str, str], status: int,
+                                            events: list[tuple[str, str, str]]) -> None:
+    run, task_dir = _run(tmp_path, bin_dir, STUB_REAL_PYTHON="/bin/false", **env)  # no hpctrain where it runs
+    assert run.returncode == status
+    assert not [a for a in run.argv_of("scontrol") if a[0] == "requeue"]
+    assert [(e["event"], e["reason"], e["why_not"]) for e in _events(task_dir)] == events
+    if events:
+        assert b"not requeued: the restart policy did not answer (python3 -m hpctrain.rundir.restart exited 1)" \
+            in run.stderr

@@ -9,6 +9,7 @@ import json
 import os
 import stat
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +54,9 @@ def test_sbatch_reads_our_directives_byte_for_byte(slurm_cluster: Any, tmp_path:
 
 
 RANK = """#!/bin/bash
-# Stands in for `python3 -m hpctrain.runtime`: rank 1 crashes on the first attempt only.
+# Stands in for `python3 -m hpctrain.runtime`: rank 1 crashes on the first attempt only. The exit path's
+# restart policy (`python3 -m hpctrain.rundir.restart`) is hpctrain's own: the real interpreter runs it.
+if [ "${1:-} ${2:-}" = "-m hpctrain.rundir.restart" ]; then exec "$STUB_REAL_PYTHON" "$@"; fi
 printf '%s %s %s\\n' "$SLURM_PROCID" "${SLURM_RESTART_COUNT:-0}" "$*" >> "$RANK_LOG"
 if [ "${SLURM_RESTART_COUNT:-0}" = 0 ] && [ "$SLURM_PROCID" = 1 ]; then exit 3; fi
 """
@@ -68,7 +71,7 @@ def test_crashed_rank_is_requeued_by_the_script_and_resumes(slurm_cluster: Any, 
     run_dir.mkdir()
     script = render_script(_job("crash 'n' requeue", max_requeues=2), run_dir=str(run_dir))
     env = dict(slurm_cluster.client_env(), PATH=f"{bin_dir}:{slurm_cluster.env['PATH']}",
-               RANK_LOG=str(tmp_path / "ranks.txt"))
+               RANK_LOG=str(tmp_path / "ranks.txt"), STUB_REAL_PYTHON=sys.executable)
     submitted = subprocess.run(["sbatch", "--parsable"], input=script, env=env, capture_output=True, text=True,
                                timeout=30, check=True)
     jobid = submitted.stdout.strip()

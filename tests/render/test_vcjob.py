@@ -97,7 +97,10 @@ def test_gang_restart_and_resources_follow_the_job() -> None:
     doc = manifest(data)
     spec, task = doc["spec"], doc["spec"]["tasks"][0]
     assert (spec["schedulerName"], spec["minAvailable"], task["replicas"], task["name"]) == ("volcano", 2, 2, TASK_NAME)
-    assert spec["maxRetry"] == data["slurm"]["max_requeues"] == 5
+    assert spec["maxRetry"] == data["restart"]["max_requeues"] == 5
+    restart = data.pop("restart")
+    old = {**data, "slurm": {**data.get("slurm", {}), **restart}}  # the old name still sets maxRetry
+    assert manifest(old)["spec"]["maxRetry"] == 5
     assert {"events": ["PodEvicted", "PodFailed"], "action": "RestartJob"} in spec["policies"]
     assert {"event": "TaskCompleted", "action": "CompleteJob"} in spec["policies"]
     assert spec["policies"][0] == {"exitCode": 2, "action": "AbortJob"}  # bad input: a restart would fail alike
@@ -109,7 +112,7 @@ def test_gang_restart_and_resources_follow_the_job() -> None:
     assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "65536Mi"}} in pod["volumes"]
     assert {"name": "dshm", "mountPath": "/dev/shm"} in container(doc)["volumeMounts"]
     assert {"name": "run", "persistentVolumeClaim": {"claimName": "training-runs"}} in pod["volumes"]
-    assert container(doc)["command"] == ["python3", "-m", "hpctrain.launch.pod", "--run-dir",
+    assert container(doc)["command"] == ["python3", "-m", "hpctrain.launch.volcano.pod", "--run-dir",
                                          "/runs/llama3-8b-volcano", "--gpus", "8"]
     env = env_of(doc)
     profile, variables = nccl_environment(job)
@@ -164,7 +167,7 @@ def test_hostile_strings_are_data_in_every_free_text_field() -> None:
         assert doc["metadata"]["name"] == k8s_name(text)
         command = container(doc)["command"]
         # The command is an argv list: the job's strings are single arguments, never shell code.
-        assert command == [text, "-m", "hpctrain.launch.pod", "--run-dir", f"{mount_for(text)}/{k8s_name(text)}",
+        assert command == [text, "-m", "hpctrain.launch.volcano.pod", "--run-dir", f"{mount_for(text)}/{k8s_name(text)}",
                            "--gpus", "2"]
         assert container(doc)["image"] == text and "args" not in container(doc)
         assert {"name": "run", "mountPath": mount_for(text)} in container(doc)["volumeMounts"]

@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from hpctrain.config.infra import RestartConfig
+from hpctrain.rundir.restart import Markers, decide
 from hpctrain.runtime import requeue
 from hpctrain.runtime.requeue import (
     RequeueController,
@@ -26,7 +28,6 @@ from hpctrain.runtime.requeue import (
     default_margin_s,
     end_time_from_env,
     parse_end_time,
-    requeue_allowed,
     requeue_target,
     time_needed_s,
 )
@@ -75,16 +76,18 @@ def test_time_needed(save_s: float | None, step_s: float | None, margin_s: float
 
 def test_margin_and_budget() -> None:
     assert (default_margin_s(None), default_margin_s("04:00:00"), default_margin_s("5")) == (60.0, 60.0, 30.0)
-    assert requeue_allowed(0, 3, True) == (True, "")
-    assert requeue_allowed(3, 3, True) == (False, "max-requeues-reached")
-    assert requeue_allowed(0, 3, False) == (False, "requeue-disabled")
+    # the runtime's budget check is the restart policy's (rundir/restart.py; tests/rundir/test_restart.py)
+    asked = Markers(requeue_requested="signal USR2 at step 5")
+    assert decide(0, asked, 5, None, 0, RestartConfig(max_requeues=3)).reason == "runtime-requested"
+    assert decide(0, asked, 5, None, 3, RestartConfig(max_requeues=3)).reason == "max-requeues-reached"
+    assert decide(0, asked, 5, None, 0, RestartConfig(max_requeues=3, requeue=False)).reason == "requeue-disabled"
 
 
 # -- the controller in one process ----------------------------------------------------------------------
 def _controller(environ: dict[str, str], attempt: int = 0, max_requeues: int = 3, time_limit: str | None = None,
                 clock: Any = time.time) -> tuple[RequeueController, list[tuple[str, dict[str, Any]]], SignalFlag]:
-    job = SimpleNamespace(slurm=SimpleNamespace(signal="USR2", max_requeues=max_requeues, requeue=True,
-                                                time=time_limit))
+    job = SimpleNamespace(slurm=SimpleNamespace(time=time_limit),
+                          restart=RestartConfig(signal="USR2", max_requeues=max_requeues, requeue=True))
     seen: list[tuple[str, dict[str, Any]]] = []
     flag = SignalFlag()
     ctl = RequeueController(job, SimpleNamespace(rank=0, attempt=attempt), "cpu",
@@ -128,7 +131,7 @@ def test_direct_requeue_never_fails_silently(tmp_path, monkeypatch, capsys) -> N
     ctl, seen, flag = _controller({"SLURM_JOB_ID": "7"}, attempt=3, max_requeues=3)  # budget used up
     flag.handler(signal.SIGUSR2, None)
     assert ctl.should_stop(9) and ctl.finish(9, saved=True) == "not-requeued"
-    assert seen[-1][1]["why_not"] == "max-requeues-reached" and "slurm.max_requeues=3" in capsys.readouterr().err
+    assert seen[-1][1]["why_not"] == "max-requeues-reached" and "restart.max_requeues=3" in capsys.readouterr().err
 
     ctl, seen, flag = _controller({})  # not under Slurm at all: say how to continue
     flag.handler(signal.SIGTERM, None)

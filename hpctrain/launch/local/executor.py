@@ -1,8 +1,8 @@
 """The local executor: the same job as processes on this machine, for a laptop, a CI box or a test.
 
 It differs from the Slurm executor in who starts the ranks: a detached supervisor process
-(`hpctrain.launch.local_supervisor`) instead of sbatch/srun. Same run directory, same runtime entry
-point, same rank variables. Job ids look like `local-<supervisor pid>` (`local-<pid>_<task>` in a sweep).
+(`local/supervisor.py`) instead of sbatch/srun. Same run directory, same runtime entry point, same
+rank variables. Job ids look like `local-<supervisor pid>` (`local-<pid>_<task>` in a sweep).
 """
 
 from __future__ import annotations
@@ -18,16 +18,16 @@ from typing import Any, Optional
 
 from hpctrain.config import Job
 from hpctrain.errors import ConfigError
-from hpctrain.launch import local_supervisor as sup
 from hpctrain.launch.executor import Executor, Handle, Prepared, SchedulerState, TaskSpec
 from hpctrain.launch.files import writing
+from hpctrain.launch.local import supervisor as sup
 from hpctrain.launch.rundir import write_json
 from hpctrain.launch.stages import runtime_argv
 from hpctrain.rundir.layout import SUBMIT_DIR
 from hpctrain.rundir.local_state import local_state_path, read_local_state
 from hpctrain.rundir.lock import RunLock, acquire
 
-SUPERVISOR_MODULE = "hpctrain.launch.local_supervisor"
+SUPERVISOR_MODULE = "hpctrain.launch.local.supervisor"
 
 
 class LocalExecutor(Executor):

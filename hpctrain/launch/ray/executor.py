@@ -2,10 +2,10 @@
 
     cluster.executor: ray        cluster.ray.address (or RAY_ADDRESS, else http://127.0.0.1:8265)
 
-`submit` sends one Ray job whose entrypoint is the driver (`python -m hpctrain.launch.ray_driver`);
+`submit` sends one Ray job whose entrypoint is the driver (`python -m hpctrain.launch.ray.driver`);
 the driver, on the cluster, starts one worker per GPU (or CPU slot) running the same runtime entry
 point as srun does, with the rendezvous (MASTER_ADDR/PORT) from Ray, and restarts a failed attempt
-within slurm.max_requeues (resuming from the newest checkpoint). The run directory must be visible
+within restart.max_requeues (resuming from the newest checkpoint). The run directory must be visible
 to the cluster's nodes at the same path, as on Slurm. Job ids are Ray submission ids.
 
 Ray is an optional extra (`pip install 'hpctrain[ray]'`): `import ray` happens inside these functions
@@ -27,7 +27,7 @@ from hpctrain.launch.executor import Executor, Handle, Prepared, SchedulerState,
 from hpctrain.render.context import rank_python
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
-DRIVER_MODULE = "hpctrain.launch.ray_driver"
+DRIVER_MODULE = "hpctrain.launch.ray.driver"
 # Ray's job states -> the Slurm words status and cancel already understand.
 STATES = {"PENDING": "PENDING", "RUNNING": "RUNNING", "SUCCEEDED": "COMPLETED", "FAILED": "FAILED",
           "STOPPED": "CANCELLED"}

@@ -1,15 +1,12 @@
 """The local executor's job process: runs a job (or a sweep's tasks) as rank processes on this machine.
 
-    python -m hpctrain.launch.local_supervisor RUN_DIR/submit/local-spec.json
+    python -m hpctrain.launch.local.supervisor RUN_DIR/submit/local-spec.json
 
-It plays the part of Slurm for a machine without one: each task's ranks get torchrun's variables
-(RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT) and
-OMP_NUM_THREADS=1, log to `logs/rank-R.attempt-A.log` (R the global rank: each process starts
-in `logs/task-S.attempt-A.log`, S its slot, and the runtime moves to its rank's log once it knows its
-rank, as under srun; hpctrain/rundir/ranks.py), and are stopped together when one fails
-(srun --kill-on-bad-exit) or when the job is cancelled (SIGTERM, then SIGKILL after a grace
-period, like scancel). At most `max_parallel` tasks run at once (sbatch --array=...%K). The state of
-each task is kept in its `submit/local.json`. Imports no torch: the ranks do.
+It plays the part of Slurm for a machine without one: each task's ranks are one rank group
+(launch/rank_group.py: torchrun's variables with OMP_NUM_THREADS=1, logs by slot then global rank and
+attempt, stopped together when one fails or when the job is cancelled, SIGTERM then SIGKILL after a
+grace period, like scancel; they die with this process). At most `max_parallel` tasks run at once
+(sbatch --array=...%K). The state of each task is kept in its `submit/local.json`. Imports no torch: the ranks do.
 """
 
 from __future__ import annotations
@@ -18,7 +15,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -26,61 +22,20 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hpctrain.errors import HpctrainError
+from hpctrain.launch.rank_group import KILL_WAIT_S, RankGroup, block_place, rank_env
 from hpctrain.launch.rundir import append_event, read_events, read_json, write_json
 from hpctrain.rundir.lock import RunLock, RunLockedError, acquire, adopt
 from hpctrain.rundir.layout import LOGS_DIR
 from hpctrain.rundir.local_state import local_state_path
-from hpctrain.rundir.ranks import ATTEMPT_ENV, LOG_DIR_ENV, global_rank, next_attempt, rank_order_of, task_log_name
+from hpctrain.rundir.ranks import global_rank, next_attempt, rank_order_of
 
 SPEC_FILE = "local-spec.json"
-KILL_WAIT_S = 10.0  # between SIGTERM and SIGKILL, as Slurm's KillWait
 
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def rank_env(base: dict[str, str], rank: int, world: int, per_node: int, port: int,
-             extra: Optional[dict[str, str]] = None) -> dict[str, str]:
-    """The environment of one local rank: torchrun's variables, no Slurm job variables, the job's `extra`
-    (nccl.env: what the batch script exports on Slurm)."""
-    env = {k: v for k, v in base.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
-    env.update(extra or {})
-    env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank % per_node),
-               LOCAL_WORLD_SIZE=str(min(per_node, world)), GROUP_RANK=str(rank // per_node),
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    return env
-
-
-_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
-
-
-def die_with_supervisor() -> Any:
-    """A preexec_fn that makes a rank die with the supervisor (Linux PR_SET_PDEATHSIG), else None.
-
-    Without it a SIGKILLed supervisor leaves its ranks training as orphans that nobody can cancel,
-    and a resume would start a second set in the same run directory. SIGKILL, not SIGTERM: with the
-    supervisor gone nobody would escalate if a rank stopped in a collective ignored the softer signal;
-    checkpoints are written to step-N.partial/ and renamed, so a kill never leaves a half one.
-    """
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork, not in the child
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != parent:  # the supervisor died before prctl took effect
-            os._exit(1)
-
-    return preexec
 
 
 @dataclass
@@ -93,7 +48,7 @@ class Task:
     argv: list[str]
     task_id: Optional[int] = None
     env: dict[str, str] = field(default_factory=dict)  # added to each rank's environment (nccl.env)
-    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    group: Optional[RankGroup] = None
     state: str = "PENDING"
     attempt: int = 0
     lock: Optional[RunLock] = None
@@ -129,16 +84,12 @@ class Task:
         self.attempt = next_attempt(logs)
         self.events_before = len(read_events(self.run_dir))
         port = free_port()
-        preexec = die_with_supervisor()
+        self.group = RankGroup(self.argv, cwd=self.run_dir, log_dir=logs, attempt=self.attempt,
+                               pass_fds=(self.lock.fd,))  # the ranks inherit the run directory's lock
         for slot in range(self.world_size):
-            # RANK is the slot, as SLURM_PROCID is under srun: the runtime maps it through placement.rank_order.
-            env = rank_env(dict(os.environ), slot, self.world_size, self.gpus_per_node, port, self.env)
-            env.update({LOG_DIR_ENV: str(logs), ATTEMPT_ENV: str(self.attempt)})
-            with open(logs / task_log_name(slot, self.attempt), "ab") as log:
-                self.procs.append(subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=log,
-                                                   stderr=subprocess.STDOUT, env=env, cwd=self.run_dir,
-                                                   pass_fds=(self.lock.fd,), preexec_fn=preexec))
-        self.lock.update(ranks=[p.pid for p in self.procs])
+            place = block_place(slot, self.world_size, self.gpus_per_node, "127.0.0.1", port)
+            self.group.start(slot, rank_env(os.environ, place, log_dir=str(logs), attempt=self.attempt, extra=self.env))
+        self.lock.update(ranks=self.group.pids)
         self.state = "RUNNING"
         self.save(start_time=time.time(), hosts=[socket.gethostname()])
 
@@ -146,15 +97,17 @@ class Task:
         """Check the ranks; stop them all when one failed. True once the task has ended."""
         if self.state != "RUNNING":
             return True  # never started (the run directory was locked)
-        codes = [p.poll() for p in self.procs]
-        failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
-        if not failed and not all(c == 0 for c in codes):
+        group = self.group
+        if group is None:  # cannot be RUNNING without one (start() made it)
+            return True
+        failed = group.failures()
+        if not failed and not group.succeeded():
             return False
         stopped = self.stop_reason()
         if failed:
             if stopped:  # rank 0 said so (exit 1 after a saved stop): let the others finish their exit
-                self.wait_all(KILL_WAIT_S)
-            self.stop()
+                group.wait_all(KILL_WAIT_S)
+            group.stop()
         if stopped and all(code == 1 for _, code in failed):
             self.finish("STOPPED", stopped)
         elif failed:
@@ -191,24 +144,13 @@ class Task:
             return slot
         return global_rank(slot, order)
 
-    def wait_all(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while any(p.poll() is None for p in self.procs) and time.monotonic() < deadline:
-            time.sleep(0.05)
-
     def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        self.wait_all(KILL_WAIT_S)
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        if self.group is not None:
+            self.group.stop()
 
     def finish(self, state: str, reason: Optional[str]) -> None:
         self.state = state
-        codes = [p.returncode for p in self.procs]
+        codes = self.group.poll() if self.group is not None else []
         if self.lock is not None:  # the ranks have exited: the run directory is free again
             self.lock.release()
         self.save(end_time=time.time(), exit_codes=codes, reason=reason)

@@ -1,4 +1,4 @@
-"""The driver of a Ray job: `python -m hpctrain.launch.ray_driver --run-dir DIR` (the Ray entrypoint).
+"""The driver of a Ray job: `python -m hpctrain.launch.ray.driver --run-dir DIR` (the Ray entrypoint).
 
 It plays the part of the sbatch script on a Ray cluster. Each attempt starts one `RankWorker` actor
 per GPU (per CPU slot on a cluster without GPUs); each actor runs the same runtime entry point as
@@ -7,11 +7,11 @@ placement.rank_order by the runtime), WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/MASTER
 actor (its node's address and a port free there). Logs go to logs/task-S.attempt-A.log, then the
 runtime's logs/rank-R.attempt-A.log, as under srun.
 
-One dead rank stops the others (srun --kill-on-bad-exit). A failed attempt is started again within
-slurm.max_requeues with the same rules as the batch script's exit path (exit 2 and a second crash at
-the same step are final) and resumes from the newest checkpoint; a `requeued` / `not_requeued` event
-says why. On SIGTERM (`hpctrain cancel`, Ray's stop_job) the ranks are stopped. This module runs on
-the Ray cluster only: it imports ray at the top, the login path never imports it.
+One dead rank stops the others (srun --kill-on-bad-exit). A failed attempt is started again when the
+restart policy says so (rundir/restart.py `decide`, the batch script's exit path's rules: exit 2 and a
+second crash at the same step are final; within restart.max_requeues) and resumes from the newest
+checkpoint; a `requeued` / `not_requeued` event says why. On SIGTERM (`hpctrain cancel`, Ray's
+stop_job) the ranks are stopped. This module runs on the Ray cluster only: it imports ray at the top, the login path never imports it.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import argparse
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,11 +28,13 @@ from typing import Any, Optional
 import ray
 
 from hpctrain.config import load_job
+from hpctrain.launch.rank_group import RankGroup, RankPlace, rank_env
 from hpctrain.launch.stages import runtime_argv
 from hpctrain.rundir.events import NOT_REQUEUED, REQUEUED, append_event
 from hpctrain.rundir.layout import BAD_INPUT_MARKER, REQUEUE_MARKER, RESOLVED_FILE
 from hpctrain.rundir.metrics import last_metrics
-from hpctrain.rundir.ranks import ATTEMPT_ENV, LOG_DIR_ENV, next_attempt, task_log_name
+from hpctrain.rundir.ranks import next_attempt
+from hpctrain.rundir.restart import FINISHED, RANK_CRASHED, FailedStep, Markers, decide, read_marker, step_key
 
 POLL_S = 0.5
 STOP_GRACE_S = 2.0  # Ray's stop_job escalates to SIGKILL after a few seconds: stop the ranks within them
@@ -43,10 +44,11 @@ WORKER_LOST = -9  # the exit code recorded for a rank whose actor (or node) died
 
 @ray.remote(num_cpus=0)
 class RankWorker:
-    """Holds one rank's process on whichever node Ray placed this actor."""
+    """Holds one rank's process on whichever node Ray placed this actor: a rank group of one
+    (launch/rank_group.py; the rank dies with this actor, PR_SET_PDEATHSIG: no orphans)."""
 
     def __init__(self) -> None:
-        self.proc: Optional[subprocess.Popen[bytes]] = None
+        self.group: Optional[RankGroup] = None
 
     def address(self) -> tuple[str, int]:
         """(this node's address, a TCP port free on it now): rank 0's answer is the rendezvous."""
@@ -55,29 +57,17 @@ class RankWorker:
             sock.bind(("", 0))
             return ip, int(sock.getsockname()[1])
 
-    def start(self, argv: list[str], env: dict[str, str], log_path: str, cwd: str) -> int:
-        from hpctrain.launch.local_supervisor import die_with_supervisor
-
-        full = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-        full.update(env)
-        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "ab") as log:  # the rank dies with this actor (PR_SET_PDEATHSIG): no orphans
-            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                         env=full, cwd=cwd, preexec_fn=die_with_supervisor())
-        return self.proc.pid
+    def start(self, argv: list[str], slot: int, place: RankPlace, extra: dict[str, str], log_dir: str,
+              attempt: int, cwd: str, omp_threads: int) -> int:
+        self.group = RankGroup(argv, cwd=Path(cwd), log_dir=Path(log_dir), attempt=attempt)
+        env = rank_env(os.environ, place, log_dir=log_dir, attempt=attempt, extra=extra, omp_threads=omp_threads)
+        return self.group.start(slot, env).pid
 
     def poll(self) -> Optional[int]:
-        return self.proc.poll() if self.proc else None
+        return self.group.poll()[0] if self.group else None
 
     def stop(self, grace_s: float) -> Optional[int]:
-        if self.proc is None or self.proc.poll() is not None:
-            return self.proc.returncode if self.proc else None
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait()
+        return self.group.stop(grace_s)[0] if self.group else None
 
 
 class Driver:
@@ -92,16 +82,14 @@ class Driver:
         """1 GPU per worker where the cluster has GPUs and the job asks for them, else 0 (a CPU slot)."""
         return 1 if self.job.cluster.gpu != "cpu" and ray.cluster_resources().get("GPU", 0) > 0 else 0
 
-    def _rank_env(self, slot: int, ips: list[str], master: tuple[str, int], attempt: int) -> dict[str, str]:
+    def _place(self, slot: int, ips: list[str], master: tuple[str, int]) -> RankPlace:
         nodes = list(dict.fromkeys(ips))  # node order of first appearance: GROUP_RANK
         same = [i for i, ip in enumerate(ips) if ip == ips[slot]]
-        cpus = self.job.cluster.ray.cpus_per_worker
-        return {"RANK": str(slot), "WORLD_SIZE": str(self.world), "LOCAL_RANK": str(same.index(slot)),
-                "LOCAL_WORLD_SIZE": str(len(same)), "GROUP_RANK": str(nodes.index(ips[slot])),
-                "MASTER_ADDR": master[0], "MASTER_PORT": str(master[1]),
-                "OMP_NUM_THREADS": str(max(1, int(cpus))), "PYTHONUNBUFFERED": "1",
-                LOG_DIR_ENV: str(self.run_dir / "logs"), ATTEMPT_ENV: str(attempt),
-                "HPCTRAIN_REQUEUE_MARKER": str(self.run_dir / REQUEUE_MARKER),
+        return RankPlace(rank=slot, world_size=self.world, local_rank=same.index(slot), local_world_size=len(same),
+                         group_rank=nodes.index(ips[slot]), master_addr=master[0], master_port=master[1])
+
+    def _protocol_env(self) -> dict[str, str]:
+        return {"HPCTRAIN_REQUEUE_MARKER": str(self.run_dir / REQUEUE_MARKER),
                 "HPCTRAIN_BAD_INPUT_MARKER": str(self.run_dir / BAD_INPUT_MARKER),
                 "HPCTRAIN_REQUEUE_BY": "batch-script"}  # the driver requeues; the runtime never calls scontrol
 
@@ -116,8 +104,9 @@ class Driver:
             ips = [ip for ip, _ in addresses]
             argv = runtime_argv(self.run_dir, sys.executable)
             logs = self.run_dir / "logs"
-            ray.get([w.start.remote(argv, self._rank_env(slot, ips, addresses[0], attempt),
-                                    str(logs / task_log_name(slot, attempt)), str(self.run_dir))
+            omp = max(1, int(self.job.cluster.ray.cpus_per_worker))
+            ray.get([w.start.remote(argv, slot, self._place(slot, ips, addresses[0]), self._protocol_env(), str(logs),
+                                    attempt, str(self.run_dir), omp)
                      for slot, w in enumerate(self.workers)])
             self.say(f"attempt {attempt}: {self.world} rank(s) on {', '.join(dict.fromkeys(ips))}, "
                   f"rendezvous {addresses[0][0]}:{addresses[0][1]}")
@@ -167,42 +156,35 @@ class Driver:
     def run(self) -> int:
         logs = self.run_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        attempt, first = next_attempt(logs), next_attempt(logs)
-        s = self.job.slurm
-        last_failed_step: Optional[object] = None
+        attempt = first = next_attempt(logs)
+        last_failed_step: Optional[FailedStep] = None
         while True:
             code = self.run_attempt(attempt)
-            step = (last_metrics(self.run_dir) or {}).get("step")
-            fields = {"attempt": attempt, "exit_code": code, "step": step, "source": "ray-driver"}
+            raw = (last_metrics(self.run_dir) or {}).get("step")
+            step = raw if isinstance(raw, int) and not isinstance(raw, bool) else None
+            fields = {"attempt": attempt, "exit_code": code, "step": raw, "source": "ray-driver"}
             if self.cancelled:
                 self.say("cancelled: the ranks were stopped")
                 return 1
-            if code == 0 and not (self.run_dir / REQUEUE_MARKER).exists():
+            markers = Markers(read_marker(str(self.run_dir / REQUEUE_MARKER)),
+                              read_marker(str(self.run_dir / BAD_INPUT_MARKER)))
+            decision = decide(code, markers, step, last_failed_step, attempt - first, self.job.restart)
+            if decision.cause == FINISHED:
                 self.say(f"training finished (attempt {attempt})")
                 return 0
-            reason = "runtime-requested" if code == 0 else "rank-crashed"
-            why_not = None
-            if code == 2 or (self.run_dir / BAD_INPUT_MARKER).exists():
-                why_not, reason = "bad-input", "bad-input"
-            elif code != 0 and last_failed_step is not None and last_failed_step == step:
-                why_not = "same-step"
-            elif not s.requeue:
-                why_not = "requeue-disabled"
-            elif attempt - first >= s.max_requeues:
-                why_not = "max-requeues-reached"
-            if why_not:
-                append_event(self.run_dir, NOT_REQUEUED, reason=reason, why_not=why_not, **fields)
-                self.say(f"not requeued ({why_not}): attempt {attempt} exited {code}")
+            if not decision.requeue:
+                append_event(self.run_dir, NOT_REQUEUED, reason=decision.cause, why_not=decision.reason, **fields)
+                self.say(f"not requeued ({decision.reason}): attempt {attempt} exited {code}")
                 return code or 1
-            if code != 0:
-                last_failed_step = step
-            append_event(self.run_dir, REQUEUED, reason=reason, **fields)
-            self.say(f"attempt {attempt} exited {code} ({reason}); starting attempt {attempt + 1}")
+            if decision.cause == RANK_CRASHED:
+                last_failed_step = step_key(step)
+            append_event(self.run_dir, REQUEUED, reason=decision.cause, **fields)
+            self.say(f"attempt {attempt} exited {code} ({decision.cause}); starting attempt {attempt + 1}")
             attempt += 1
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hpctrain.launch.ray_driver")
+    parser = argparse.ArgumentParser(prog="python -m hpctrain.launch.ray.driver")
     parser.add_argument("--run-dir", required=True, type=Path)
     args = parser.parse_args(argv)
     driver = Driver(args.run_dir.resolve())

@@ -1,13 +1,13 @@
 """The command of every pod of a Volcano Job: start one rank per GPU of the pod, supervise them.
 
-    python3 -m hpctrain.launch.pod --run-dir DIR --gpus N
+    python3 -m hpctrain.launch.volcano.pod --run-dir DIR --gpus N
 
 What srun is to a Slurm job: it reads the pod's place from Volcano's environment
 (hpctrain/rundir/volcano.py: node rank from VC_TASK_INDEX, the master from the svc plugin's hosts),
 writes the resolved job the manifest carries (HPCTRAIN_RESOLVED_JOB) to DIR/job.resolved.yaml, and
-starts N processes of `python -m hpctrain.runtime` with torchrun's variables (RANK = slot =
-node_rank * N + local rank; the runtime maps it through placement.rank_order). Each logs to
-DIR/logs/task-S.attempt-A.log until the runtime moves to its rank's log, as under srun.
+starts N processes of `python -m hpctrain.runtime` as one rank group (launch/rank_group.py: torchrun's
+variables, RANK = slot = node_rank * N + local rank, which the runtime maps through placement.rank_order;
+logs in DIR/logs/task-S.attempt-A.log until the runtime moves to its rank's log, as under srun).
 
 When a rank fails the others are stopped (srun --kill-on-bad-exit) and the pod exits with that code,
 so the pod fails and the Job's PodFailed -> RestartJob policy replaces every pod; the new ranks
@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -29,11 +28,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hpctrain.errors import ConfigError
+from hpctrain.launch.rank_group import RankGroup, block_place, rank_env
 from hpctrain.rundir.layout import LOGS_DIR, RESOLVED_FILE
-from hpctrain.rundir.ranks import ATTEMPT_ENV, LOG_DIR_ENV, task_log_name
 from hpctrain.rundir.volcano import JOB_TEXT_ENV, PodRendezvous, pod_attempt, pod_rendezvous
 
-PROG = "python -m hpctrain.launch.pod"
+PROG = "python -m hpctrain.launch.volcano.pod"
 RUNTIME_MODULE = "hpctrain.runtime"
 KILL_WAIT_S = 10.0  # between SIGTERM and SIGKILL when the other ranks are stopped
 SIGTERM_EXIT = 128 + signal.SIGTERM
@@ -41,15 +40,10 @@ SIGTERM_EXIT = 128 + signal.SIGTERM
 
 def rank_environment(base: Mapping[str, str], pod: PodRendezvous, local_rank: int, gpus: int, log_dir: str,
                      attempt: int) -> dict[str, str]:
-    """One rank's environment: the pod's, plus torchrun's variables for this GPU."""
-    env = dict(base)
-    env.pop(JOB_TEXT_ENV, None)  # the ranks read the file; no need to carry the text in every environ
-    env.update(RANK=str(pod.node_rank * gpus + local_rank), WORLD_SIZE=str(pod.nodes * gpus),
-               LOCAL_RANK=str(local_rank), LOCAL_WORLD_SIZE=str(gpus), GROUP_RANK=str(pod.node_rank),
-               MASTER_ADDR=pod.master_addr, MASTER_PORT=str(pod.master_port), PYTHONUNBUFFERED="1")
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env.update({LOG_DIR_ENV: log_dir, ATTEMPT_ENV: str(attempt)})
-    return env
+    """One rank's environment: the pod's, plus torchrun's variables for this GPU (launch/rank_group.py)."""
+    place = block_place(pod.node_rank * gpus + local_rank, pod.nodes * gpus, gpus, pod.master_addr, pod.master_port)
+    # the ranks read the job file: no need to carry its text in every environ; OMP_NUM_THREADS: the pod's, else 1
+    return rank_env(base, place, log_dir=log_dir, attempt=attempt, omp_threads=None, drop=(JOB_TEXT_ENV,))
 
 
 def write_job_text(run_dir: Path, text: Optional[str]) -> None:
@@ -68,52 +62,39 @@ def write_job_text(run_dir: Path, text: Optional[str]) -> None:
 
 
 class Pod:
-    """The ranks of this pod."""
+    """The ranks of this pod: one rank group."""
 
     def __init__(self, argv: list[str], gpus: int) -> None:
         self.argv, self.gpus = argv, gpus
-        self.procs: list[subprocess.Popen[bytes]] = []
+        self.group: Optional[RankGroup] = None
         self.terminated = False
 
     def start(self, run_dir: Path, pod: PodRendezvous) -> int:
         logs = run_dir / LOGS_DIR
         logs.mkdir(parents=True, exist_ok=True)
         attempt = pod_attempt(logs, pod.node_rank * self.gpus)
+        self.group = RankGroup(self.argv, cwd=run_dir, log_dir=logs, attempt=attempt, kill_wait_s=KILL_WAIT_S)
         for local in range(self.gpus):
-            slot = pod.node_rank * self.gpus + local
             env = rank_environment(os.environ, pod, local, self.gpus, str(logs), attempt)
-            with open(logs / task_log_name(slot, attempt), "ab") as log:
-                self.procs.append(subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=log,
-                                                   stderr=subprocess.STDOUT, env=env, cwd=run_dir))
+            self.group.start(pod.node_rank * self.gpus + local, env)
         return attempt
 
     def on_sigterm(self, signum: int, frame: Any) -> None:
         self.terminated = True
-        self.signal_all(signal.SIGTERM)
-
-    def signal_all(self, signum: int) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signum)
-
-    def stop(self) -> None:
-        self.signal_all(signal.SIGTERM)
-        deadline = time.monotonic() + KILL_WAIT_S
-        while any(p.poll() is None for p in self.procs) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        self.signal_all(signal.SIGKILL)
-        for proc in self.procs:
-            proc.wait()
+        if self.group is not None:
+            self.group.signal_all(signal.SIGTERM)
 
     def wait(self) -> int:
         """0 when every rank exited 0, else the first failure's code (the others are stopped)."""
+        group = self.group
+        if group is None:
+            return 1
         while True:
-            codes = [p.poll() for p in self.procs]
-            failed = [c for c in codes if c not in (None, 0)]
+            failed = [code for _, code in group.failures()]
             if failed and not self.terminated:
-                self.stop()
+                group.stop()
                 return failed[0] if failed[0] > 0 else 128 - failed[0]
-            if all(c is not None for c in codes):
+            if not group.running():
                 return SIGTERM_EXIT if self.terminated else (failed[0] if failed else 0)
             time.sleep(0.1)
 
