@@ -11,7 +11,6 @@ import itertools
 import json
 import shutil
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from hpctrain.config import Job, job_from_dict
