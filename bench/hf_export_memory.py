@@ -49,7 +49,7 @@ def main() -> None:
     import torch.distributed.checkpoint as dcp
 
     from hpctrain.runtime.hf_export import model_param_names
-    from hpctrain.runtime.model import ModelArgs, build_model
+    from hpctrain.runtime.model.transformer import ModelArgs, build_model
 
     shape = dict(layers=args.layers, hidden=args.hidden, heads=args.hidden // 64, kv_heads=args.hidden // 128,
                  ffn_hidden=args.hidden * 8 // 3 // 64 * 64, vocab=args.vocab, seq_len=128)

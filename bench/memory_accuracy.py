@@ -142,7 +142,7 @@ def _fake_friendly_runtime(fake: bool) -> Any:
     import torch
 
     import hpctrain.runtime.parallelize as parallelize
-    from hpctrain.runtime.model import Transformer
+    from hpctrain.runtime.model.transformer import Transformer
 
     def build(args: Any) -> Any:
         model = Transformer(args)

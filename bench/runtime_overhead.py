@@ -125,7 +125,7 @@ def plain_worker(job_path: str, out_path: str, warmup: int) -> None:
 
     from hpctrain.config import load_job
     from hpctrain.runtime.data import SyntheticTokens
-    from hpctrain.runtime.model import ModelArgs, build_model
+    from hpctrain.runtime.model.transformer import ModelArgs, build_model
     from hpctrain.runtime.optim import LRLambda
 
     torch.set_num_threads(1)

@@ -129,7 +129,7 @@ def fake_runtime(fake_mode: Any) -> Any:
     from memory_accuracy import patched
 
     import hpctrain.runtime.parallelize as parallelize
-    from hpctrain.runtime.model import Transformer
+    from hpctrain.runtime.model.transformer import Transformer
 
     def to_empty(self: Any, *, device: Any, recurse: bool = True) -> Any:
         with fake_mode:
@@ -299,7 +299,7 @@ def dry_build_ranks(layout: Layout, pp_ranks: tuple[int, ...], trace: bool = Tru
 
 
 def closed_form_params(layout: Layout) -> int:
-    from hpctrain.runtime.model import ModelArgs, param_count
+    from hpctrain.runtime.model.transformer import ModelArgs, param_count
 
     return param_count(ModelArgs.from_config(layout.job().model))
 

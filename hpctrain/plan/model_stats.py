@@ -1,6 +1,6 @@
 """Model accounting: parameter counts and training FLOPs per token, from job.model alone.
 
-The counted architecture is the runtime's (hpctrain/runtime/model.py): token embedding
+The counted architecture is the runtime's (hpctrain/runtime/model/transformer.py): token embedding
 [vocab, hidden]; per layer an RMSNorm [hidden], q [hidden, heads*head_dim], k and v
 [hidden, kv_heads*head_dim], o [heads*head_dim, hidden], an RMSNorm [hidden] and the FFN
 (gelu: up + down; swiglu: gate + up + down, each hidden x ffn_hidden); a final RMSNorm [hidden];

@@ -26,7 +26,7 @@ from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from hpctrain.errors import ConfigError
-from hpctrain.runtime.model import AC_MODES, TransformerBlock
+from hpctrain.runtime.model.transformer import AC_MODES, TransformerBlock
 from hpctrain.runtime.sequence_parallel import CHECKPOINTED_ATTR
 
 

@@ -26,7 +26,7 @@ from typing import Any, Iterator
 import torch
 
 from hpctrain.errors import ConfigError
-from hpctrain.runtime.hf_weights import hf_config_dict, need_safetensors, read_base_config, to_hf_name
+from hpctrain.runtime.model.hf_weights import hf_config_dict, need_safetensors, read_base_config, to_hf_name
 
 DEFAULT_MAX_SHARD = "5GB"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -10,7 +10,7 @@ every start computes). Adapters are read from the checkpoint one tensor at a tim
   (`base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight`, checked against peft 0.21's
   `save_pretrained`) for `PeftModel.from_pretrained(base, DIR)`. base_model_name_or_path is the
   init_from folder; a run without one gets its seed's base exported beside the adapter, in DIR/base.
-The runtime's projections are transformers' without any permutation (hf_weights.py), so A and B
+The runtime's projections are transformers' without any permutation (runtime/model/hf_weights.py), so A and B
 keep their layout.
 """
 
@@ -27,7 +27,7 @@ import torch
 from hpctrain.config.lora import HF_NAMES
 from hpctrain.errors import ConfigError
 from hpctrain.runtime.hf_export import DTYPES, ExportResult, export_checkpoint, model_param_names
-from hpctrain.runtime.hf_weights import HfShardReader, to_hf_name
+from hpctrain.runtime.model.hf_weights import HfShardReader, to_hf_name
 
 ADAPTER_FILE = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
@@ -68,8 +68,8 @@ def _projection(name: str, targets: list[str]) -> str | None:
 def base_tensors(model: Any, seed: int, draw_device: str = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
     """(runtime name, fp32 tensor) of the frozen base, in transformers' file order; without init_from
     drawn as the runtime drew it (init.random_fill on the run's device type: CUDA and CPU draws differ)."""
-    from hpctrain.runtime.init import random_fill
-    from hpctrain.runtime.model import ModelArgs, build_model
+    from hpctrain.runtime.model.init import random_fill
+    from hpctrain.runtime.model.transformer import ModelArgs, build_model
 
     shapes = {n: tuple(p.shape) for n, p in build_model(ModelArgs.from_config(model)).named_parameters()}
     fill = HfShardReader(model.init_from) if model.init_from else random_fill(seed, int(model.layers), draw_device)

@@ -2,7 +2,7 @@
 
 Order (torchtitan's): build the full model on meta -> cut this rank's pipeline stages -> tensor
 parallel -> activation checkpointing -> compile (`train.compile`) -> FSDP2 -> materialise
-(`to_empty`) and initialise each rank's shards from the seed (init.py; not when a checkpoint will be
+(`to_empty`) and initialise each rank's shards from the seed (model/init.py; not when a checkpoint will be
 loaded) -> pipeline schedule. The training loop then only sees `Training`:
 
     training = build_training(job, device)
@@ -31,9 +31,9 @@ from hpctrain.runtime.activation_checkpoint import apply_ac
 from hpctrain.runtime.compile import apply_compile
 from hpctrain.runtime.data_parallel import apply_fsdp, sync_every_microbatch
 from hpctrain.runtime.grad_norm import clip_to, is_sharded, norm_weights, weighted_grad_sq
-from hpctrain.runtime.init import ShardFill, init_parameters, random_fill
-from hpctrain.runtime.lora import apply_lora, init_lora, is_adapter
-from hpctrain.runtime.model import ModelArgs, Transformer, build_model, cross_entropy_loss
+from hpctrain.runtime.model.init import ShardFill, init_parameters, random_fill
+from hpctrain.runtime.model.lora import apply_lora, init_lora, is_adapter
+from hpctrain.runtime.model.transformer import ModelArgs, Transformer, build_model, cross_entropy_loss
 from hpctrain.runtime.parallel_dims import ParallelDims
 from hpctrain.runtime.pipeline_parallel import apply_pp, split_model, stage_layer_ranges, step_kwargs
 from hpctrain.runtime.precision import LossScaler, autocast_context, local_tensor

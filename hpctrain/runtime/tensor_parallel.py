@@ -30,7 +30,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from hpctrain.runtime.model import Transformer, TransformerBlock
+from hpctrain.runtime.model.transformer import Transformer, TransformerBlock
 from hpctrain.runtime.sequence_parallel import gather_sequence_input
 from hpctrain.runtime.vocab_parallel import use_vocab_parallel_lookup
 

@@ -92,12 +92,12 @@ class Trainer:
 
         The model was built without initialisation. The weights no checkpoint holds (all of them at a
         fresh start; under LoRA the frozen base at every start, its checkpoints hold the adapters only)
-        are read from model.init_from (each rank reads its shards) or drawn from the seed (init.py);
+        are read from model.init_from (each rank reads its shards) or drawn from the seed (model/init.py);
         a resume without LoRA draws nothing."""
         path = self.checkpointer.find(self.resume_from)
         if path is None or self.job.train.lora is not None:
             if self.job.model.init_from:
-                from hpctrain.runtime.hf_weights import load_init_from
+                from hpctrain.runtime.model.hf_weights import load_init_from
 
                 self.telemetry.event("weights loaded", **load_init_from(self.training))
             else:

@@ -56,7 +56,7 @@ def _export(trained: dict[str, str], out: str, *extra: str) -> int:
 
 
 def test_export_round_trip_matches_runtime_logits(trained, tmp_path, capsys) -> None:
-    from hpctrain.runtime.hf_weights import iter_hf_tensors
+    from hpctrain.runtime.model.hf_weights import iter_hf_tensors
 
     out = str(tmp_path / "hf")
     assert _export(trained, out) == 0
@@ -78,7 +78,7 @@ def test_export_round_trip_matches_runtime_logits(trained, tmp_path, capsys) -> 
 
 
 def test_sharded_export_has_an_index_and_equal_weights(trained, tmp_path) -> None:
-    from hpctrain.runtime.hf_weights import iter_hf_tensors
+    from hpctrain.runtime.model.hf_weights import iter_hf_tensors
 
     one, many = str(tmp_path / "one"), str(tmp_path / "many")
     assert _export(trained, one) == 0

@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from hpctrain.config import job_from_dict  # noqa: E402
-from hpctrain.runtime import init  # noqa: E402
+from hpctrain.runtime.model import init  # noqa: E402
 from hpctrain.runtime.distributed import DistEnv  # noqa: E402
 
 from ._dist import run_distributed  # noqa: E402
@@ -83,7 +83,7 @@ LAYOUTS = [
 
 @pytest.mark.dist
 def test_every_rank_holds_its_slice_of_the_one_process_draw() -> None:
-    from hpctrain.runtime.model import ModelArgs, build_model
+    from hpctrain.runtime.model.transformer import ModelArgs, build_model
 
     per_rank = run_distributed(rank_shards, 4, LAYOUTS, timeout_s=120)
     for i, kwargs in enumerate(LAYOUTS):

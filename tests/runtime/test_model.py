@@ -12,7 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from hpctrain.config import job_from_dict
 from hpctrain.errors import ConfigError
 from hpctrain.plan import model_stats
-from hpctrain.runtime.model import ModelArgs, build_model, make_stage, param_count
+from hpctrain.runtime.model.transformer import ModelArgs, build_model, make_stage, param_count
 from hpctrain.runtime.parallelize import build_training
 from hpctrain.runtime.pipeline_parallel import even_split, stage_layer_ranges
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hpctrain.errors import ConfigError
-from hpctrain.runtime.model import ModelArgs
+from hpctrain.runtime.model.transformer import ModelArgs
 from hpctrain.runtime.parallel_dims import ParallelDims
 
 

@@ -1,6 +1,6 @@
 """Hugging Face Llama weights <-> the runtime's parameters: the name mapping and a lazy shard reader.
 
-Names: the runtime's full-model names (model.py: `layers.3.attention.wq.weight`) map one to one onto
+Names: the runtime's full-model names (transformer.py: `layers.3.attention.wq.weight`) map one to one onto
 `LlamaForCausalLM`'s (`model.layers.3.self_attn.q_proj.weight`). No tensor is transposed or permuted:
 both keep nn.Linear's [out, in] layout, and both rotate q/k with the rotate-half RoPE layout (the first
 half of each head's dimensions pairs with the second half), which is the layout transformers' Llama
