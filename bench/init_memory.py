@@ -56,7 +56,7 @@ def measure(layers: int, tp: int, rank: int, seed: int = 0) -> dict[str, Any]:
 
     from hpctrain.config.model import PRESETS
     from hpctrain.runtime.model.transformer import ModelArgs, build_model
-    from hpctrain.runtime.tensor_parallel import apply_tp
+    from hpctrain.runtime.parallel.tensor import apply_tp
 
     torch.set_num_threads(1)
     args = ModelArgs(**{**PRESETS["llama3-8b"], "layers": layers})

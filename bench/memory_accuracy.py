@@ -222,7 +222,7 @@ def _measure_here(cfg: Config, fake: bool) -> dict[str, float]:
     import torch.distributed as dist
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from hpctrain.runtime.parallel_dims import ParallelDims
+    from hpctrain.runtime.parallel.dims import ParallelDims
     from hpctrain.runtime.parallelize import build_training
 
     job = cfg.job()

@@ -8,7 +8,7 @@ torch.autograd.graph.saved_tensors_hooks and checked against MemTracker (tests/p
 test_memory_truth.py). Unlike Korthikanti's GPT, there is no dropout and attention keeps no
 seq x seq matrix (flash attention saves its output and the log-sum-exp instead).
 
-Precision modes (how the runtime casts, see hpctrain/runtime/precision.py, data_parallel.py):
+Precision modes (how the runtime casts, see hpctrain/runtime/parallel/precision.py, parallel/fsdp.py):
 - "fp32": everything fp32.
 - "autocast": fp32 parameters; the model casts the residual stream to 16 bits after the
   embedding, so every activation is 16-bit; autocast casts each weight to 16 bits and each
@@ -17,7 +17,7 @@ Precision modes (how the runtime casts, see hpctrain/runtime/precision.py, data_
   forward is 16-bit.
 In every mode RMSNorm (runtime/model/norm.py) saves its input as it came and one fp32 rstd per token,
 as a fused kernel does; under sequence parallelism the inputs of attention and the FFN are kept
-as sequence shards and gathered again in backward (runtime/sequence_parallel.py).
+as sequence shards and gathered again in backward (runtime/parallel/sequence.py).
 """
 
 from __future__ import annotations

@@ -178,7 +178,7 @@ def recompute_flops_per_token(model: Any, ac_mode: str) -> float:
     """Extra forward FLOPs per token that activation checkpointing re-runs in the backward pass.
 
     full: every layer's forward again (Narayanan et al. 2021: 4x instead of 3x forward);
-    selective: the runtime's op-level policy (runtime/activation_checkpoint.py) saves the outputs
+    selective: the runtime's op-level policy (runtime/parallel/activation_checkpoint.py) saves the outputs
     of every matmul and of attention and recomputes only element-wise ops, so no matmul FLOPs
     (Korthikanti et al. 2022's selective recompute of the attention core is not needed: flash
     attention keeps no seq x seq matrix);

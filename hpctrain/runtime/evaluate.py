@@ -17,7 +17,7 @@ import torch
 from hpctrain.config.data_files import eval_file
 from hpctrain.runtime.data import ShardedSampler, TokenFile, resolve_dtype
 from hpctrain.runtime.model.transformer import cross_entropy_loss
-from hpctrain.runtime.precision import local_tensor
+from hpctrain.runtime.parallel.precision import local_tensor
 
 
 class Evaluator:

@@ -27,17 +27,17 @@ import torch.distributed as dist
 from torch import nn
 
 from hpctrain.errors import ConfigError
-from hpctrain.runtime.activation_checkpoint import apply_ac
-from hpctrain.runtime.compile import apply_compile
-from hpctrain.runtime.data_parallel import apply_fsdp, sync_every_microbatch
-from hpctrain.runtime.grad_norm import clip_to, is_sharded, norm_weights, weighted_grad_sq
+from hpctrain.runtime.parallel.activation_checkpoint import apply_ac
+from hpctrain.runtime.parallel.compile import apply_compile
+from hpctrain.runtime.parallel.fsdp import apply_fsdp, sync_every_microbatch
+from hpctrain.runtime.parallel.grad_norm import clip_to, is_sharded, norm_weights, weighted_grad_sq
 from hpctrain.runtime.model.init import ShardFill, init_parameters, random_fill
 from hpctrain.runtime.model.lora import apply_lora, init_lora, is_adapter
 from hpctrain.runtime.model.transformer import ModelArgs, Transformer, build_model, cross_entropy_loss
-from hpctrain.runtime.parallel_dims import ParallelDims
-from hpctrain.runtime.pipeline_parallel import apply_pp, split_model, stage_layer_ranges, step_kwargs
-from hpctrain.runtime.precision import LossScaler, autocast_context, local_tensor
-from hpctrain.runtime.tensor_parallel import apply_tp
+from hpctrain.runtime.parallel.dims import ParallelDims
+from hpctrain.runtime.parallel.pipeline import apply_pp, split_model, stage_layer_ranges, step_kwargs
+from hpctrain.runtime.parallel.precision import LossScaler, autocast_context, local_tensor
+from hpctrain.runtime.parallel.tensor import apply_tp
 
 
 @dataclass
@@ -189,7 +189,7 @@ class Training:
 
         Autograd does not guarantee it: norm-weight gradients can come out Partial (a pending
         sum over tp). (The vocab-sharded embedding's gradient is Shard(0) already: its lookup
-        computes only the rank's rows, vocab_parallel.py.) Clipping, loss scaling and the
+        computes only the rank's rows, parallel/vocab.py.) Clipping, loss scaling and the
         tied-embedding sync work on local shards, so they need gradients laid out exactly like
         their parameters."""
         from torch.distributed.tensor import DTensor
@@ -311,7 +311,7 @@ def build_training(job: Any, device: torch.device, initialise: bool = True) -> T
     par = job.parallel
     if job.train.compile and isinstance(par.tp, int) and par.tp > 1:  # validate and plan catch it first
         raise ConfigError(f"train.compile: does not combine with tensor parallel yet (parallel.tp={par.tp}); "
-                          "set train.compile: false, or parallel.tp: 1 (runtime/compile.py)")
+                          "set train.compile: false, or parallel.tp: 1 (runtime/parallel/compile.py)")
     dims = ParallelDims.from_job(job, world_size)
     virtual = par.virtual_stages if dims.pp_enabled else 1
     if not isinstance(virtual, int) or virtual < 1:
@@ -340,7 +340,7 @@ def build_training(job: Any, device: torch.device, initialise: bool = True) -> T
         if job.train.lora is not None:  # after TP (the adapters take the base's placements), before FSDP
             apply_lora(module, job.train.lora, mesh["tp"] if dims.tp_enabled and mesh is not None else None)
         apply_ac(module, job.train.activation_checkpointing)
-        if job.train.compile:  # after TP and AC, before FSDP (runtime/compile.py)
+        if job.train.compile:  # after TP and AC, before FSDP (runtime/parallel/compile.py)
             apply_compile(module)
     if fsdp:
         assert mesh is not None

@@ -14,7 +14,7 @@ from hpctrain.errors import ConfigError
 from hpctrain.plan import model_stats
 from hpctrain.runtime.model.transformer import ModelArgs, build_model, make_stage, param_count
 from hpctrain.runtime.parallelize import build_training
-from hpctrain.runtime.pipeline_parallel import even_split, stage_layer_ranges
+from hpctrain.runtime.parallel.pipeline import even_split, stage_layer_ranges
 
 from ._jobs import global_batch, tiny_job
 

@@ -41,7 +41,7 @@ from torch import nn
 from hpctrain.runtime.model.init import param_seed, shard_index
 from hpctrain.runtime.model.transformer import Transformer
 
-# Which projections are column- and row-parallel under TP (tensor_parallel.py's plan).
+# Which projections are column- and row-parallel under TP (parallel/tensor.py's plan).
 MODULE_OF = {"wq": "attention", "wk": "attention", "wv": "attention", "wo": "attention",
              "w1": "feed_forward", "w2": "feed_forward", "w3": "feed_forward"}
 ROWWISE = ("wo", "w2")
