@@ -98,7 +98,7 @@ def _forward_live_bytes(layers: int, tp: int, dp: int, ac: str, batch: int) -> i
     """Bytes alive after one forward (kept for backward plus the output) on rank 0."""
     import torch
 
-    from hpctrain.runtime.parallelize import build_training
+    from hpctrain.runtime.parallel.build import build_training
 
     training = build_training(_job(layers, tp, dp, ac, batch), torch.device("cpu"))
     tokens = torch.randint(0, MODEL["vocab"], (batch, MODEL["seq_len"]))

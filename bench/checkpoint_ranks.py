@@ -64,7 +64,7 @@ def worker(rank: int, world: int, port: int, folder: str, reps: int, out: Any) -
 
     from hpctrain.runtime.checkpoint import Checkpointer
     from hpctrain.runtime.optim import build_optimizers
-    from hpctrain.runtime.parallelize import build_training
+    from hpctrain.runtime.parallel.build import build_training
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")

@@ -21,7 +21,7 @@ from hpctrain.runtime.parallel.precision import local_tensor
 
 
 class Evaluator:
-    """Computes the validation loss of a `Training` (parallelize.py) on its dp rank's slices."""
+    """Computes the validation loss of a `Training` (runtime/training.py) on its dp rank's slices."""
 
     def __init__(self, job: Any, training: Any, dp_rank: int) -> None:
         self.job, self.training, self.dp_rank = job, training, dp_rank

@@ -28,7 +28,7 @@ from hpctrain.runtime.data import build_sampler
 from hpctrain.runtime.distributed import DistEnv
 from hpctrain.runtime.evaluate import Evaluator
 from hpctrain.runtime.optim import build_optimizers
-from hpctrain.runtime.parallelize import build_training
+from hpctrain.runtime.parallel.build import build_training
 from hpctrain.runtime.parallel.precision import local_tensor
 from hpctrain.runtime.requeue import RequeueController
 from hpctrain.runtime.telemetry import MemoryTracker, Telemetry, Throughput

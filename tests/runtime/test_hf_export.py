@@ -39,7 +39,7 @@ def _runtime_logits(run_dir: str, checkpoint: str, batch: torch.Tensor) -> torch
     import torch.distributed.checkpoint as dcp
 
     from hpctrain.config import load_job
-    from hpctrain.runtime.parallelize import build_training
+    from hpctrain.runtime.parallel.build import build_training
 
     job = load_job(os.path.join(run_dir, "job.resolved.yaml"), ["parallel.pp=1", "cluster.gpus_per_node=1"])
     part = build_training(job, torch.device("cpu")).model_parts[0]

@@ -32,7 +32,7 @@ def hf_models(tmp_path_factory) -> dict[str, str]:
 
 def _build(folder: str, layout: tuple[int, int, int]) -> Any:
     from hpctrain.runtime.model.hf_weights import load_init_from
-    from hpctrain.runtime.parallelize import build_training
+    from hpctrain.runtime.parallel.build import build_training
 
     # As the runtime starts (Trainer): built without the seed's draw, then filled from the folder.
     training = build_training(job_from_dict(hf_job_dict(folder, *layout)), torch.device("cpu"), initialise=False)
@@ -124,7 +124,7 @@ def test_lora_base_loads_and_adapters_stay(hf_models) -> None:
     """Under LoRA the folder fills the frozen base; the adapters keep PEFT's init (B = 0), so the model
     starts at transformers' logits."""
     from hpctrain.runtime.model.hf_weights import load_init_from
-    from hpctrain.runtime.parallelize import build_training
+    from hpctrain.runtime.parallel.build import build_training
 
     data = hf_job_dict(hf_models["untied"])
     data["train"]["lora"] = {"rank": 4, "alpha": 8, "targets": ["wq", "w2"]}

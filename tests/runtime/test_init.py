@@ -61,7 +61,7 @@ def rank_shards(layouts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """This rank's (index, shard) of every parameter after build_training, for each layout."""
     from torch.distributed.tensor import DTensor
 
-    from hpctrain.runtime.parallelize import build_training
+    from hpctrain.runtime.parallel.build import build_training
 
     results = []
     for kwargs in layouts:
@@ -120,11 +120,11 @@ def test_llama3_8b_rank_at_tp8_initialises_within_memory_and_time_bounds() -> No
 
 
 def test_a_resumed_start_draws_no_weights_and_continues_bit_identically(tmp_path, monkeypatch) -> None:
-    import hpctrain.runtime.parallelize as parallelize
+    import hpctrain.runtime.training as training_module
     from hpctrain.runtime.trainer import Trainer
 
     calls: list[str] = []
-    real_fill = parallelize.random_fill
+    real_fill = training_module.random_fill
 
     def counting_fill(*args: Any, **kwargs: Any) -> init.ShardFill:
         # A spy, not a mock: the real fill runs; only its calls are counted.
@@ -135,7 +135,7 @@ def test_a_resumed_start_draws_no_weights_and_continues_bit_identically(tmp_path
             return fill(name, full_shape, index)
         return counted
 
-    monkeypatch.setattr(parallelize, "random_fill", counting_fill)
+    monkeypatch.setattr(training_module, "random_fill", counting_fill)
     monkeypatch.setenv("HPCTRAIN_FINAL_CHECKPOINT", "1")
     env = DistEnv(0, 1, 0, "127.0.0.1", 0, "single")
 

@@ -184,7 +184,7 @@ def iter_hf_tensors(folder: str) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def load_init_from(training: Any) -> dict[str, Any]:
-    """Initialise every model part of a `Training` (parallelize.py, built with initialise=False) from
+    """Initialise every model part of a `Training` (runtime/training.py, built with initialise=False) from
     `job.model.init_from`; returns what this rank read ({"path", "bytes_read", "seconds"}), for the
     `weights loaded` event."""
     import time

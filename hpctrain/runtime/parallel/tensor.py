@@ -14,7 +14,7 @@ are, and backward gathers again (sequence.py; Korthikanti et al. 2022, section 4
 Loss parallel is always on when tp > 1: the head's logits stay sharded over the vocabulary and the
 cross-entropy is computed without gathering them (`torch.distributed.tensor.parallel.loss_parallel`),
 saving a [batch, seq, vocab] all-gather. Forward and backward of the loss must run inside
-`loss_parallel()`; `parallelize.Training` does that.
+`loss_parallel()`; `Training` (runtime/training.py) does that.
 """
 
 from __future__ import annotations
