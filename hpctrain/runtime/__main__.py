@@ -166,7 +166,7 @@ def _user_error(exc: Exception, rank: int) -> int:
 
 def _run(job: Any, env: Any, args: argparse.Namespace) -> int:
     from hpctrain.errors import ConfigError
-    from hpctrain.runtime.checkpoint import CheckpointSaveError
+    from hpctrain.runtime.checkpoint.checkpointer import CheckpointSaveError
     from hpctrain.runtime.distributed import init_distributed, shutdown
     from hpctrain.rundir.events import append_event
 

@@ -66,7 +66,7 @@ def hf_tensors(checkpoint: str, model: Any, dtype: torch.dtype = torch.float32) 
     """(hf_name, tensor) for every weight of `model` in the DCP checkpoint folder, each read by itself."""
     import torch.distributed.checkpoint as dcp
 
-    from hpctrain.runtime.safe_dcp import SafePlanner, SafeReader, UnsafeIndex, read_index
+    from hpctrain.runtime.checkpoint.safe_dcp import SafePlanner, SafeReader, UnsafeIndex, read_index
 
     try:
         entries = read_index(checkpoint).state_dict_metadata

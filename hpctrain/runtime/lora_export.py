@@ -37,7 +37,7 @@ class CheckpointTensors:
     """One tensor at a time from a DCP checkpoint folder (its `model.` entries)."""
 
     def __init__(self, checkpoint: str) -> None:
-        from hpctrain.runtime.safe_dcp import UnsafeIndex, read_index
+        from hpctrain.runtime.checkpoint.safe_dcp import UnsafeIndex, read_index
 
         self.checkpoint = checkpoint
         try:
@@ -48,7 +48,7 @@ class CheckpointTensors:
     def __call__(self, name: str) -> torch.Tensor:
         import torch.distributed.checkpoint as dcp
 
-        from hpctrain.runtime.safe_dcp import SafePlanner, SafeReader
+        from hpctrain.runtime.checkpoint.safe_dcp import SafePlanner, SafeReader
 
         meta = self.entries.get(f"model.{name}")
         if meta is None or not hasattr(meta, "size"):

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from hpctrain.runtime.checkpoint import Checkpointer
+from hpctrain.runtime.checkpoint.checkpointer import Checkpointer
 from hpctrain.runtime.data import build_sampler
 from hpctrain.runtime.distributed import DistEnv
 from hpctrain.runtime.evaluate import Evaluator

@@ -2,7 +2,7 @@
 
 Protocol (issue 7 item 1, issue 18): every rank writes its shards with DCP into `step-N.partial/`,
 and its RNG states into `step-N.partial/rng/rank-R.pt` (plain tensors: rng_state.py); each rank
-hashes its share of the files (its own DCP shard while writing it: checkpoint_hashing.py); rank 0
+hashes its share of the files (its own DCP shard while writing it: hashing.py); rank 0
 writes `metadata.json` (step, tokens seen, layout, data position, LR-scheduler and loss-scaler
 state, the run that wrote it, the size and sha256 of every file, versions, and the sha256 of all
 that) and renames the folder to `step-N/`. What counts as complete, and how folders are found, is
@@ -58,11 +58,11 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 
 import hpctrain
 from hpctrain.errors import ConfigError, HpctrainError
-from hpctrain.runtime import rng_state
-from hpctrain.runtime.checkpoint_files import describe_failure, fsync_dir, fsync_file, remove_all
-from hpctrain.runtime.checkpoint_hashing import HashingWriter
+from hpctrain.runtime.checkpoint import rng_state
+from hpctrain.runtime.checkpoint.files import describe_failure, fsync_dir, fsync_file, remove_all
+from hpctrain.runtime.checkpoint.hashing import HashingWriter
+from hpctrain.runtime.checkpoint.safe_dcp import SafePlanner, SafeReader, UnsafeIndex, read_index
 from hpctrain.runtime.distributed import barrier
-from hpctrain.runtime.safe_dcp import SafePlanner, SafeReader, UnsafeIndex, read_index
 from hpctrain.rundir.checkpoints import (  # noqa: F401 - re-exported: the runtime's names for them
     CHECKPOINTS_DIR, FORMAT, METADATA_FILE, PARTIAL_DIR, STEP_DIR, InvalidCheckpoint, Scan, checksum, claim,
     data_files, foreign_owner, hash_files, ownership_error, read_metadata, run_identity, run_record, scan, share,
@@ -288,7 +288,7 @@ class Checkpointer:
             # This rank's RNG file on disk before the metadata that lists it is written (and trusted).
             fsync_file(os.path.join(pending.partial, "rng", f"rank-{self.rank}.pt"))
             mine = share(names, self.rank, self.world_size)
-            # Async: the DCP files this rank wrote were hashed while written (checkpoint_hashing.py);
+            # Async: the DCP files this rank wrote were hashed while written (hashing.py);
             # sync: read back here, from the page cache, while training goes on.
             manifest = (pending.writer.manifest(pending.partial, mine) if pending.writer is not None
                         else hash_files(pending.partial, mine))
@@ -316,7 +316,7 @@ class Checkpointer:
             self._emit(events, "checkpoint saved", step=pending.step, path=pending.final, duration_s=blocking_s,
                        blocking_s=blocking_s, finalized_after_s=total_s)
         # Start to complete (async: overlapped steps included, an upper bound): the time-limit safety
-        # keeps twice this in hand (requeue.py).
+        # keeps twice this in hand (runtime/requeue.py).
         self.last_save_s = time.perf_counter() - pending.started
 
     def _complete(self, pending: _Pending, files: dict[str, Any]) -> None:
