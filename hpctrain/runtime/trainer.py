@@ -24,9 +24,9 @@ from typing import Any
 import torch
 
 from hpctrain.runtime.checkpoint.checkpointer import Checkpointer
-from hpctrain.runtime.data import build_sampler
+from hpctrain.runtime.data.tokens import build_sampler
 from hpctrain.runtime.distributed import DistEnv
-from hpctrain.runtime.evaluate import Evaluator
+from hpctrain.runtime.data.evaluate import Evaluator
 from hpctrain.runtime.optim import build_optimizers
 from hpctrain.runtime.parallel.build import build_training
 from hpctrain.runtime.parallel.precision import local_tensor

@@ -15,7 +15,7 @@ from typing import Any, Optional
 import torch
 
 from hpctrain.config.data_files import eval_file
-from hpctrain.runtime.data import ShardedSampler, TokenFile, resolve_dtype
+from hpctrain.runtime.data.tokens import ShardedSampler, TokenFile, resolve_dtype
 from hpctrain.runtime.model.transformer import cross_entropy_loss
 from hpctrain.runtime.parallel.precision import local_tensor
 
