@@ -31,8 +31,8 @@ from hpctrain.runtime.optim import build_optimizers
 from hpctrain.runtime.parallel.build import build_training
 from hpctrain.runtime.parallel.precision import local_tensor
 from hpctrain.runtime.requeue import RequeueController
-from hpctrain.runtime.telemetry import MemoryTracker, Telemetry, Throughput
-from hpctrain.runtime.trackers import Trackers
+from hpctrain.runtime.observe.telemetry import MemoryTracker, Telemetry, Throughput
+from hpctrain.runtime.observe.trackers import Trackers
 
 # Benchmarks set this to "0" to skip the checkpoint at the end of training (a 1B model writes ~15 GB).
 FINAL_CHECKPOINT_ENV = "HPCTRAIN_FINAL_CHECKPOINT"

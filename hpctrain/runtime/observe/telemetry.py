@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from hpctrain.runtime.comm_timing import COLLECTIVE, CUDA_EVENTS, HOST, P2P, CommTimer, clock_for
+from hpctrain.runtime.observe.comm_timing import COLLECTIVE, CUDA_EVENTS, HOST, P2P, CommTimer, clock_for
 
 from hpctrain.rundir.events import append_line, now_iso as _now
 from hpctrain.rundir.layout import EVENTS_FILE, METRICS_FILE, RANKS_DIR
