@@ -7,7 +7,7 @@ The counted architecture is the runtime's (hpctrain/runtime/model/transformer.py
 the head [hidden, vocab] unless tied. head_dim = hidden // heads. No biases anywhere.
 
 `flops_per_token` is THE FLOP formula of the project: the runtime's MFU and the planner's cost
-model both call it (../shared/ARCHITECTURE.md section 3).
+model both call it (docs/architecture.md: the metrics record).
 """
 
 from __future__ import annotations

@@ -195,8 +195,9 @@ def _run(job: Any, env: Any, args: argparse.Namespace) -> int:
         trainer.close()
         shutdown()
         # Stopped early and nothing will bring it back (budget spent, scontrol failed, no checkpoint, not under
-        # Slurm at all): the job did not do its work, so it must not end COMPLETED (exit codes: ARCHITECTURE.md
-        # section 4). A launcher that asked for the stop (a local cancel) records CANCELLED whatever rank 0 says.
+        # Slurm at all): the job did not do its work, so it must not end COMPLETED (exit codes:
+        # docs/architecture.md). A launcher that asked for the stop (a local cancel) records CANCELLED
+        # whatever rank 0 says.
         if result["stopped"] and result.get("requeue") == "not-requeued":
             return 1
         return 0

@@ -1,4 +1,4 @@
-"""What a run leaves for people and for `hpctrain doctor` (../shared/ARCHITECTURE.md sections 2, 3).
+"""What a run leaves for people and for `hpctrain doctor` (docs/architecture.md: the run directory, the metrics record).
 
 - `metrics.jsonl` (rank 0): one JSON object per logged step, append-only; on (re)start it is cut
   back to the step the run resumes from, so after any number of restarts every step appears once.
