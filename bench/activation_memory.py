@@ -16,7 +16,7 @@ bytes per layer (bf16), and 34*s*b*h/t with selective recomputation. Adapted to 
 - no dropout: the two masks (1 byte each per element of h: -2) are gone;
 - flash attention (scaled_dot_product_attention) keeps no s x s matrix: the 5as/(ht) term is 0;
   it keeps an fp32 log-sum-exp per head and token instead (4 a / t bytes per token);
-- RMSNorm (runtime/norm.py) keeps its 16-bit input like LayerNorm, plus one fp32 rstd per token;
+- RMSNorm (runtime/model/norm.py) keeps its 16-bit input like LayerNorm, plus one fp32 rstd per token;
 - attention widths are heads*head_dim for q and the output, and k/v after the GQA repeat;
 - SwiGLU: the FFN keeps its input (2h), w1's output, silu's output, w3's output and their product
   (4 x 2f bytes for ffn width f) where GELU with f = 4h keeps 2 x 8h; GELU: 2h + 2 x 2f.
@@ -98,7 +98,7 @@ def _forward_live_bytes(layers: int, tp: int, dp: int, ac: str, batch: int) -> i
     """Bytes alive after one forward (kept for backward plus the output) on rank 0."""
     import torch
 
-    from hpctrain.runtime.parallelize import build_training
+    from hpctrain.runtime.parallel.build import build_training
 
     training = build_training(_job(layers, tp, dp, ac, batch), torch.device("cpu"))
     tokens = torch.randint(0, MODEL["vocab"], (batch, MODEL["seq_len"]))

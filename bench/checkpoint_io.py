@@ -83,7 +83,7 @@ def build_state(gib: float, device: str) -> tuple[Any, Any, int]:
 
 
 def checkpointer(folder: Path, model: Any, optimizer: Any, async_: bool) -> Any:
-    from hpctrain.runtime.checkpoint import Checkpointer
+    from hpctrain.runtime.checkpoint.checkpointer import Checkpointer
 
     job = SimpleNamespace(checkpoint=SimpleNamespace(dir=str(folder), every_steps=1, keep_last=1, async_=async_))
     return Checkpointer(job, str(folder), [model], [optimizer])

@@ -12,7 +12,7 @@ Alternating, `--reps` times each, on the same disk:
          paused (barrier, RNG files, DCP): the time training stands still for the save
   finalize  then `Checkpointer.wait()` at once: the rest of that save (sha256 of every file,
          manifest, metadata, fsyncs, rename, prune), which runs in a thread while training goes on
-         (checkpoint.py); timed apart, never overlapping the next measurement
+         (runtime/checkpoint/checkpointer.py); timed apart, never overlapping the next measurement
 
 Each figure is the slowest rank's; the medians and their ratio are printed. Goal: save <= 1.15 x bare.
 """
@@ -62,9 +62,9 @@ def worker(rank: int, world: int, port: int, folder: str, reps: int, out: Any) -
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
-    from hpctrain.runtime.checkpoint import Checkpointer
+    from hpctrain.runtime.checkpoint.checkpointer import Checkpointer
     from hpctrain.runtime.optim import build_optimizers
-    from hpctrain.runtime.parallelize import build_training
+    from hpctrain.runtime.parallel.build import build_training
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")

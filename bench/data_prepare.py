@@ -24,8 +24,8 @@ from collections.abc import Iterator
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from hpctrain.runtime.data_prepare import prepare  # noqa: E402
-from hpctrain.runtime.tokenizer import train_bpe  # noqa: E402
+from hpctrain.data.prepare import prepare  # noqa: E402
+from hpctrain.data.tokenizer import train_bpe  # noqa: E402
 
 GOAL = 1.6
 ROOTS = ("/usr/lib/python3", "/usr/share/doc", "/usr/share/common-licenses")

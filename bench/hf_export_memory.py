@@ -23,7 +23,7 @@ import sys, time
 from types import SimpleNamespace
 import torch
 import torch.distributed.checkpoint, safetensors.torch
-from hpctrain.runtime.hf_export import export_checkpoint
+from hpctrain.export.hf import export_checkpoint
 def status(key):
     return next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith(key + ':'))
 open('/proc/self/clear_refs', 'w').write('5')  # reset the peak (VmHWM) to the current RSS
@@ -48,8 +48,8 @@ def main() -> None:
     import torch
     import torch.distributed.checkpoint as dcp
 
-    from hpctrain.runtime.hf_export import model_param_names
-    from hpctrain.runtime.model import ModelArgs, build_model
+    from hpctrain.export.hf import model_param_names
+    from hpctrain.runtime.model.transformer import ModelArgs, build_model
 
     shape = dict(layers=args.layers, hidden=args.hidden, heads=args.hidden // 64, kv_heads=args.hidden // 128,
                  ffn_hidden=args.hidden * 8 // 3 // 64 * 64, vocab=args.vocab, seq_len=128)

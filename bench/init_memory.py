@@ -5,7 +5,7 @@
 
 One process stands for one rank over torch's fake process group (FakeStore, backend "fake"): the
 model is built on meta, tensor-parallelised by the runtime's `apply_tp`, materialised on the CPU
-(`to_empty`) and initialised (`init_weights`, hpctrain/runtime/init.py). Figures:
+(`to_empty`) and initialised (`init_weights`, hpctrain/runtime/model/init.py). Figures:
 - shard_bytes: the rank's parameters and buffers (what a rank must hold in any case);
 - peak_bytes: the process's resident-set high-water mark (VmHWM of /proc/self/status, reset
   through /proc/self/clear_refs just before `to_empty`) minus the resident set at that moment:
@@ -55,8 +55,8 @@ def measure(layers: int, tp: int, rank: int, seed: int = 0) -> dict[str, Any]:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from hpctrain.config.model import PRESETS
-    from hpctrain.runtime.model import ModelArgs, build_model
-    from hpctrain.runtime.tensor_parallel import apply_tp
+    from hpctrain.runtime.model.transformer import ModelArgs, build_model
+    from hpctrain.runtime.parallel.tensor import apply_tp
 
     torch.set_num_threads(1)
     args = ModelArgs(**{**PRESETS["llama3-8b"], "layers": layers})

@@ -3,7 +3,7 @@
     python bench/memory_accuracy.py            # all configurations, a table, exit 1 if any is off
     python bench/memory_accuracy.py --quick    # a few of each kind
 
-Each configuration builds the rank's model with `hpctrain.runtime.parallelize.build_training`,
+Each configuration builds the rank's model with `hpctrain.runtime.parallel.build.build_training`,
 runs a step of `Training.train_step` + AdamW after a warm-up step (foreach=False: the foreach temporary is modelled
 analytically, and fake tensors over-count it under FSDP) under
 `torch.distributed._tools.mem_tracker.MemTracker`, and compares the peak snapshot, category by
@@ -141,8 +141,9 @@ def _fake_friendly_runtime(fake: bool) -> Any:
     return no float loss. Each patch is undone on exit."""
     import torch
 
-    import hpctrain.runtime.parallelize as parallelize
-    from hpctrain.runtime.model import Transformer
+    import hpctrain.runtime.parallel.build as build_module
+    from hpctrain.runtime.model.transformer import Transformer
+    from hpctrain.runtime.training import Training
 
     def build(args: Any) -> Any:
         model = Transformer(args)
@@ -151,13 +152,13 @@ def _fake_friendly_runtime(fake: bool) -> Any:
         return model
 
     patches = {
-        (parallelize, "build_model"): build,
+        (build_module, "build_model"): build,
         (Transformer, "to_empty"): lambda self, *, device, recurse=True: self,
         (Transformer, "__deepcopy__"): lambda self, memo: build(self.args),
-        (parallelize.Training, "_global_mean"): lambda self, local_loss: 0.0,
+        (Training, "_global_mean"): lambda self, local_loss: 0.0,
         # Fake tensors hold no values to draw, and the sharded fill asks DTensor for shard offsets
         # (data-dependent under FakeTensorMode); initialisation allocates nothing that stays.
-        (parallelize.Training, "initialise"): lambda self, fill=None: None,
+        (Training, "initialise"): lambda self, fill=None: None,
     }
     with patched(patches if fake else {}):
         yield
@@ -222,8 +223,8 @@ def _measure_here(cfg: Config, fake: bool) -> dict[str, float]:
     import torch.distributed as dist
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from hpctrain.runtime.parallel_dims import ParallelDims
-    from hpctrain.runtime.parallelize import build_training
+    from hpctrain.runtime.parallel.dims import ParallelDims
+    from hpctrain.runtime.parallel.build import build_training
 
     job = cfg.job()
     original_mesh = ParallelDims.build_mesh

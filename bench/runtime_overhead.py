@@ -124,8 +124,8 @@ def plain_worker(job_path: str, out_path: str, warmup: int) -> None:
     import torch.nn.functional as F
 
     from hpctrain.config import load_job
-    from hpctrain.runtime.data import SyntheticTokens
-    from hpctrain.runtime.model import ModelArgs, build_model
+    from hpctrain.runtime.data.tokens import SyntheticTokens
+    from hpctrain.runtime.model.transformer import ModelArgs, build_model
     from hpctrain.runtime.optim import LRLambda
 
     torch.set_num_threads(1)

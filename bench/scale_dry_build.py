@@ -128,8 +128,8 @@ def fake_runtime(fake_mode: Any) -> Any:
 
     from memory_accuracy import patched
 
-    import hpctrain.runtime.parallelize as parallelize
-    from hpctrain.runtime.model import Transformer
+    from hpctrain.runtime.model.transformer import Transformer
+    from hpctrain.runtime.training import Training
 
     def to_empty(self: Any, *, device: Any, recurse: bool = True) -> Any:
         with fake_mode:
@@ -145,7 +145,7 @@ def fake_runtime(fake_mode: Any) -> Any:
     propagation_mode = FakeTensorMode()
     patches = {(_sharding_prop, "detect_fake_mode"): lambda *args: propagation_mode,
                (Transformer, "to_empty"): to_empty,
-               (parallelize.Training, "_global_mean"): lambda self, local_loss: 0.0}
+               (Training, "_global_mean"): lambda self, local_loss: 0.0}
     with patched(patches):
         yield
 
@@ -243,7 +243,7 @@ def dry_build(layout: Layout, pp_rank: int, trace: bool = True) -> RankResult:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     import memory_accuracy as accuracy
-    from hpctrain.runtime.parallelize import build_training
+    from hpctrain.runtime.parallel.build import build_training
 
     planner_params, planner_mem, (first, last) = planner_figures(layout, pp_rank)
     job = layout.job()
@@ -299,7 +299,7 @@ def dry_build_ranks(layout: Layout, pp_ranks: tuple[int, ...], trace: bool = Tru
 
 
 def closed_form_params(layout: Layout) -> int:
-    from hpctrain.runtime.model import ModelArgs, param_count
+    from hpctrain.runtime.model.transformer import ModelArgs, param_count
 
     return param_count(ModelArgs.from_config(layout.job().model))
 

@@ -1,6 +1,6 @@
 """The exception hierarchy. Each class carries the process exit code the CLI maps it to.
 
-Exit codes (../shared/ARCHITECTURE.md section 4): 0 success, 1 the job ran and failed,
+Exit codes (docs/architecture.md): 0 success, 1 the job ran and failed,
 2 the user's input is wrong, 3 the scheduler refused or failed.
 """
 

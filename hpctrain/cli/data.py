@@ -65,7 +65,7 @@ def _require_numpy(command: str) -> None:
 
 def run_prepare(args: argparse.Namespace) -> int:
     _require_numpy("prepare")
-    from hpctrain.runtime.data_prepare import prepare
+    from hpctrain.data.prepare import prepare
 
     done = prepare(args.files, args.output, tokenizer=args.tokenizer, field_name=args.field, workers=args.workers,
                    val_fraction=args.val_fraction, eos=args.eos, progress=True)
@@ -79,7 +79,7 @@ def run_prepare(args: argparse.Namespace) -> int:
 
 
 def run_tokenizer_train(args: argparse.Namespace) -> int:
-    from hpctrain.runtime.tokenizer import train_bpe
+    from hpctrain.data.tokenizer import train_bpe
 
     info = train_bpe(args.files, args.output, args.vocab_size)
     print(f"{args.output}: byte-level BPE, vocab {info.vocab}, end-of-text {info.eos!r} = id {info.eos_id}")

@@ -19,7 +19,7 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
                         help="report no progress after N minutes without a metrics line (default 10)")
     doctor.add_argument("--no-scheduler", action="store_true", help="do not ask Slurm (sacct/scontrol) about the job")
     # scheduler_query: Slurm's view of the job (sacct), given by hpctrain/cli/main.py from the launch stage's wrapper
-    # when --no-scheduler is not set; diagnose itself never imports launch (ARCHITECTURE.md section 5).
+    # when --no-scheduler is not set; diagnose itself never imports launch (docs/architecture.md section 6).
     doctor.set_defaults(handler=run_doctor, scheduler_query=None, wants_scheduler_query=True)
 
     report = subparsers.add_parser(

@@ -2,7 +2,7 @@
 
 Imports only argparse at top level; the run, the checkpoint and the output folder are checked without
 torch (a wrong argument answers at once, exit 2), and torch loads only to read the checkpoint
-(hf_export.py does the work).
+(hpctrain/export/hf.py does the work).
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def run_export(args: argparse.Namespace) -> int:
     checkpoint, model = find_checkpoint(run_dir, args.step)
     out = os.path.abspath(args.output)
     _check_output(out)
-    from hpctrain.runtime.hf_export import export_checkpoint, parse_size
+    from hpctrain.export.hf import export_checkpoint, parse_size
 
     lora, seed, on_gpu = lora_settings(run_dir)
     if lora is None and args.lora_format is not None:
@@ -107,7 +107,7 @@ def run_export(args: argparse.Namespace) -> int:
                           "is unset): leave the option out")
     limit = parse_size(args.max_shard_size)
     if lora is not None:
-        from hpctrain.runtime.lora_export import export_lora
+        from hpctrain.export.lora import export_lora
 
         result = export_lora(checkpoint, model, lora, seed, out, lora_format=args.lora_format or "merged",
                              max_shard_bytes=limit, dtype=args.dtype, run_on_gpu=on_gpu)

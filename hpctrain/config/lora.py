@@ -1,6 +1,6 @@
 """The `train.lora:` section: low-rank adapters on the attention and MLP projections (Hu et al. 2021).
 
-The projections are named as in the runtime's model (hpctrain/runtime/model.py): wq wk wv wo (attention),
+The projections are named as in the runtime's model (hpctrain/runtime/model/transformer.py): wq wk wv wo (attention),
 w1 w2 w3 (MLP: gate, down, up). Hugging Face / PEFT names are accepted and mapped onto them.
 """
 

@@ -60,7 +60,7 @@ def rank_host(rank: dict[str, Any]) -> str:
 
 def rank_coords(rank: dict[str, Any], layout: dict[str, Any]) -> dict[str, int]:
     """pp/dp/tp coordinates of a rank summary: as recorded, else from the rank grid
-    arange(world).view(pp, dp, tp) (tp innermost, ARCHITECTURE / runtime parallel_dims)."""
+    arange(world).view(pp, dp, tp) (tp innermost: docs/architecture.md, runtime/parallel/dims.py)."""
     coords = rank.get("coords")
     if isinstance(coords, dict) and all(k in coords for k in ("pp", "dp", "tp")):
         return {k: int(coords[k]) for k in ("pp", "dp", "tp")}

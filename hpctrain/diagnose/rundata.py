@@ -1,4 +1,4 @@
-"""Read what a run left behind (ARCHITECTURE.md section 2) into one object the rules share.
+"""Read what a run left behind (docs/architecture.md: the run directory) into one object the rules share.
 
 Nothing here writes to the run directory, and every file is optional: a run that is still
 pending, crashed before its first step or was written by an older version still loads. A file

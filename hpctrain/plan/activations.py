@@ -2,22 +2,22 @@
 
 Method: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
 section 4 — add up every tensor a layer's forward saves for its backward. The tensors counted
-here are those of hpctrain/runtime/model.py (pre-norm RMSNorm, RoPE, GQA with an explicit
+here are those of hpctrain/runtime/model/transformer.py (pre-norm RMSNorm, RoPE, GQA with an explicit
 repeat, scaled_dot_product_attention with its flash backends, gelu or swiglu FFN), traced with
 torch.autograd.graph.saved_tensors_hooks and checked against MemTracker (tests/plan/
 test_memory_truth.py). Unlike Korthikanti's GPT, there is no dropout and attention keeps no
 seq x seq matrix (flash attention saves its output and the log-sum-exp instead).
 
-Precision modes (how the runtime casts, see hpctrain/runtime/precision.py, data_parallel.py):
+Precision modes (how the runtime casts, see hpctrain/runtime/parallel/precision.py, parallel/fsdp.py):
 - "fp32": everything fp32.
 - "autocast": fp32 parameters; the model casts the residual stream to 16 bits after the
   embedding, so every activation is 16-bit; autocast casts each weight to 16 bits and each
   linear saves its cast weight.
 - "fsdp-mp": FSDP2's MixedPrecisionPolicy holds 16-bit unsharded parameters, so the whole
   forward is 16-bit.
-In every mode RMSNorm (runtime/norm.py) saves its input as it came and one fp32 rstd per token,
+In every mode RMSNorm (runtime/model/norm.py) saves its input as it came and one fp32 rstd per token,
 as a fused kernel does; under sequence parallelism the inputs of attention and the FFN are kept
-as sequence shards and gathered again in backward (runtime/sequence_parallel.py).
+as sequence shards and gathered again in backward (runtime/parallel/sequence.py).
 """
 
 from __future__ import annotations
@@ -196,7 +196,7 @@ def backward_transient_bytes(model: Any, tokens: int, tp: int, sp: bool, mode: s
     """Gradient buffers alive inside one layer's FFN backward, its largest moment: the incoming
     and outgoing residual-stream gradients, plus for swiglu the gradients of the product and of
     both factors (gelu: of the activation output and input) — counted from the autograd graph
-    of runtime/model.py's FeedForward."""
+    of runtime/model/transformer.py's FeedForward."""
     d = dtypes(mode)
     ffn_grads = 3 if model.activation == "swiglu" else 2
     stream = 2 * d.stream * model.hidden / (tp if sp else 1)
@@ -215,7 +215,7 @@ def ffn_saved_bytes_per_token(model: Any, tp: int, sp: bool, mode: str) -> float
 
 
 def norm_backward_transient_bytes(model: Any, tokens: int, tp: int, sp: bool, mode: str) -> float:
-    """Buffers alive inside an RMSNorm's backward (runtime/norm.py's own autograd, the same code
+    """Buffers alive inside an RMSNorm's backward (runtime/model/norm.py's own autograd, the same code
     on every device): x_hat recomputed in fp32, the gradient upcast to fp32 (a copy only when the
     stream is 16-bit), gradient times weight and two live temporaries of the last expression;
     beside them three stream-sized gradients (the norm's output gradient, the residual's and

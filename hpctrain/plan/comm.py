@@ -128,7 +128,7 @@ def overlapped_s(units: int, comm_per_unit_s: float, compute_per_unit_s: float, 
 
 @dataclass(frozen=True)
 class FsdpStep:
-    """What FSDP does in one step on the busiest rank (runtime/data_parallel.py's table)."""
+    """What FSDP does in one step on the busiest rank (runtime/parallel/fsdp.py's table)."""
 
     units: int  # FSDP units (transformer blocks) on the rank
     gather_s: float  # one unit's parameter all-gather

@@ -273,7 +273,7 @@ def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int) -> Step
 def _dp_comm_s(hw: Hardware, c: CostSetup, slot_s: float) -> tuple[float, float]:
     """(exposed, total) time of FSDP2's parameter all-gathers (16-bit) and gradient reduce-scatters
     (fp32) over dp, per FSDP unit (one per transformer block) on the busiest rank. When each
-    happens follows runtime/data_parallel.py: zero 3 without pipelining gathers again for the
+    happens follows runtime/parallel/fsdp.py: zero 3 without pipelining gathers again for the
     backward; zero 2/3 without pipelining reduce every micro-batch, zero 0/1 (and every zero under
     pipelining, whose schedule defers it) only in the last one, overlapped with the backward of
     the layers after it; under pipelining the parameters are gathered once per step."""

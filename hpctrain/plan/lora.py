@@ -1,5 +1,5 @@
 """LoRA in the planner (issue 15 item 4): which parameters train, and what the adapters change in
-activation memory. Pure Python, the runtime's layout (hpctrain/runtime/lora.py):
+activation memory. Pure Python, the runtime's layout (hpctrain/runtime/model/lora.py):
 
 - Parameters: the frozen base keeps its fp32 copy (the runtime stores every parameter in fp32, frozen
   or not) and FSDP still shards and gathers it; gradients, optimizer states, FSDP's gradient
@@ -53,7 +53,7 @@ def lora_shape(job: Any) -> LoraShape | None:
 
 
 def projection_shapes(model: Any) -> dict[str, tuple[int, int]]:
-    """(in, out) of each projection of runtime/model.py."""
+    """(in, out) of each projection of runtime/model/transformer.py."""
     h, d = int(model.hidden), int(model.hidden) // int(model.heads)
     q, kv, f = int(model.heads) * d, int(model.kv_heads) * d, int(model.ffn_hidden)
     shapes = {"wq": (h, q), "wk": (h, kv), "wv": (h, kv), "wo": (q, h), "w1": (h, f), "w2": (f, h)}

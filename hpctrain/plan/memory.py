@@ -4,7 +4,7 @@ The sharding stages are the ZeRO paper's (Rajbhandari et al. 2019, section 5.1):
 optimizer states over the Nd data-parallel ranks, stage 2 also the gradients, stage 3 also the
 weights. The byte counts are not the paper's DeepSpeed layout (16-bit weights and gradients plus
 K = 12 bytes of fp32 state) but the runtime's (hpctrain/runtime): it keeps fp32 parameters as the
-master weights and fp32 gradients, sharded by FSDP2 (data_parallel.py), so a parameter costs
+master weights and fp32 gradients, sharded by FSDP2 (runtime/parallel/fsdp.py), so a parameter costs
 4 + 4 + 8 (AdamW moments) bytes, all sharded over dp whenever FSDP is on, plus a 16-bit unsharded
 copy for compute. `rank_memory` accounts for that runtime, phase by phase (end of forward, end of
 backward, optimizer step), and reports the components of the phase with the highest total — which
@@ -163,12 +163,12 @@ def _states(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, pp_ra
     compute_bytes = HALF_BYTES if mode == "fsdp-mp" else FP32_BYTES
     unsharded_fwd = unsharded_bwd = 0.0
     if fsdp and s.zero >= 3 and s.pp == 1 and model.tie_embeddings:
-        # The tied embedding, norm and head stay in the root unit (runtime/data_parallel.py):
+        # The tied embedding, norm and head stay in the root unit (runtime/parallel/fsdp.py):
         # after forward only the last block stays gathered; in backward the root and one block.
         unsharded_fwd = compute_bytes * layer_params
         unsharded_bwd = compute_bytes * (params - (layers - 1) * layer_params)
     elif fsdp and s.zero >= 3 and s.pp == 1:
-        # FSDP units of their own (runtime/data_parallel.py's table): after forward the last
+        # FSDP units of their own (runtime/parallel/fsdp.py's table): after forward the last
         # block and the norm + head unit stay gathered (the embedding was resharded); in the
         # backward of the first layer that layer and the embedding are gathered (the head was
         # resharded after its backward). Measured against MemTracker (bench/memory_accuracy.py).
@@ -336,7 +336,7 @@ def _late_backward_phases(model: Any, s: RankSetup, label: str, backward: dict[s
 
 def pipeline_buffer_bytes(model: Any, s: RankSetup, pp_rank: int, tokens: int, in_flight: float, mode: str) -> float:
     """What the pipeline keeps beside the layers, per model chunk on this rank; nothing grows with
-    the micro-batch count (runtime/pipeline_parallel.py's BoundedStage): the stage's forward cache
+    the micro-batch count (runtime/parallel/pipeline.py's BoundedStage): the stage's forward cache
     holds each in-flight micro-batch's output until its backward (hidden states, or the logits
     on the last chunk); a non-first chunk also has the next micro-batch's receive buffer (posted
     before the current backward) and the input gradients being computed and sent, three

@@ -1,13 +1,13 @@
 """Model accounting: parameter counts and training FLOPs per token, from job.model alone.
 
-The counted architecture is the runtime's (hpctrain/runtime/model.py): token embedding
+The counted architecture is the runtime's (hpctrain/runtime/model/transformer.py): token embedding
 [vocab, hidden]; per layer an RMSNorm [hidden], q [hidden, heads*head_dim], k and v
 [hidden, kv_heads*head_dim], o [heads*head_dim, hidden], an RMSNorm [hidden] and the FFN
 (gelu: up + down; swiglu: gate + up + down, each hidden x ffn_hidden); a final RMSNorm [hidden];
 the head [hidden, vocab] unless tied. head_dim = hidden // heads. No biases anywhere.
 
 `flops_per_token` is THE FLOP formula of the project: the runtime's MFU and the planner's cost
-model both call it (../shared/ARCHITECTURE.md section 3).
+model both call it (docs/architecture.md: the metrics record).
 """
 
 from __future__ import annotations
@@ -178,7 +178,7 @@ def recompute_flops_per_token(model: Any, ac_mode: str) -> float:
     """Extra forward FLOPs per token that activation checkpointing re-runs in the backward pass.
 
     full: every layer's forward again (Narayanan et al. 2021: 4x instead of 3x forward);
-    selective: the runtime's op-level policy (runtime/activation_checkpoint.py) saves the outputs
+    selective: the runtime's op-level policy (runtime/parallel/activation_checkpoint.py) saves the outputs
     of every matmul and of attention and recomputes only element-wise ops, so no matmul FLOPs
     (Korthikanti et al. 2022's selective recompute of the attention core is not needed: flash
     attention keeps no seq x seq matrix);

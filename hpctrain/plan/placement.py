@@ -2,7 +2,7 @@
 
 Slots are Slurm's task ids: slot = node_index * gpus_per_node + local GPU index (SLURM_PROCID,
 with SLURM_LOCALID the GPU). Global ranks are the runtime's grid `arange(world).view(pp, dp, tp)`
-(runtime/parallel_dims.py). The placement walks slots in the order TP innermost (inside one NVLink
+(runtime/parallel/dims.py). The placement walks slots in the order TP innermost (inside one NVLink
 island), then PP, then DP outermost, so tensor-parallel peers share NVLink, a pipeline stays on
 as few nodes as possible, and only data-parallel traffic (overlapped with backward) crosses
 leaf switches first (Narayanan et al. 2021, section 3.3, on placing TP inside a server).

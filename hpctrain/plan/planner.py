@@ -153,7 +153,7 @@ def resolve_job(job: Any) -> tuple[Any, PlanResult]:
         result.notes.append("parallel.sequence_parallel set to false: the chosen layout has tp=1")
     train_update: dict[str, Any] = {}
     if job.train.compile and best.tp > 1:
-        train_update["compile"] = False  # runtime/compile.py: tensor-parallel blocks do not compile yet
+        train_update["compile"] = False  # runtime/parallel/compile.py: tensor-parallel blocks do not compile yet
         result.notes.append(f"train.compile set to false: the chosen layout has tp={best.tp}, and "
                             "tensor-parallel blocks do not compile yet (fix parallel.tp: 1 to keep it)")
     train = {"micro_batch": best.micro_batch, "activation_checkpointing": best.ac, **train_update}

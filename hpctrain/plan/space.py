@@ -95,7 +95,7 @@ class Choices:
         return [d for d in divisors(local_batch) if d <= MAX_MICRO_BATCH]
 
     def zeros(self, dp: int, pp: int) -> tuple[int, ...]:
-        """FSDP2 runs zero 0 as zero 1 (runtime/data_parallel.py), so auto tries 1-3; without dp, 0.
+        """FSDP2 runs zero 0 as zero 1 (runtime/parallel/fsdp.py), so auto tries 1-3; without dp, 0.
         Under pipelining torch's schedule defers both the reduce-scatter and the resharding to the
         last micro-batch, so zero 2 and 3 save nothing over 1 there: auto tries 1 only."""
         if self.zero is not None:

@@ -29,7 +29,7 @@ CONTAINER_NAME = "trainer"
 NAME_MAX = 40  # pods are <job>-worker-<i> and the svc plugin's Service is <job>: room for both in 63
 JOB_NAME_ANNOTATION = "hpctrain.dev/job-name"  # the exact job name; metadata.name is a DNS label
 RDMA_PROFILES = ("ib", "roce")
-BAD_INPUT_EXIT = 2  # ARCHITECTURE.md section 4: the input is wrong, a restart would fail the same way
+BAD_INPUT_EXIT = 2  # exit codes (docs/architecture.md): the input is wrong, a restart would fail the same way
 
 
 def k8s_name(name: str) -> str:

@@ -1,4 +1,4 @@
-"""The run-directory contract (ARCHITECTURE.md section 2), shared by launch, runtime and diagnose.
+"""The run-directory contract (docs/architecture.md: the run directory), shared by launch, runtime and diagnose.
 
 Torch-free and import-light. Submodules are imported by name (`from hpctrain.rundir.events import
 append_event`); nothing is imported here, so that modules can be added without touching this file.

@@ -1,4 +1,4 @@
-"""The run directory's names (ARCHITECTURE.md section 2), and creating, finding and listing run directories.
+"""The run directory's names (docs/architecture.md), and creating, finding and listing run directories.
 
     runs/<name-slug>-<YYYYmmdd-HHMMSS>/
         job.yaml  job.resolved.yaml  plan.json  submit/  logs/  metrics.jsonl  ranks/

@@ -1,7 +1,7 @@
-"""metrics.jsonl (ARCHITECTURE.md section 3): one JSON object per logged step, written by rank 0.
+"""metrics.jsonl (docs/architecture.md: the metrics record): one JSON object per logged step, written by rank 0.
 
 Append-only, and cut back to the resumed step when a run (re)starts, so that after any number of
-restarts every step appears once. The record's fields are described in runtime/telemetry.py.
+restarts every step appears once. The record's fields are described in runtime/observe/telemetry.py.
 """
 
 from __future__ import annotations

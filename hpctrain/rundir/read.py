@@ -3,7 +3,7 @@
 A run directory is written by programs, but people edit, copy and damage it. Whatever a reader
 finds there (bytes that are not UTF-8, JSON that is not an object, a field of the wrong type) ends
 as a `RunDirError`: one line naming the file, what is wrong and what to do, exit 2 like any other
-bad input (ARCHITECTURE.md section 4), never a traceback. A file that does not exist is not an
+bad input (exit codes: docs/architecture.md), never a traceback. A file that does not exist is not an
 error: every file of a run is optional until the run has written it.
 """
 

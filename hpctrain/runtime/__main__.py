@@ -166,7 +166,7 @@ def _user_error(exc: Exception, rank: int) -> int:
 
 def _run(job: Any, env: Any, args: argparse.Namespace) -> int:
     from hpctrain.errors import ConfigError
-    from hpctrain.runtime.checkpoint import CheckpointSaveError
+    from hpctrain.runtime.checkpoint.checkpointer import CheckpointSaveError
     from hpctrain.runtime.distributed import init_distributed, shutdown
     from hpctrain.rundir.events import append_event
 
@@ -195,8 +195,9 @@ def _run(job: Any, env: Any, args: argparse.Namespace) -> int:
         trainer.close()
         shutdown()
         # Stopped early and nothing will bring it back (budget spent, scontrol failed, no checkpoint, not under
-        # Slurm at all): the job did not do its work, so it must not end COMPLETED (exit codes: ARCHITECTURE.md
-        # section 4). A launcher that asked for the stop (a local cancel) records CANCELLED whatever rank 0 says.
+        # Slurm at all): the job did not do its work, so it must not end COMPLETED (exit codes:
+        # docs/architecture.md). A launcher that asked for the stop (a local cancel) records CANCELLED
+        # whatever rank 0 says.
         if result["stopped"] and result.get("requeue") == "not-requeued":
             return 1
         return 0

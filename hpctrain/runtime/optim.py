@@ -93,7 +93,7 @@ class OptimizersContainer:
 
     def state_bytes(self) -> int:
         """Bytes of optimizer state this rank holds (local shards)."""
-        from hpctrain.runtime.precision import local_tensor
+        from hpctrain.runtime.parallel.precision import local_tensor
 
         total = 0
         for opt in self.optimizers:

@@ -23,16 +23,16 @@ from typing import Any
 
 import torch
 
-from hpctrain.runtime.checkpoint import Checkpointer
-from hpctrain.runtime.data import build_sampler
+from hpctrain.runtime.checkpoint.checkpointer import Checkpointer
+from hpctrain.runtime.data.tokens import build_sampler
 from hpctrain.runtime.distributed import DistEnv
-from hpctrain.runtime.evaluate import Evaluator
+from hpctrain.runtime.data.evaluate import Evaluator
 from hpctrain.runtime.optim import build_optimizers
-from hpctrain.runtime.parallelize import build_training
-from hpctrain.runtime.precision import local_tensor
+from hpctrain.runtime.parallel.build import build_training
+from hpctrain.runtime.parallel.precision import local_tensor
 from hpctrain.runtime.requeue import RequeueController
-from hpctrain.runtime.telemetry import MemoryTracker, Telemetry, Throughput
-from hpctrain.runtime.trackers import Trackers
+from hpctrain.runtime.observe.telemetry import MemoryTracker, Telemetry, Throughput
+from hpctrain.runtime.observe.trackers import Trackers
 
 # Benchmarks set this to "0" to skip the checkpoint at the end of training (a 1B model writes ~15 GB).
 FINAL_CHECKPOINT_ENV = "HPCTRAIN_FINAL_CHECKPOINT"
@@ -92,12 +92,12 @@ class Trainer:
 
         The model was built without initialisation. The weights no checkpoint holds (all of them at a
         fresh start; under LoRA the frozen base at every start, its checkpoints hold the adapters only)
-        are read from model.init_from (each rank reads its shards) or drawn from the seed (init.py);
+        are read from model.init_from (each rank reads its shards) or drawn from the seed (model/init.py);
         a resume without LoRA draws nothing."""
         path = self.checkpointer.find(self.resume_from)
         if path is None or self.job.train.lora is not None:
             if self.job.model.init_from:
-                from hpctrain.runtime.hf_weights import load_init_from
+                from hpctrain.runtime.model.hf_weights import load_init_from
 
                 self.telemetry.event("weights loaded", **load_init_from(self.training))
             else:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.runtime.data_prepare import prepare
+from hpctrain.data.prepare import prepare
 
 from ._helpers import REPO, run_cli, write_job
 

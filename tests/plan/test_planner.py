@@ -76,7 +76,8 @@ def test_catalog_names_did_you_mean():
 
 
 def test_compile_dropped_with_a_note_when_the_planner_chooses_tp():
-    """runtime/compile.py: tensor-parallel blocks do not compile yet; an auto tp > 1 turns compile off, said."""
+    """runtime/parallel/compile.py: tensor-parallel blocks do not compile yet; an auto tp > 1 turns compile off,
+    said."""
     resolved, result = resolve_job(job(train={"compile": True}, parallel={"pp": 1, "dp": 2}))
     assert resolved.parallel.tp > 1, "the test needs a layout with tensor parallel"
     assert resolved.train.compile is False

@@ -1,5 +1,5 @@
 """The run-directory contract is login-path code: no torch; and diagnose reads run directories without
-importing the launch stage (ARCHITECTURE.md section 5)."""
+importing the launch stage (docs/architecture.md: who imports whom)."""
 
 from __future__ import annotations
 

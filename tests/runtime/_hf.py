@@ -107,7 +107,7 @@ def runtime_logits(training: Any, batch: torch.Tensor) -> torch.Tensor | None:
 
 def local_bytes(training: Any) -> int:
     """fp32 bytes of this rank's parameter shards (what it must read from an fp32 folder)."""
-    from hpctrain.runtime.precision import local_tensor
+    from hpctrain.runtime.parallel.precision import local_tensor
 
     seen: dict[int, int] = {}
     for part in training.model_parts:

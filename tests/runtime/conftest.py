@@ -12,7 +12,7 @@ from ._entry import text_files
 @pytest.fixture(scope="module")
 def tokens(tmp_path_factory) -> str:
     """Real text (the machine's licence files and the README) tokenised by `hpctrain data prepare`'s code."""
-    from hpctrain.runtime.data_prepare import prepare
+    from hpctrain.data.prepare import prepare
 
     files = text_files()
     if sum(os.path.getsize(f) for f in files) < 100_000:

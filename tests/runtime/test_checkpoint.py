@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from hpctrain.runtime.checkpoint import InvalidCheckpoint, checksum, read_metadata, scan, write_metadata
+from hpctrain.runtime.checkpoint.checkpointer import InvalidCheckpoint, checksum, read_metadata, scan, write_metadata
 
 from ._entry import copy_run, events, make_job, metrics, run_entry, run_module, write_job
 
@@ -137,7 +137,7 @@ def test_metadata_checksum_and_scan(tmp_path) -> None:
 # folder (every rank's DCP shards written, the rename not done yet), the process SIGKILLs itself.
 _KILL_IN_SAVE = """
 import os, signal, sys
-import hpctrain.runtime.checkpoint as checkpoint
+import hpctrain.runtime.checkpoint.checkpointer as checkpoint
 original = checkpoint.write_metadata
 def write_then_die(folder, body):
     original(folder, body)

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import torch
 
-import hpctrain.runtime.checkpoint as checkpoint
-from hpctrain.runtime.checkpoint import CheckpointSaveError, Checkpointer, read_metadata, scan
+import hpctrain.runtime.checkpoint.checkpointer as checkpoint
+from hpctrain.runtime.checkpoint.checkpointer import CheckpointSaveError, Checkpointer, read_metadata, scan
 
 
 def _checkpointer(tmp_path: Any, events: list[tuple[str, dict[str, Any], str]]) -> Checkpointer:

@@ -179,7 +179,7 @@ def test_finding4_a_hostile_dcp_index_is_refused_and_the_older_checkpoint_used(t
 
 def test_finding4_non_tensor_entries_are_loaded_with_weights_only(tmp_path) -> None:
     import torch.distributed.checkpoint as dcp
-    from hpctrain.runtime.safe_dcp import SafePlanner, SafeReader
+    from hpctrain.runtime.checkpoint.safe_dcp import SafePlanner, SafeReader
 
     marker = tmp_path / "pwned"
     folder = str(tmp_path / "ckpt")

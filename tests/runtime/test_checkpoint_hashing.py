@@ -10,7 +10,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from hpctrain.rundir.checkpoints import data_files, hash_files
-from hpctrain.runtime.checkpoint_hashing import HashingWriter
+from hpctrain.runtime.checkpoint.hashing import HashingWriter
 
 
 def test_manifest_from_the_writer_equals_hashing_the_files(tmp_path) -> None:

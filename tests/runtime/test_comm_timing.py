@@ -11,7 +11,8 @@ import time
 import pytest
 import torch
 
-from hpctrain.runtime.comm_timing import COLLECTIVE, CUDA_EVENTS, HOST, P2P, CommTimer, EventClock, HostEvent, clock_for
+from hpctrain.runtime.observe.comm_timing import (COLLECTIVE, CUDA_EVENTS, HOST, P2P, CommTimer, EventClock, HostEvent,
+                                                  clock_for)
 
 from ._dist import run_distributed
 
@@ -101,7 +102,7 @@ def test_cuda_events_measure_the_compute_stream_stall_not_host_time() -> None:
 
 @pytest.mark.skipif(not CUDA, reason=NO_GPU)
 def test_telemetry_on_a_gpu_times_with_cuda_events(tmp_path) -> None:
-    from hpctrain.runtime.telemetry import MemoryTracker, Telemetry, Throughput
+    from hpctrain.runtime.observe.telemetry import MemoryTracker, Telemetry, Throughput
 
     device = torch.device("cuda")
     telemetry = Telemetry(str(tmp_path), 0, 1, 0, device, Throughput(1.0, 1.0, None, 1), 1, MemoryTracker(device))
@@ -109,7 +110,7 @@ def test_telemetry_on_a_gpu_times_with_cuda_events(tmp_path) -> None:
 
 
 def test_telemetry_on_cpu_keeps_the_host_clock(tmp_path) -> None:
-    from hpctrain.runtime.telemetry import MemoryTracker, Telemetry, Throughput
+    from hpctrain.runtime.observe.telemetry import MemoryTracker, Telemetry, Throughput
 
     device = torch.device("cpu")
     telemetry = Telemetry(str(tmp_path), 0, 1, 0, device, Throughput(1.0, 1.0, None, 1), 1, MemoryTracker(device))

@@ -26,7 +26,7 @@ TINY = dict(layers=2, micro_batch=4)
 
 
 def _train(kwargs: dict[str, Any], compiled: bool) -> dict[str, Any]:
-    from hpctrain.runtime.parallelize import build_training
+    from hpctrain.runtime.parallel.build import build_training
 
     job = tiny_job(**TINY, **kwargs)
     job.train.compile = compiled
@@ -83,7 +83,7 @@ def test_compiled_blocks_match_eager(inductor_cache: dict[str, str]) -> None:
 def test_compile_with_tensor_parallel_is_refused_in_one_line() -> None:
     """validate and the planner catch it first; a hand-edited resolved job meets this."""
     from hpctrain.errors import ConfigError
-    from hpctrain.runtime.parallelize import build_training
+    from hpctrain.runtime.parallel.build import build_training
 
     job = tiny_job(**TINY, tp=2)
     job.train.compile = True

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from hpctrain.errors import ConfigError
-from hpctrain.runtime.data import ShardedSampler, SyntheticTokens, TokenFile, resolve_dtype
-from hpctrain.runtime.data_prepare import decode, prepare
+from hpctrain.runtime.data.tokens import ShardedSampler, SyntheticTokens, TokenFile, resolve_dtype
+from hpctrain.data.prepare import decode, prepare
 
 from ._entry import REPO, text_files
 

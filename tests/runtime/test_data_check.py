@@ -10,7 +10,7 @@ import pytest
 
 from hpctrain.config import job_from_dict
 from hpctrain.config.data_files import data_problems, eval_file
-from hpctrain.runtime.data_prepare import prepare
+from hpctrain.data.prepare import prepare
 
 from ._entry import make_job, run_module, text_files
 from ._entry import write_job as write_runtime_job

@@ -17,9 +17,9 @@ import tokenizers
 
 from hpctrain.cli import main
 from hpctrain.errors import ConfigError
-from hpctrain.runtime import data_prepare, data_sources
-from hpctrain.runtime.data_prepare import is_validation, prepare, validation_path
-from hpctrain.runtime.tokenizer import train_bpe
+from hpctrain.data import prepare as data_prepare, sources as data_sources
+from hpctrain.data.prepare import is_validation, prepare, validation_path
+from hpctrain.data.tokenizer import train_bpe
 
 from ._entry import REPO, text_files
 

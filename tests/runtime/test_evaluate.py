@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from hpctrain.runtime.data_prepare import prepare
-from hpctrain.runtime.tokenizer import train_bpe
+from hpctrain.data.prepare import prepare
+from hpctrain.data.tokenizer import train_bpe
 
 from ._entry import make_job, metrics, run_entry, text_files
 

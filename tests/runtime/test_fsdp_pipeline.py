@@ -19,7 +19,7 @@ def _count_all_gathers() -> dict[str, Any]:
     from torch.distributed.fsdp import FSDPModule
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from hpctrain.runtime.parallelize import build_training
+    from hpctrain.runtime.parallel.build import build_training
 
     job = tiny_job(pp=2, dp=2, zero=3, schedule="1f1b", micro_batch=1, global_batch=8)
     training = build_training(job, torch.device("cpu"))

@@ -19,7 +19,7 @@ from ._entry import make_job  # noqa: E402
 
 
 def test_collections_only_before_saves_and_never_inside_one(tmp_path, monkeypatch) -> None:
-    from hpctrain.runtime import checkpoint as checkpoint_module
+    from hpctrain.runtime.checkpoint import checkpointer as checkpoint_module
     from hpctrain.runtime.trainer import Trainer
 
     monkeypatch.setenv("HPCTRAIN_FINAL_CHECKPOINT", "0")

@@ -39,7 +39,7 @@ def _runtime_logits(run_dir: str, checkpoint: str, batch: torch.Tensor) -> torch
     import torch.distributed.checkpoint as dcp
 
     from hpctrain.config import load_job
-    from hpctrain.runtime.parallelize import build_training
+    from hpctrain.runtime.parallel.build import build_training
 
     job = load_job(os.path.join(run_dir, "job.resolved.yaml"), ["parallel.pp=1", "cluster.gpus_per_node=1"])
     part = build_training(job, torch.device("cpu")).model_parts[0]
@@ -56,7 +56,7 @@ def _export(trained: dict[str, str], out: str, *extra: str) -> int:
 
 
 def test_export_round_trip_matches_runtime_logits(trained, tmp_path, capsys) -> None:
-    from hpctrain.runtime.hf_weights import iter_hf_tensors
+    from hpctrain.runtime.model.hf_weights import iter_hf_tensors
 
     out = str(tmp_path / "hf")
     assert _export(trained, out) == 0
@@ -78,7 +78,7 @@ def test_export_round_trip_matches_runtime_logits(trained, tmp_path, capsys) -> 
 
 
 def test_sharded_export_has_an_index_and_equal_weights(trained, tmp_path) -> None:
-    from hpctrain.runtime.hf_weights import iter_hf_tensors
+    from hpctrain.runtime.model.hf_weights import iter_hf_tensors
 
     one, many = str(tmp_path / "one"), str(tmp_path / "many")
     assert _export(trained, one) == 0

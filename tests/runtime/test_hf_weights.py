@@ -31,8 +31,8 @@ def hf_models(tmp_path_factory) -> dict[str, str]:
 
 
 def _build(folder: str, layout: tuple[int, int, int]) -> Any:
-    from hpctrain.runtime.hf_weights import load_init_from
-    from hpctrain.runtime.parallelize import build_training
+    from hpctrain.runtime.model.hf_weights import load_init_from
+    from hpctrain.runtime.parallel.build import build_training
 
     # As the runtime starts (Trainer): built without the seed's draw, then filled from the folder.
     training = build_training(job_from_dict(hf_job_dict(folder, *layout)), torch.device("cpu"), initialise=False)
@@ -53,8 +53,8 @@ def layout_logits(cases: list[tuple[str, tuple[int, int, int]]], batch: torch.Te
 def test_name_mapping_covers_transformers_state_dict(hf_models) -> None:
     from safetensors import safe_open
 
-    from hpctrain.runtime.hf_weights import from_hf_name, to_hf_name
-    from hpctrain.runtime.model import ModelArgs, build_model
+    from hpctrain.runtime.model.hf_weights import from_hf_name, to_hf_name
+    from hpctrain.runtime.model.transformer import ModelArgs, build_model
 
     job = job_from_dict(hf_job_dict(hf_models["untied"]))
     ours = [name for name, _ in build_model(ModelArgs.from_config(job.model)).named_parameters()]
@@ -78,7 +78,7 @@ def test_llama3_rope_matches_transformers(hf_models) -> None:
     from transformers import LlamaConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    from hpctrain.runtime.model import ModelArgs, rope_inv_freq
+    from hpctrain.runtime.model.transformer import ModelArgs, rope_inv_freq
 
     theirs, _ = ROPE_INIT_FUNCTIONS["llama3"](LlamaConfig.from_pretrained(hf_models["llama3"]), torch.device("cpu"))
     args = ModelArgs.from_config(job_from_dict(hf_job_dict(hf_models["llama3"])).model)
@@ -97,8 +97,8 @@ def test_exported_config_reads_back_in_transformers(hf_models, tmp_path) -> None
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     from hpctrain.config.hf_config import read_hf_config
-    from hpctrain.runtime.hf_weights import hf_config_dict
-    from hpctrain.runtime.model import ModelArgs, rope_inv_freq
+    from hpctrain.runtime.model.hf_weights import hf_config_dict
+    from hpctrain.runtime.model.transformer import ModelArgs, rope_inv_freq
 
     model = job_from_dict(hf_job_dict(hf_models["llama3"])).model
     (tmp_path / "config.json").write_text(json.dumps(hf_config_dict(model)))
@@ -123,8 +123,8 @@ def test_one_process_logits_match_transformers(hf_models, variant: str) -> None:
 def test_lora_base_loads_and_adapters_stay(hf_models) -> None:
     """Under LoRA the folder fills the frozen base; the adapters keep PEFT's init (B = 0), so the model
     starts at transformers' logits."""
-    from hpctrain.runtime.hf_weights import load_init_from
-    from hpctrain.runtime.parallelize import build_training
+    from hpctrain.runtime.model.hf_weights import load_init_from
+    from hpctrain.runtime.parallel.build import build_training
 
     data = hf_job_dict(hf_models["untied"])
     data["train"]["lora"] = {"rank": 4, "alpha": 8, "targets": ["wq", "w2"]}

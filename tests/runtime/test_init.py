@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from hpctrain.config import job_from_dict  # noqa: E402
-from hpctrain.runtime import init  # noqa: E402
+from hpctrain.runtime.model import init  # noqa: E402
 from hpctrain.runtime.distributed import DistEnv  # noqa: E402
 
 from ._dist import run_distributed  # noqa: E402
@@ -61,7 +61,7 @@ def rank_shards(layouts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """This rank's (index, shard) of every parameter after build_training, for each layout."""
     from torch.distributed.tensor import DTensor
 
-    from hpctrain.runtime.parallelize import build_training
+    from hpctrain.runtime.parallel.build import build_training
 
     results = []
     for kwargs in layouts:
@@ -83,7 +83,7 @@ LAYOUTS = [
 
 @pytest.mark.dist
 def test_every_rank_holds_its_slice_of_the_one_process_draw() -> None:
-    from hpctrain.runtime.model import ModelArgs, build_model
+    from hpctrain.runtime.model.transformer import ModelArgs, build_model
 
     per_rank = run_distributed(rank_shards, 4, LAYOUTS, timeout_s=120)
     for i, kwargs in enumerate(LAYOUTS):
@@ -120,11 +120,11 @@ def test_llama3_8b_rank_at_tp8_initialises_within_memory_and_time_bounds() -> No
 
 
 def test_a_resumed_start_draws_no_weights_and_continues_bit_identically(tmp_path, monkeypatch) -> None:
-    import hpctrain.runtime.parallelize as parallelize
+    import hpctrain.runtime.training as training_module
     from hpctrain.runtime.trainer import Trainer
 
     calls: list[str] = []
-    real_fill = parallelize.random_fill
+    real_fill = training_module.random_fill
 
     def counting_fill(*args: Any, **kwargs: Any) -> init.ShardFill:
         # A spy, not a mock: the real fill runs; only its calls are counted.
@@ -135,7 +135,7 @@ def test_a_resumed_start_draws_no_weights_and_continues_bit_identically(tmp_path
             return fill(name, full_shape, index)
         return counted
 
-    monkeypatch.setattr(parallelize, "random_fill", counting_fill)
+    monkeypatch.setattr(training_module, "random_fill", counting_fill)
     monkeypatch.setenv("HPCTRAIN_FINAL_CHECKPOINT", "1")
     env = DistEnv(0, 1, 0, "127.0.0.1", 0, "single")
 

@@ -36,7 +36,7 @@ def lora_job(lora: dict[str, Any] | None = None, **kwargs: Any) -> Any:
 ])
 def test_trainable_parameters_are_the_adapters_only(activation: str, targets: list[str] | None) -> None:
     from hpctrain.runtime.optim import build_optimizers
-    from hpctrain.runtime.parallelize import build_training
+    from hpctrain.runtime.parallel.build import build_training
 
     job = lora_job({"targets": targets} if targets else {}, activation=activation)
     training = build_training(job, torch.device("cpu"))
@@ -77,7 +77,7 @@ def train_lora(kwargs: dict[str, Any], distributed: bool = True) -> dict[str, An
     """STEPS SGD steps with clipping (AdamW's normalisation would magnify rounding differences of
     near-zero gradients into parameter differences); losses, norms, the full adapters and one base weight."""
     from hpctrain.runtime.optim import build_optimizers
-    from hpctrain.runtime.parallelize import build_training
+    from hpctrain.runtime.parallel.build import build_training
 
     lora = kwargs.pop("lora", None)
     job = lora_job(lora, optimizer="sgd", lr=0.5, **kwargs)

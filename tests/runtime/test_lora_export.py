@@ -36,11 +36,11 @@ def _runtime_logits(run_dir: str, batch: torch.Tensor, init_from: bool = True) -
     import torch.distributed.checkpoint as dcp
 
     from hpctrain.config import load_job
-    from hpctrain.runtime.parallelize import build_training
+    from hpctrain.runtime.parallel.build import build_training
 
     training = build_training(load_job(os.path.join(run_dir, "job.resolved.yaml")), torch.device("cpu"))
     if init_from:
-        from hpctrain.runtime.hf_weights import load_init_from
+        from hpctrain.runtime.model.hf_weights import load_init_from
 
         load_init_from(training)
     part = training.model_parts[0]

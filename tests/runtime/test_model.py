@@ -12,9 +12,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from hpctrain.config import job_from_dict
 from hpctrain.errors import ConfigError
 from hpctrain.plan import model_stats
-from hpctrain.runtime.model import ModelArgs, build_model, make_stage, param_count
-from hpctrain.runtime.parallelize import build_training
-from hpctrain.runtime.pipeline_parallel import even_split, stage_layer_ranges
+from hpctrain.runtime.model.transformer import ModelArgs, build_model, make_stage, param_count
+from hpctrain.runtime.parallel.build import build_training
+from hpctrain.runtime.parallel.pipeline import even_split, stage_layer_ranges
 
 from ._jobs import global_batch, tiny_job
 

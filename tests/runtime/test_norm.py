@@ -7,8 +7,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from hpctrain.runtime.model import ModelArgs, build_model  # noqa: E402
-from hpctrain.runtime.norm import rms_norm  # noqa: E402
+from hpctrain.runtime.model.transformer import ModelArgs, build_model  # noqa: E402
+from hpctrain.runtime.model.norm import rms_norm  # noqa: E402
 
 
 def test_gradients_match_finite_differences() -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from hpctrain.errors import ConfigError
-from hpctrain.runtime.model import ModelArgs
-from hpctrain.runtime.parallel_dims import ParallelDims
+from hpctrain.runtime.model.transformer import ModelArgs
+from hpctrain.runtime.parallel.dims import ParallelDims
 
 
 def test_enabled_flags_and_coords() -> None:

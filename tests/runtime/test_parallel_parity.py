@@ -69,7 +69,7 @@ def _full(value: torch.Tensor) -> torch.Tensor:
 
 def train_layout(kwargs: dict[str, Any]) -> dict[str, Any]:
     """Run STEPS steps on this rank; return losses, norms, and (from dp=0, tp=0) full tensors."""
-    from hpctrain.runtime.parallelize import build_training
+    from hpctrain.runtime.parallel.build import build_training
 
     job = tiny_job(**kwargs)
     training = build_training(job, torch.device("cpu"))
@@ -124,7 +124,7 @@ def reference(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 
 def train_layout_single(kwargs: dict[str, Any]) -> dict[str, Any]:
-    from hpctrain.runtime.parallelize import build_training
+    from hpctrain.runtime.parallel.build import build_training
 
     job = tiny_job(**kwargs)
     training = build_training(job, torch.device("cpu"))
@@ -209,7 +209,7 @@ PRECISION_STEPS = 8
 
 def train_precision(kwargs: dict[str, Any]) -> dict[str, Any]:
     """AdamW on one fixed global batch: the loss must fall; returns losses and compute dtypes."""
-    from hpctrain.runtime.parallelize import build_training
+    from hpctrain.runtime.parallel.build import build_training
 
     training = build_training(tiny_job(optimizer="adamw", lr=1e-2, **kwargs), torch.device("cpu"))
     dtypes: list[str] = []

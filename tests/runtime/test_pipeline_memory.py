@@ -48,7 +48,7 @@ class PeakLiveBytes:
 
 
 def _peak_of_first_step(micro_batches: int) -> dict[str, Any]:
-    from hpctrain.runtime.parallelize import build_training
+    from hpctrain.runtime.parallel.build import build_training
 
     job = tiny_job(pp=2, schedule="1f1b", micro_batch=1, global_batch=micro_batches, **SHAPE)
     training = build_training(job, torch.device("cpu"))

@@ -44,7 +44,7 @@ class OpCounter:
 
 
 def _count(kwargs: dict[str, Any]) -> dict[str, Any]:
-    from hpctrain.runtime.parallelize import build_training
+    from hpctrain.runtime.parallel.build import build_training
 
     job = tiny_job(**kwargs)
     training = build_training(job, torch.device("cpu"))

@@ -13,7 +13,7 @@ import yaml
 
 from hpctrain.cli import main
 from hpctrain.config import job as job_module
-from hpctrain.runtime.trackers import read_state
+from hpctrain.runtime.observe.trackers import read_state
 
 from ._entry import events, make_job, metrics, run_entry
 

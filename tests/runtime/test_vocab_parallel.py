@@ -28,8 +28,8 @@ def _tp2_sp_embedding_backward(tie: bool) -> dict[str, Any]:
     from torch.distributed.tensor.parallel import loss_parallel
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from hpctrain.runtime.model import ModelArgs, build_model, cross_entropy_loss
-    from hpctrain.runtime.tensor_parallel import apply_tp
+    from hpctrain.runtime.model.transformer import ModelArgs, build_model, cross_entropy_loss
+    from hpctrain.runtime.parallel.tensor import apply_tp
 
     def local_shape(t: Any) -> tuple[int, ...]:
         return tuple((t.to_local() if isinstance(t, DTensor) else t).shape)

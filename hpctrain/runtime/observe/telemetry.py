@@ -1,4 +1,4 @@
-"""What a run leaves for people and for `hpctrain doctor` (../shared/ARCHITECTURE.md sections 2, 3).
+"""What a run leaves for people and for `hpctrain doctor` (docs/architecture.md: the run directory, the metrics record).
 
 - `metrics.jsonl` (rank 0): one JSON object per logged step, append-only; on (re)start it is cut
   back to the step the run resumes from, so after any number of restarts every step appears once.
@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from hpctrain.runtime.comm_timing import COLLECTIVE, CUDA_EVENTS, HOST, P2P, CommTimer, clock_for
+from hpctrain.runtime.observe.comm_timing import COLLECTIVE, CUDA_EVENTS, HOST, P2P, CommTimer, clock_for
 
 from hpctrain.rundir.events import append_line, now_iso as _now
 from hpctrain.rundir.layout import EVENTS_FILE, METRICS_FILE, RANKS_DIR

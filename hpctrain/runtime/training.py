@@ -1,9 +1,7 @@
-"""The seam between the model/parallelism and the training loop: `build_training(job, device)`.
+"""One rank's share of the model and how to run a training step on it: `Training`.
 
-Order (torchtitan's): build the full model on meta -> cut this rank's pipeline stages -> tensor
-parallel -> activation checkpointing -> compile (`train.compile`) -> FSDP2 -> materialise
-(`to_empty`) and initialise each rank's shards from the seed (init.py; not when a checkpoint will be
-loaded) -> pipeline schedule. The training loop then only sees `Training`:
+`hpctrain.runtime.parallel.build.build_training(job, device)` builds it (the build order is there);
+the training loop then only sees `Training`:
 
     training = build_training(job, device)
     optimizer = torch.optim.AdamW(training.parameters(), ...)
@@ -27,17 +25,14 @@ import torch.distributed as dist
 from torch import nn
 
 from hpctrain.errors import ConfigError
-from hpctrain.runtime.activation_checkpoint import apply_ac
-from hpctrain.runtime.compile import apply_compile
-from hpctrain.runtime.data_parallel import apply_fsdp, sync_every_microbatch
-from hpctrain.runtime.grad_norm import clip_to, is_sharded, norm_weights, weighted_grad_sq
-from hpctrain.runtime.init import ShardFill, init_parameters, random_fill
-from hpctrain.runtime.lora import apply_lora, init_lora, is_adapter
-from hpctrain.runtime.model import ModelArgs, Transformer, build_model, cross_entropy_loss
-from hpctrain.runtime.parallel_dims import ParallelDims
-from hpctrain.runtime.pipeline_parallel import apply_pp, split_model, stage_layer_ranges, step_kwargs
-from hpctrain.runtime.precision import LossScaler, autocast_context, local_tensor
-from hpctrain.runtime.tensor_parallel import apply_tp
+from hpctrain.runtime.model.init import ShardFill, init_parameters, random_fill
+from hpctrain.runtime.model.lora import init_lora, is_adapter
+from hpctrain.runtime.model.transformer import ModelArgs, Transformer, cross_entropy_loss
+from hpctrain.runtime.parallel.dims import ParallelDims
+from hpctrain.runtime.parallel.fsdp import sync_every_microbatch
+from hpctrain.runtime.parallel.grad_norm import clip_to, is_sharded, weighted_grad_sq
+from hpctrain.runtime.parallel.pipeline import step_kwargs
+from hpctrain.runtime.parallel.precision import LossScaler, autocast_context, local_tensor
 
 
 @dataclass
@@ -189,7 +184,7 @@ class Training:
 
         Autograd does not guarantee it: norm-weight gradients can come out Partial (a pending
         sum over tp). (The vocab-sharded embedding's gradient is Shard(0) already: its lookup
-        computes only the rank's rows, vocab_parallel.py.) Clipping, loss scaling and the
+        computes only the rank's rows, parallel/vocab.py.) Clipping, loss scaling and the
         tied-embedding sync work on local shards, so they need gradients laid out exactly like
         their parameters."""
         from torch.distributed.tensor import DTensor
@@ -265,123 +260,3 @@ class Training:
             optimizer.step()
         self.loss_scaler.update()
         return stepped
-
-
-def _tied_group(mesh: Any, rank: int) -> Any:
-    """A group {first-stage rank, last-stage rank} per (dp, tp) slot; every rank creates all."""
-    grid = mesh.mesh
-    mine = None
-    for d in range(grid.shape[1]):
-        for t in range(grid.shape[2]):
-            pair = [int(grid[0, d, t]), int(grid[-1, d, t])]
-            group = dist.new_group(pair)
-            if rank in pair:
-                mine = group
-    return mine
-
-
-def _micro_batches(job: Any, dims: ParallelDims) -> int:
-    train = job.train
-    if train.global_batch % dims.dp:
-        raise ConfigError(
-            f"train.global_batch: got {train.global_batch}; must be divisible by parallel.dp={dims.dp}"
-        )
-    local = train.global_batch // dims.dp
-    micro = train.micro_batch
-    if not isinstance(micro, int) or isinstance(micro, bool) or micro < 1 or local % micro:
-        raise ConfigError(
-            f"train.micro_batch: got {micro!r}; must be a positive integer dividing the per-dp-rank "
-            f"batch global_batch/dp = {local} (resolve 'auto' with `hpctrain plan`)"
-        )
-    return local // micro
-
-
-def build_training(job: Any, device: torch.device, initialise: bool = True) -> Training:
-    """Build, parallelise and initialise this rank's part of the model from a resolved job.
-
-    initialise=False leaves the parameters unset (a start that loads a checkpoint); call
-    `Training.initialise()` if none is loaded after all.
-
-    Needs an initialised default process group when the world size is above 1; a single process
-    may run without one (then there is no mesh and no FSDP)."""
-    args = ModelArgs.from_config(job.model)
-    initialised = dist.is_available() and dist.is_initialized()
-    world_size = dist.get_world_size() if initialised else 1
-    rank = dist.get_rank() if initialised else 0
-    par = job.parallel
-    if job.train.compile and isinstance(par.tp, int) and par.tp > 1:  # validate and plan catch it first
-        raise ConfigError(f"train.compile: does not combine with tensor parallel yet (parallel.tp={par.tp}); "
-                          "set train.compile: false, or parallel.tp: 1 (runtime/compile.py)")
-    dims = ParallelDims.from_job(job, world_size)
-    virtual = par.virtual_stages if dims.pp_enabled else 1
-    if not isinstance(virtual, int) or virtual < 1:
-        raise ConfigError(f"parallel.virtual_stages: got {virtual!r}; must be an integer >= 1")
-    dims.validate_model(args, virtual)
-    n_micro = _micro_batches(job, dims)
-    fsdp = dims.dp_enabled or bool(par.offload_optimizer)
-    if fsdp and not initialised:
-        raise ConfigError("parallel.offload_optimizer: needs a process group (run through the runtime entry point)")
-    mesh = dims.build_mesh(device.type) if initialised else None
-    pp_rank = mesh.get_local_rank("pp") if mesh is not None else 0
-
-    whole = build_model(args)
-    if dims.pp_enabled:
-        ranges = stage_layer_ranges(job, dims.pp, virtual)
-        parts = split_model(whole, ranges, pp_rank, dims.pp)
-    else:
-        parts = [(0, whole)]
-    modules = [module for _, module in parts]
-    if dims.world_size > 1 or fsdp:
-        assert mesh is not None  # world_size > 1 implies an initialised group; fsdp checked above
-    for module in modules:
-        if dims.tp_enabled:
-            assert mesh is not None
-            apply_tp(module, mesh["tp"], sequence_parallel=bool(par.sequence_parallel), loss_parallel=True)
-        if job.train.lora is not None:  # after TP (the adapters take the base's placements), before FSDP
-            apply_lora(module, job.train.lora, mesh["tp"] if dims.tp_enabled and mesh is not None else None)
-        apply_ac(module, job.train.activation_checkpointing)
-        if job.train.compile:  # after TP and AC, before FSDP (runtime/compile.py)
-            apply_compile(module)
-    if fsdp:
-        assert mesh is not None
-        apply_fsdp(
-            modules,
-            mesh["dp"],
-            zero=par.zero,
-            precision=job.train.precision,
-            offload_optimizer=bool(par.offload_optimizer),
-            pipelined=dims.pp_enabled,
-        )
-    init_device = torch.device("cpu") if par.offload_optimizer else device
-    for module in modules:
-        module.to_empty(device=init_device)
-        module.tie_weights()
-        module.rope_cos.data = module.rope_cos.data.to(device)
-        module.rope_sin.data = module.rope_sin.data.to(device)
-        module.init_buffers()
-
-    training = Training(
-        job=job,
-        args=args,
-        dims=dims,
-        mesh=mesh,
-        device=device,
-        model_parts=modules,
-        schedule=None,
-        n_microbatches=n_micro,
-        has_first_stage=any(m.tok_embeddings is not None for m in modules),
-        has_last_stage=any(m.output is not None for m in modules),
-        loss_scaler=LossScaler(device) if job.train.precision == "fp16" else None,
-        fsdp=fsdp,
-    )
-    if dims.pp_enabled:
-        assert mesh is not None
-        if args.tie_embeddings:
-            training.tied_group = _tied_group(mesh, rank)
-        training.schedule = apply_pp(
-            parts, mesh["pp"], device, schedule=par.schedule, n_microbatches=n_micro, loss_fn=training._loss_fn
-        )
-    training._norm_weights = norm_weights(training.model_parts, dims.dp * dims.tp, training.tied_group is not None)
-    if initialise:
-        training.initialise()
-    return training

@@ -3,18 +3,18 @@
 Per block: wq/wk/wv and w1/w3 are column-parallel (each rank holds heads/tp heads and
 ffn_hidden/tp columns), wo and w2 are row-parallel; one all-reduce after attention and one after
 the MLP. The embedding is row-parallel over the vocabulary (its backward computes only the
-rank's rows: vocab_parallel.py), the head column-parallel over it.
+rank's rows: vocab.py), the head column-parallel over it.
 
 Sequence parallel (`parallel.sequence_parallel`) keeps the residual stream, the norms and the
 dropout-free element-wise work sharded along the sequence between blocks: the all-reduces become
 reduce-scatter + all-gather pairs and activation memory outside attention/MLP drops by tp. The
 gathered inputs of attention and the FFN are not kept for backward: only their sequence shards
-are, and backward gathers again (sequence_parallel.py; Korthikanti et al. 2022, section 4.2.2).
+are, and backward gathers again (sequence.py; Korthikanti et al. 2022, section 4.2.2).
 
 Loss parallel is always on when tp > 1: the head's logits stay sharded over the vocabulary and the
 cross-entropy is computed without gathering them (`torch.distributed.tensor.parallel.loss_parallel`),
 saving a [batch, seq, vocab] all-gather. Forward and backward of the loss must run inside
-`loss_parallel()`; `parallelize.Training` does that.
+`loss_parallel()`; `Training` (runtime/training.py) does that.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from hpctrain.runtime.model import Transformer, TransformerBlock
-from hpctrain.runtime.sequence_parallel import gather_sequence_input
-from hpctrain.runtime.vocab_parallel import use_vocab_parallel_lookup
+from hpctrain.runtime.model.transformer import Transformer, TransformerBlock
+from hpctrain.runtime.parallel.sequence import gather_sequence_input
+from hpctrain.runtime.parallel.vocab import use_vocab_parallel_lookup
 
 
 def apply_tp(model: Transformer, tp_mesh: DeviceMesh, *, sequence_parallel: bool, loss_parallel: bool) -> None:
@@ -53,7 +53,7 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh, *, sequence_parallel: bool
         parallelize_module(model, tp_mesh, top)
     if model.tok_embeddings is not None:
         # RowwiseParallel places the weight and reduces the output; the lookup itself is
-        # Megatron's, so backward computes only this rank's rows (vocab_parallel.py).
+        # Megatron's, so backward computes only this rank's rows (vocab.py).
         use_vocab_parallel_lookup(model.tok_embeddings)
     if model.args.tie_embeddings and model.tok_embeddings is not None and model.output is not None:
         # parallelize_module replaced each module's parameter by its own DTensor: re-tie them.

@@ -1,5 +1,5 @@
 """Checkpoint files and failures: what went wrong in a save, in words, and the fsyncs and deletions
-that make a checkpoint durable or give its space back (used by checkpoint.py's save and finalize)."""
+that make a checkpoint durable or give its space back (used by checkpointer.py's save and finalize)."""
 
 from __future__ import annotations
 

@@ -53,7 +53,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 from hpctrain.errors import ConfigError
-from hpctrain.runtime.model import Transformer
+from hpctrain.runtime.model.transformer import Transformer
 
 PARAM_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
 

@@ -1,6 +1,6 @@
 """Hugging Face Llama weights <-> the runtime's parameters: the name mapping and a lazy shard reader.
 
-Names: the runtime's full-model names (model.py: `layers.3.attention.wq.weight`) map one to one onto
+Names: the runtime's full-model names (transformer.py: `layers.3.attention.wq.weight`) map one to one onto
 `LlamaForCausalLM`'s (`model.layers.3.self_attn.q_proj.weight`). No tensor is transposed or permuted:
 both keep nn.Linear's [out, in] layout, and both rotate q/k with the rotate-half RoPE layout (the first
 half of each head's dimensions pairs with the second half), which is the layout transformers' Llama
@@ -184,7 +184,7 @@ def iter_hf_tensors(folder: str) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def load_init_from(training: Any) -> dict[str, Any]:
-    """Initialise every model part of a `Training` (parallelize.py, built with initialise=False) from
+    """Initialise every model part of a `Training` (runtime/training.py, built with initialise=False) from
     `job.model.init_from`; returns what this rank read ({"path", "bytes_read", "seconds"}), for the
     `weights loaded` event."""
     import time

@@ -38,10 +38,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hpctrain.runtime.init import param_seed, shard_index
-from hpctrain.runtime.model import Transformer
+from hpctrain.runtime.model.init import param_seed, shard_index
+from hpctrain.runtime.model.transformer import Transformer
 
-# Which projections are column- and row-parallel under TP (tensor_parallel.py's plan).
+# Which projections are column- and row-parallel under TP (parallel/tensor.py's plan).
 MODULE_OF = {"wq": "attention", "wk": "attention", "wv": "attention", "wo": "attention",
              "w1": "feed_forward", "w2": "feed_forward", "w3": "feed_forward"}
 ROWWISE = ("wo", "w2")

@@ -2,7 +2,7 @@
 
 Protocol (issue 7 item 1, issue 18): every rank writes its shards with DCP into `step-N.partial/`,
 and its RNG states into `step-N.partial/rng/rank-R.pt` (plain tensors: rng_state.py); each rank
-hashes its share of the files (its own DCP shard while writing it: checkpoint_hashing.py); rank 0
+hashes its share of the files (its own DCP shard while writing it: hashing.py); rank 0
 writes `metadata.json` (step, tokens seen, layout, data position, LR-scheduler and loss-scaler
 state, the run that wrote it, the size and sha256 of every file, versions, and the sha256 of all
 that) and renames the folder to `step-N/`. What counts as complete, and how folders are found, is
@@ -11,6 +11,14 @@ chosen checkpoint's files (each a share) and fall back to the next older one whe
 `keep_last` prunes older complete checkpoints only after the new one is complete (renamed out of
 sight at once, deleted by a thread while training goes on). A save that fails (a full disk) fails
 on every rank with one line saying so.
+
+Loading (`find`, then `load`): rank 0 makes the decisions that touch the checkpoint directory (is
+it writable, whose is it, which folders are complete by the cheap checks) and broadcasts the
+candidates, newest first. Then every rank hashes its share of the newest candidate's files; if any
+file is damaged the candidate is skipped (said on stderr and as a `checkpoint skipped` event) and
+the next older one is tried. Checkpoints newer than the one chosen are set aside (`.superseded`
+after an explicit older --resume-from, `.corrupt` when damaged), so that pruning keeps the new saves
+and a requeue does not meet them again.
 
 Model and optimizer go through `get_state_dict` / `set_state_dict` with
 `flatten_optimizer_state_dict=True` (with PP the nested form loads but fails at the next step with
@@ -49,12 +57,12 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 import hpctrain
-from hpctrain.errors import HpctrainError
-from hpctrain.runtime import rng_state
-from hpctrain.runtime.checkpoint_files import describe_failure, fsync_dir, fsync_file, remove_all
-from hpctrain.runtime.checkpoint_hashing import HashingWriter
+from hpctrain.errors import ConfigError, HpctrainError
+from hpctrain.runtime.checkpoint import rng_state
+from hpctrain.runtime.checkpoint.files import describe_failure, fsync_dir, fsync_file, remove_all
+from hpctrain.runtime.checkpoint.hashing import HashingWriter
+from hpctrain.runtime.checkpoint.safe_dcp import SafePlanner, SafeReader, UnsafeIndex, read_index
 from hpctrain.runtime.distributed import barrier
-from hpctrain.runtime.safe_dcp import SafePlanner, SafeReader
 from hpctrain.rundir.checkpoints import (  # noqa: F401 - re-exported: the runtime's names for them
     CHECKPOINTS_DIR, FORMAT, METADATA_FILE, PARTIAL_DIR, STEP_DIR, InvalidCheckpoint, Scan, checksum, claim,
     data_files, foreign_owner, hash_files, ownership_error, read_metadata, run_identity, run_record, scan, share,
@@ -86,6 +94,13 @@ def gather(value: Any, group: Any = None) -> list[Any]:
         dist.all_gather_object(out, value, group=group)
         return out
     return [value]
+
+
+def _broadcast(value: Any, world_size: int) -> Any:
+    box = [value]
+    if dist.is_available() and dist.is_initialized() and world_size > 1:
+        dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 @dataclass
@@ -273,7 +288,7 @@ class Checkpointer:
             # This rank's RNG file on disk before the metadata that lists it is written (and trusted).
             fsync_file(os.path.join(pending.partial, "rng", f"rank-{self.rank}.pt"))
             mine = share(names, self.rank, self.world_size)
-            # Async: the DCP files this rank wrote were hashed while written (checkpoint_hashing.py);
+            # Async: the DCP files this rank wrote were hashed while written (hashing.py);
             # sync: read back here, from the page cache, while training goes on.
             manifest = (pending.writer.manifest(pending.partial, mine) if pending.writer is not None
                         else hash_files(pending.partial, mine))
@@ -301,7 +316,7 @@ class Checkpointer:
             self._emit(events, "checkpoint saved", step=pending.step, path=pending.final, duration_s=blocking_s,
                        blocking_s=blocking_s, finalized_after_s=total_s)
         # Start to complete (async: overlapped steps included, an upper bound): the time-limit safety
-        # keeps twice this in hand (requeue.py).
+        # keeps twice this in hand (runtime/requeue.py).
         self.last_save_s = time.perf_counter() - pending.started
 
     def _complete(self, pending: _Pending, files: dict[str, Any]) -> None:
@@ -342,10 +357,109 @@ class Checkpointer:
 
     # -- load ----------------------------------------------------------------------------------
     def find(self, resume_from: str | None) -> str | None:
-        """The checkpoint to start from (every rank gets the same answer); see resume.py."""
-        from hpctrain.runtime.checkpoint_resume import find
+        """The verified checkpoint to start from, the same on every rank; None: start afresh."""
+        plan: Any = None
+        if self.rank == 0:
+            plan = self._claim_folder() or self._candidates(resume_from)
+        plan = _broadcast(plan, self.world_size)
+        if isinstance(plan, ConfigError):
+            raise plan
+        candidates, explicit_one = plan
+        chosen, damaged, first_problem = None, [], ""
+        for path in candidates:
+            problems = self._verify_share(path)
+            if not problems:
+                chosen = path
+                break
+            damaged.append(path)
+            first_problem = first_problem or problems[0]
+            if self.rank == 0:
+                self._skip(path, problems[0])
+            if explicit_one:
+                raise ConfigError(f"--resume-from {path}: not a complete checkpoint: {problems[0]}")
+        if chosen is None and damaged:
+            # Starting afresh would overwrite the run's history with step 1 (and a torch whose DCP index
+            # the allow-list does not know would look exactly like this): stop, keep every folder as it is.
+            raise ConfigError(f"checkpoint.dir {self.folder}: none of its {len(damaged)} checkpoint(s) passed "
+                              f"verification ({os.path.basename(damaged[0])}: {first_problem}); nothing was loaded "
+                              "or moved: restore the files, or move the damaged step-N folders away to start afresh")
+        if self.rank == 0:
+            step = int(read_metadata(chosen)["step"]) if chosen else 0
+            if resume_from is not None or damaged:
+                self._set_aside_newer(step, damaged)
+        _broadcast(None, self.world_size)  # nobody loads before the folders are where they will stay
+        return chosen
 
-        return find(self, resume_from)
+    def _claim_folder(self) -> ConfigError | None:
+        """This run's id, the directory's owner, and a claim written there (which proves it writable)."""
+        try:
+            self.run_id = run_identity(self.run_dir)
+        except (OSError, InvalidCheckpoint) as exc:
+            return ConfigError(f"--run-dir {self.run_dir}: cannot read or write its run id ({exc})")
+        other = foreign_owner(self.folder, self.run_id, self.run_dir)
+        if other is not None and not self.adopt:
+            return ConfigError(ownership_error(self.folder, other))
+        if other is not None:
+            print(f"hpctrain.runtime: checkpoint.adopt: continuing from the checkpoints of run {other.get('dir')} "
+                  f"in {self.folder}", file=sys.stderr, flush=True)
+            self.event("checkpoint adopted", path=self.folder, previous_run=other)
+        try:
+            claim(self.folder, self.run_id, self.run_dir)
+        except OSError as exc:
+            return ConfigError(f"checkpoint.dir {self.folder}: cannot write there ({exc.strerror or exc}); the run "
+                               "could not save a checkpoint: choose a writable checkpoint.dir")
+        return None
+
+    def _candidates(self, resume_from: str | None) -> tuple[list[str], bool] | ConfigError:
+        """(complete checkpoints by the cheap checks, newest first; whether it is one explicit folder)."""
+        if resume_from is not None and STEP_DIR.match(os.path.basename(os.path.normpath(resume_from))):
+            try:
+                read_metadata(resume_from)
+            except InvalidCheckpoint as exc:
+                return ConfigError(f"--resume-from {resume_from}: not a complete checkpoint: {exc}")
+            return [os.path.abspath(resume_from)], True
+        folder = resume_from if resume_from is not None else self.folder
+        found = scan(folder)
+        for path, reason in found.rejected:
+            self._skip(path, reason)
+        if resume_from is not None and found.newest is None:
+            return ConfigError(f"--resume-from {resume_from}: no complete checkpoint (step-N/ folder with verified "
+                               "metadata.json) there")
+        return [os.path.abspath(path) for _, path in reversed(found.complete)], False
+
+    def _verify_share(self, path: str) -> list[str]:
+        """Every rank hashes its share of path's files; the problems of all ranks (a collective)."""
+        try:
+            files = read_metadata(path).get("files")
+            problems = ([] if not isinstance(files, dict)  # format 1: no manifest, the cheap checks are all
+                        else verify_files(path, files, share(files, self.rank, self.world_size)))
+            if self.rank == 0 and not problems:
+                read_index(path)  # refuses an index that would run code when DCP unpickles it
+        except (InvalidCheckpoint, UnsafeIndex) as exc:
+            problems = [str(exc)]
+        except OSError as exc:
+            problems = [f"unreadable ({exc.strerror or exc})"]
+        return [p for rank_problems in gather(problems) for p in rank_problems]
+
+    def _skip(self, path: str, reason: str) -> None:
+        print(f"hpctrain.runtime: skipping checkpoint {path}: {reason}", file=sys.stderr, flush=True)
+        self.event("checkpoint skipped", path=path, reason=reason)
+
+    def _set_aside_newer(self, step: int, damaged: list[str]) -> None:
+        """Resuming from an older step starts a new timeline: move this run's later checkpoints aside
+        (step-N.superseded, or step-N.corrupt when damaged), so that pruning keeps the new saves and a
+        requeue resumes from them."""
+        for newer_step, path in scan(self.folder).complete:
+            if newer_step > step:
+                bad = os.path.abspath(path) in damaged
+                target = f"{path}.corrupt" if bad else f"{path}.superseded"
+                shutil.rmtree(target, ignore_errors=True)
+                os.replace(path, target)
+                why = "it is damaged" if bad else "a later checkpoint"
+                print(f"hpctrain.runtime: resuming from step {step}: moved {path} ({why}) to {target}",
+                      file=sys.stderr, flush=True)
+                self.event("checkpoint superseded", path=target, step=newer_step, resumed_step=step,
+                           reason="damaged" if bad else "older step resumed")
 
     def load(self, path: str) -> dict[str, Any]:
         """Load model, optimizer and this rank's RNG states from `path`; return the metadata body."""

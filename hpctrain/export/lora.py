@@ -4,13 +4,13 @@ The frozen base comes from where the run took it: `model.init_from` (the Hugging
 one tensor at a time) or, without it, the seed's initialisation (`model.full_init`, the same values
 every start computes). Adapters are read from the checkpoint one tensor at a time.
 
-- merged: a full Hugging Face folder (hf_export.py) whose targeted projections are
+- merged: a full Hugging Face folder (hf.py) whose targeted projections are
   W + (alpha / rank) B A, folded in fp32; it loads in transformers alone.
 - peft: `adapter_config.json` + `adapter_model.safetensors` with PEFT's names
   (`base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight`, checked against peft 0.21's
   `save_pretrained`) for `PeftModel.from_pretrained(base, DIR)`. base_model_name_or_path is the
   init_from folder; a run without one gets its seed's base exported beside the adapter, in DIR/base.
-The runtime's projections are transformers' without any permutation (hf_weights.py), so A and B
+The runtime's projections are transformers' without any permutation (runtime/model/hf_weights.py), so A and B
 keep their layout.
 """
 
@@ -23,11 +23,15 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+import torch.distributed.checkpoint as dcp
 
 from hpctrain.config.lora import HF_NAMES
 from hpctrain.errors import ConfigError
-from hpctrain.runtime.hf_export import DTYPES, ExportResult, export_checkpoint, model_param_names
-from hpctrain.runtime.hf_weights import HfShardReader, to_hf_name
+from hpctrain.export.hf import DTYPES, ExportResult, export_checkpoint, model_param_names
+from hpctrain.runtime.checkpoint.safe_dcp import SafePlanner, SafeReader, UnsafeIndex, read_index
+from hpctrain.runtime.model.hf_weights import HfShardReader, to_hf_name
+from hpctrain.runtime.model.init import random_fill
+from hpctrain.runtime.model.transformer import ModelArgs, build_model
 
 ADAPTER_FILE = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
@@ -37,8 +41,6 @@ class CheckpointTensors:
     """One tensor at a time from a DCP checkpoint folder (its `model.` entries)."""
 
     def __init__(self, checkpoint: str) -> None:
-        from hpctrain.runtime.safe_dcp import UnsafeIndex, read_index
-
         self.checkpoint = checkpoint
         try:
             self.entries = read_index(checkpoint).state_dict_metadata
@@ -46,10 +48,6 @@ class CheckpointTensors:
             raise ConfigError(f"checkpoint {checkpoint}: {exc}") from None
 
     def __call__(self, name: str) -> torch.Tensor:
-        import torch.distributed.checkpoint as dcp
-
-        from hpctrain.runtime.safe_dcp import SafePlanner, SafeReader
-
         meta = self.entries.get(f"model.{name}")
         if meta is None or not hasattr(meta, "size"):
             raise ConfigError(f"checkpoint {self.checkpoint}: has no tensor model.{name}; it was not written by "
@@ -68,9 +66,6 @@ def _projection(name: str, targets: list[str]) -> str | None:
 def base_tensors(model: Any, seed: int, draw_device: str = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
     """(runtime name, fp32 tensor) of the frozen base, in transformers' file order; without init_from
     drawn as the runtime drew it (init.random_fill on the run's device type: CUDA and CPU draws differ)."""
-    from hpctrain.runtime.init import random_fill
-    from hpctrain.runtime.model import ModelArgs, build_model
-
     shapes = {n: tuple(p.shape) for n, p in build_model(ModelArgs.from_config(model)).named_parameters()}
     fill = HfShardReader(model.init_from) if model.init_from else random_fill(seed, int(model.layers), draw_device)
     for name in model_param_names(model):  # the tied head is left out: no canonical-name mapping needed

@@ -37,7 +37,7 @@ from torch.distributed.pipelining import (
 )
 
 from hpctrain.errors import ConfigError
-from hpctrain.runtime.model import Transformer, make_stage
+from hpctrain.runtime.model.transformer import Transformer, make_stage
 
 SCHEDULES: dict[str, Any] = {
     "gpipe": ScheduleGPipe,

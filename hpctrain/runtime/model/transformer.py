@@ -8,7 +8,7 @@ the same on every layout, and checkpoints move between layouts.
 The model is built on the meta device, parallelised, then materialised with `to_empty` and
 `init_weights` (or, on a start that resumes from a checkpoint, with `init_buffers` only: the
 checkpoint fills every parameter). Initialisation is sharded and layout independent
-(hpctrain/runtime/init.py): each rank draws only its own shard of each parameter, tile by tile,
+(hpctrain/runtime/model/init.py): each rank draws only its own shard of each parameter, tile by tile,
 from generators seeded by (seed, parameter name, tile index), so no rank ever holds a full
 parameter, and the same seed gives bit-identical full-model weights on one process and on any
 TP/PP/DP layout, which is what the parity tests rely on.
@@ -26,8 +26,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from hpctrain.errors import ConfigError
-from hpctrain.runtime.init import init_parameters, random_fill
-from hpctrain.runtime.norm import RMSNorm
+from hpctrain.runtime.model.init import init_parameters, random_fill
+from hpctrain.runtime.model.norm import RMSNorm
 
 AC_MODES = ("none", "selective", "full")
 

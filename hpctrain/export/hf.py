@@ -24,9 +24,11 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
+import torch.distributed.checkpoint as dcp
 
 from hpctrain.errors import ConfigError
-from hpctrain.runtime.hf_weights import hf_config_dict, need_safetensors, read_base_config, to_hf_name
+from hpctrain.runtime.checkpoint.safe_dcp import SafePlanner, SafeReader, UnsafeIndex, read_index
+from hpctrain.runtime.model.hf_weights import hf_config_dict, need_safetensors, read_base_config, to_hf_name
 
 DEFAULT_MAX_SHARD = "5GB"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -64,10 +66,6 @@ def model_param_names(model: Any) -> list[str]:
 
 def hf_tensors(checkpoint: str, model: Any, dtype: torch.dtype = torch.float32) -> Iterator[tuple[str, torch.Tensor]]:
     """(hf_name, tensor) for every weight of `model` in the DCP checkpoint folder, each read by itself."""
-    import torch.distributed.checkpoint as dcp
-
-    from hpctrain.runtime.safe_dcp import SafePlanner, SafeReader, UnsafeIndex, read_index
-
     try:
         entries = read_index(checkpoint).state_dict_metadata
     except (UnsafeIndex, OSError) as exc:

@@ -1,6 +1,6 @@
 """Mixed precision outside FSDP (autocast) and dynamic loss scaling for fp16.
 
-With FSDP2 applied, its MixedPrecisionPolicy does the casting (see data_parallel.py); without it
+With FSDP2 applied, its MixedPrecisionPolicy does the casting (see fsdp.py); without it
 (dp == 1, no offload) `autocast` runs matmuls in bf16/fp16 while the parameters, the master
 weights, stay fp32.
 

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hpctrain.runtime.precision import local_tensor
+from hpctrain.runtime.parallel.precision import local_tensor
 
 
 def is_sharded(placement: Any) -> bool:

@@ -26,8 +26,8 @@ from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from hpctrain.errors import ConfigError
-from hpctrain.runtime.model import AC_MODES, TransformerBlock
-from hpctrain.runtime.sequence_parallel import CHECKPOINTED_ATTR
+from hpctrain.runtime.model.transformer import AC_MODES, TransformerBlock
+from hpctrain.runtime.parallel.sequence import CHECKPOINTED_ATTR
 
 
 _MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
@@ -52,7 +52,7 @@ def _saved_ops() -> set[Any]:
     if functional is not None:
         # Not all_gather_into_tensor: under sequence parallel its output is the full-sequence
         # input of attention / the FFN; recomputing it (one more all-gather in backward) keeps
-        # the saved bytes of that tensor at 1/tp, as Megatron-LM does (sequence_parallel.py).
+        # the saved bytes of that tensor at 1/tp, as Megatron-LM does (sequence.py).
         for name in ("reduce_scatter_tensor", "all_reduce"):
             op = getattr(functional, name, None)
             if op is not None:

@@ -1,6 +1,6 @@
 """`hpctrain data prepare`: documents -> a flat token file for `train.data`, plus its sidecar.
 
-Inputs (data_sources.py) are read in order and cut into chunks of about CHUNK_CHARS characters; the
+Inputs (sources.py) are read in order and cut into chunks of about CHUNK_CHARS characters; the
 chunks are encoded by `workers` processes and written back *in chunk order*, so the output is the
 same byte for byte for any worker count. After every document comes the tokenizer's end-of-text id
 (the byte tokenizer keeps today's behaviour: a newline between documents that do not end with one).
@@ -9,7 +9,7 @@ the fraction: the split depends on the document's place in the inputs only.
 
 The element type is uint16 when the vocabulary fits, else uint32. `<output>.json` (the sidecar)
 records the tokenizer (path, sha256, vocab, EOS id), dtype, document and token counts and sources;
-the runtime checks it against the job (data_check.py). Never imports torch.
+the runtime checks it against the job (hpctrain/config/data_files.py). Never imports torch.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from typing import Any, Optional
 
 import numpy as np
 
+from hpctrain.data.sources import Piece, expand_inputs, pieces
+from hpctrain.data.tokenizer import BYTES, Encoder, TokenizerInfo, describe
 from hpctrain.errors import ConfigError
-from hpctrain.runtime.data_sources import Piece, expand_inputs, pieces
-from hpctrain.runtime.tokenizer import BYTES, Encoder, TokenizerInfo, describe
 
 CHUNK_CHARS = 1 << 20
 SIDECAR_FORMAT = "hpctrain-tokens/1"

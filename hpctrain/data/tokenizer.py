@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from hpctrain.data.sources import documents, expand_inputs
 from hpctrain.errors import ConfigError
 
 BYTES = "bytes"
@@ -95,8 +96,6 @@ def train_bpe(files: Sequence[str], output: str, vocab_size: int, min_frequency:
     if vocab_size < BYTE_VOCAB + 1:
         raise ConfigError(f"--vocab-size: got {vocab_size}; byte-level BPE needs at least {BYTE_VOCAB + 1} "
                           "(256 bytes + the end-of-text token)")
-    from hpctrain.runtime.data_sources import documents, expand_inputs
-
     paths = expand_inputs(files)
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

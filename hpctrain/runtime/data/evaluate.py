@@ -15,13 +15,13 @@ from typing import Any, Optional
 import torch
 
 from hpctrain.config.data_files import eval_file
-from hpctrain.runtime.data import ShardedSampler, TokenFile, resolve_dtype
-from hpctrain.runtime.model import cross_entropy_loss
-from hpctrain.runtime.precision import local_tensor
+from hpctrain.runtime.data.tokens import ShardedSampler, TokenFile, resolve_dtype
+from hpctrain.runtime.model.transformer import cross_entropy_loss
+from hpctrain.runtime.parallel.precision import local_tensor
 
 
 class Evaluator:
-    """Computes the validation loss of a `Training` (parallelize.py) on its dp rank's slices."""
+    """Computes the validation loss of a `Training` (runtime/training.py) on its dp rank's slices."""
 
     def __init__(self, job: Any, training: Any, dp_rank: int) -> None:
         self.job, self.training, self.dp_rank = job, training, dp_rank

@@ -33,7 +33,7 @@ from collections.abc import Iterable
 
 from torch import nn
 
-from hpctrain.runtime.model import TransformerBlock
+from hpctrain.runtime.model.transformer import TransformerBlock
 
 
 def apply_compile(modules: nn.Module | Iterable[nn.Module]) -> int:

@@ -1,0 +1,6 @@
+"""Parallelism, one module per dimension: tensor.py (TP), sequence.py (SP, with TP), vocab.py (the
+vocabulary-sharded embedding and loss), pipeline.py (PP stages and schedules), fsdp.py (FSDP2 data
+parallel, ZeRO 1-3); expert and context parallelism get expert.py and context.py next to them.
+Around them: dims.py (ParallelDims: the validated degrees and the device mesh),
+activation_checkpoint.py, compile.py, precision.py (autocast, fp16 loss scaling) and grad_norm.py
+(the global gradient norm over shards)."""
