@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 import resource
 import sys
 import time

@@ -85,7 +85,7 @@ def data_problems(job: Any) -> list[str]:
         problems += found
     elif train.eval_every and not train.eval_data:
         problems.append("train.eval_every: validation needs a token file; set train.eval_data (or train.data to "
-                        f"a file prepared with --val-fraction), or train.eval_every: 0")
+                        "a file prepared with --val-fraction), or train.eval_every: 0")
     if problems:
         return problems
     evaluation = eval_file(train)

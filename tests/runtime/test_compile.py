@@ -10,7 +10,6 @@ left out here for the suite's time.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
