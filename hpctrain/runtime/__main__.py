@@ -1,6 +1,6 @@
 """`python -m hpctrain.runtime --job RESOLVED.yaml --run-dir DIR [--resume-from CKPT]`
 
-One process per GPU (srun, torchrun, or a single process). Exit codes (ARCHITECTURE.md 4):
+One process per GPU (srun, torchrun, or a single process). Exit codes (docs/architecture.md section 4):
 0 trained (or stopped cleanly after a checkpoint on restart.signal / SIGTERM / a near time limit, having
 asked for the requeue: requeue.py), 1 this rank failed (or, on rank 0, it stopped and nothing will
 requeue it: the `stopped` event says why), 2 the job, the run dir,

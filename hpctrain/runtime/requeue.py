@@ -12,7 +12,7 @@ The protocol with the rendered batch script (sbatch_templates/requeue_protocol.s
      `restart.max_requeues`. The runtime never calls scontrol here (it may be missing in a container).
    - unset (the runtime launched some other way): rank 0 runs `scontrol requeue` on the exact job
      (`ARRAYJOBID_TASKID` for an array task) within the budget, and says so loudly when it cannot.
-   All ranks then exit 0 (ARCHITECTURE.md 4). When nothing will requeue the job (not under Slurm, the
+   All ranks then exit 0 (docs/architecture.md section 4). When nothing will requeue the job (not under Slurm, the
    budget spent, scontrol missing or failing, no checkpoint), rank 0 exits 1: the run stopped without
    doing its work, so the launcher records it STOPPED (local) or failed, never COMPLETED; a launcher
    that asked for the stop itself (a local cancel) records CANCELLED.

@@ -99,7 +99,7 @@ def text_files() -> list[str]:
     if os.path.isdir(licenses):
         found = sorted(os.path.join(licenses, n) for n in os.listdir(licenses)
                        if os.path.isfile(os.path.join(licenses, n)))
-    for name in ("README.md", os.path.join("..", "shared", "ARCHITECTURE.md")):
+    for name in ("README.md", os.path.join("docs", "architecture.md")):
         path = os.path.join(REPO, name)
         if os.path.isfile(path):
             found.append(path)
