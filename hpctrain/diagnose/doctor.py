@@ -17,6 +17,7 @@ from hpctrain.diagnose.fixes import FixChecker
 from hpctrain.diagnose.logscan import PATTERNS, scan_logs
 from hpctrain.diagnose.predict import predict_run
 from hpctrain.diagnose.rundata import RunData, SchedulerQuery, load_run
+from hpctrain.rundir.events import LAYOUT_CHANGED, SUBMITTED
 
 Rule = Callable[[Context], list[Finding]]
 
@@ -61,7 +62,7 @@ def run_state(run: RunData) -> str:
         return {"COMPLETED": "finished", "RUNNING": "running", "PENDING": "pending"}.get(state, state.lower())
     last = run.last_lifecycle_event()
     if last is None:
-        return "pending" if run.events_named("submitted") else "unknown"
+        return "pending" if run.events_named(SUBMITTED) else "unknown"
     return {"started": "running", "requeued": "requeued"}.get(last["event"], last["event"])
 
 
@@ -89,7 +90,6 @@ def diagnose_run(path: str | Path, *, thresholds: Thresholds = Thresholds(),
     notes = []
     if ctx.prediction is None and ctx.prediction_problem:
         notes.append(f"no planner prediction: {ctx.prediction_problem}")
-    from hpctrain.rundir.events import LAYOUT_CHANGED
     from hpctrain.rundir.layouts import describe
 
     for change in run.events_named(LAYOUT_CHANGED):  # an elastic job re-planned for the nodes it got

@@ -16,7 +16,11 @@ from hpctrain.diagnose.context import Context
 from hpctrain.diagnose.findings import ERROR, WARNING, Finding, Fix, ranks_text
 from hpctrain.diagnose.fixes import validated
 from hpctrain.diagnose.logscan import first_per_rank, flight_recorder_dumps
-from hpctrain.diagnose.rundata import lifecycle
+from hpctrain.diagnose.rundata import CANCELLED, lifecycle
+from hpctrain.rundir.events import (
+    CHECKPOINT_FAILED, FAILED, FINISHED, NOT_REQUEUED, REQUEUED, SIGNAL, STARTED, STOPPED, TIME_LIMIT_NEAR,
+    WHY_NOT_REQUEUED,
+)
 
 _OP = re.compile(r"SeqNum=(\d+).*?OpType=(\w+)")
 _TIMEOUT_MS = re.compile(r"Timeout\(ms\)=(\d+)|ran for (\d+) milliseconds|waiting (\d+) ?ms")
@@ -75,14 +79,14 @@ def _last_progress(ctx: Context) -> Optional[tuple[float, str]]:
     run = ctx.run
     if run.metrics_mtime is not None and run.metrics:
         return run.metrics_mtime, f"last metrics line (step {run.metrics[-1]['step']})"
-    started = [e["t"] for e in run.events_named("started") if e.get("t")]
+    started = [e["t"] for e in run.events_named(STARTED) if e.get("t")]
     return (started[-1], "start of the attempt (no step logged yet)") if started else None
 
 
 def stall_rule(ctx: Context) -> list[Finding]:
     """No new step for `stall_minutes` (or 20 logging intervals) while running, or before the end."""
     run = ctx.run
-    if not run.events_named("started"):
+    if not run.events_named(STARTED):
         return []  # never started: pending, or failed before the ranks ran
     if any(m.kind in ("timeout", "desync") for m in ctx.matches):
         return []  # hang_rule explains this stall better
@@ -91,7 +95,7 @@ def stall_rule(ctx: Context) -> list[Finding]:
         return []
     last = run.last_lifecycle_event()
     if run.ended:
-        if last is None or last["event"] == "finished" or not last.get("t"):
+        if last is None or last["event"] == FINISHED or not last.get("t"):
             return []
         until, what = float(last["t"]), f"the run {last['event']}"
     else:
@@ -117,7 +121,7 @@ def stall_rule(ctx: Context) -> list[Finding]:
 
 def _restarts(ctx: Context) -> int:
     run = ctx.run
-    counted = [len(run.events_named("requeued")), max(run.attempts()), int(run.scheduler.get("restarts") or 0)]
+    counted = [len(run.events_named(REQUEUED)), max(run.attempts()), int(run.scheduler.get("restarts") or 0)]
     return max(counted)
 
 
@@ -136,13 +140,13 @@ def requeue_budget_rule(ctx: Context) -> list[Finding]:
     budget = restart_value(ctx, "max_requeues", 3)
     restarts = _restarts(ctx)
     said = [e for e in run.events if re.search(r"budget|max_requeues", str(e.get("reason") or ""), re.IGNORECASE)]
-    finished = bool(run.events_named("finished"))
+    finished = bool(run.events_named(FINISHED))
     if finished or not run.ended or (restarts < budget and not said):
         return []
     evidence = [f"{restarts} restart(s) with restart.max_requeues={budget}; the run ended without finishing"]
     evidence += [f"{e['event']} (attempt {e.get('attempt', '?')}): {e.get('reason')}" for e in said[:3]]
     reasons = [f"attempt {e.get('attempt', '?')}: {e['event']}" + (f" ({e.get('reason')})" if e.get("reason") else "")
-               for e in run.events_named("requeued", "failed", "stopped")][-5:]
+               for e in run.events_named(REQUEUED, FAILED, STOPPED)][-5:]
     evidence += reasons
     fix = validated("allow more requeues (and fix what keeps interrupting the job, listed above)",
                     [f"restart.max_requeues={max(2 * budget, budget + 3)}"], run.job_data)
@@ -153,18 +157,18 @@ def stopped_rule(ctx: Context) -> list[Finding]:
     """The ranks stopped early on a signal (or a near limit), saved, and nothing requeued them: no cancel was
     asked for, so the run is unfinished work, not a success (a local run, a lost requeue, requeue disabled)."""
     run = ctx.run
-    kinds = ("started", "stopped", "finished", "failed", "cancelled", "requeued")
+    kinds = (STARTED, STOPPED, FINISHED, FAILED, CANCELLED, REQUEUED)
     ends = [e for e in map(lifecycle, run.events) if e["event"] in kinds]
-    if not run.ended or not ends or ends[-1]["event"] != "stopped":
+    if not run.ended or not ends or ends[-1]["event"] != STOPPED:
         return []
-    stops = run.events_named("stopped")
+    stops = run.events_named(STOPPED)
     step = next((e.get("step") for e in reversed(stops) if e.get("step") is not None), None)
-    refused = run.events_named("not_requeued")
+    refused = run.events_named(NOT_REQUEUED)
     if refused and refused[-1].get("why_not") == "max-requeues-reached":
         return []  # requeue_budget_rule says it, with its fix
     steps = ctx.section("train").get("steps")
     evidence = [f"{e['event']} (attempt {e.get('attempt', '?')}): " + str(e.get("reason") or e.get("signal") or "")
-                for e in run.events_named("signal", "time limit near", "not_requeued")[-3:]]
+                for e in run.events_named(SIGNAL, TIME_LIMIT_NEAR, NOT_REQUEUED)[-3:]]
     fix = Fix(f"continue from its last checkpoint: `hpctrain resume {run.path}`")
     return [Finding("requeue", ERROR, f"the run stopped at step {step} of {steps or '?'} and nothing requeued it",
                     tuple(evidence), (fix,))]
@@ -181,7 +185,7 @@ def checkpoint_interval_rule(ctx: Context) -> list[Finding]:
     """Checkpoints too rare for the observed rate of interruptions."""
     run = ctx.run
     restarts = _restarts(ctx)
-    starts = [e["t"] for e in run.events_named("started") if e.get("t")]
+    starts = [e["t"] for e in run.events_named(STARTED) if e.get("t")]
     ends = [e["t"] for e in run.events if e.get("t")]
     step_s = run.median_metric("step_time_s")
     every = int(ctx.section("checkpoint").get("every_steps") or 0)
@@ -210,8 +214,8 @@ def checkpoint_interval_rule(ctx: Context) -> list[Finding]:
 def _attempt_end(ctx: Context, attempt: Any, after: float) -> Optional[dict[str, Any]]:
     for event in map(lifecycle, ctx.run.events):
         if event.get("t") and event["t"] >= after and (
-                event["event"] in ("failed", "requeued", "stopped", "cancelled", "finished")
-                or (event["event"] == "started" and event.get("attempt") != attempt)):
+                event["event"] in (FAILED, REQUEUED, STOPPED, CANCELLED, FINISHED)
+                or (event["event"] == STARTED and event.get("attempt") != attempt)):
             return event
     return None
 
@@ -220,7 +224,7 @@ def signal_rule(ctx: Context) -> list[Finding]:
     """The pre-limit signal came too late to save a checkpoint before the job was stopped."""
     run = ctx.run
     late: list[str] = []
-    for signal in run.events_named("signal", "signal_received"):
+    for signal in run.events_named(SIGNAL):
         if not signal.get("t"):
             continue
         end = _attempt_end(ctx, signal.get("attempt"), signal["t"])
@@ -233,7 +237,7 @@ def signal_rule(ctx: Context) -> list[Finding]:
         if end is not None and not saved:
             late.append(f"attempt {signal.get('attempt', '?')}: signal {signal.get('signal', '')} "
                         f"{end['t'] - signal['t']:.0f} s before it {end['event']}, no checkpoint saved in between")
-    if run.scheduler.get("state") == "TIMEOUT" and not run.events_named("signal", "signal_received"):
+    if run.scheduler.get("state") == "TIMEOUT" and not run.events_named(SIGNAL):
         late.append("Slurm stopped the job at its time limit (TIMEOUT) and no signal was recorded")
     if not late:
         return []
@@ -251,7 +255,6 @@ def signal_rule(ctx: Context) -> list[Finding]:
 def not_requeued_rule(ctx: Context) -> list[Finding]:
     """The batch script refused to requeue: a rank said its input is wrong (exit 2), or the job failed again at
     the step it failed at before the requeue. Either way another try would fail the same way."""
-    from hpctrain.rundir.events import NOT_REQUEUED, WHY_NOT_REQUEUED
     from hpctrain.rundir.layout import BAD_INPUT_MARKER
     from hpctrain.rundir.read import read_text
 
@@ -275,7 +278,7 @@ def not_requeued_rule(ctx: Context) -> list[Finding]:
 def checkpoint_failed_rule(ctx: Context) -> list[Finding]:
     """A checkpoint save that failed (a full disk, a quota, an unwritable folder), named as what it was: the
     runtime's `checkpoint failed` event (issue 18 finding 8), not the collective errors it causes."""
-    failed = ctx.run.events_named("checkpoint failed", "checkpoint_failed")
+    failed = ctx.run.events_named(CHECKPOINT_FAILED)
     if not failed:
         return []
     last = failed[-1]

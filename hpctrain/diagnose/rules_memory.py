@@ -17,6 +17,7 @@ from hpctrain.diagnose.findings import ERROR, WARNING, Finding, Fix, gib, ranks_
 from hpctrain.diagnose.fixes import Candidate
 from hpctrain.diagnose.logscan import LogMatch, first_per_rank
 from hpctrain.diagnose.rundata import RunData
+from hpctrain.rundir.events import FAILED
 
 KILLED_CODES = {"137", "-9", "9", "0:9", "137:0", "9:0"}
 _TRIED = re.compile(r"[Tt]ried to allocate ([\d.]+ ?[KMGT]i?B|\d+ bytes)")
@@ -45,7 +46,7 @@ def _killed_reasons(ctx: Context) -> list[str]:
     sched = ctx.run.scheduler
     if sched.get("state") == "OUT_OF_MEMORY":
         out.append(f"Slurm state OUT_OF_MEMORY ({sched.get('source', 'scheduler')})")
-    for event in ctx.run.events_named("failed"):
+    for event in ctx.run.events_named(FAILED):
         reason = str(event.get("reason") or "")
         if re.search(r"out.of.memory|\boom", reason, re.IGNORECASE) and not re.search(r"CUDA|cuBLAS", reason,
                                                                                         re.IGNORECASE):
@@ -63,7 +64,7 @@ def _sigkilled(ctx: Context) -> list[str]:
     if any(c in KILLED_CODES for c in codes):
         out.append(f"exit codes {', '.join(codes)} ({sched.get('source', 'scheduler')}): "
                    "a rank was killed with SIGKILL")
-    for event in ctx.run.events_named("failed"):
+    for event in ctx.run.events_named(FAILED):
         reason = str(event.get("reason") or "")
         if re.search(r"(exit(ed)? with )?code (137|-9)\b|signal 9|SIGKILL", reason):
             out.append(f"failed event (attempt {event.get('attempt', '?')}): {reason[:200]}")

@@ -18,10 +18,10 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from hpctrain.rundir.events import read_jsonl
+from hpctrain.rundir.events import ENDED, FAILED, FINISHED, REQUEUED, STARTED, STOPPED, SUBMITTED, read_jsonl
 from hpctrain.rundir.layout import EVENTS_FILE, JOB_FILE, LOGS_DIR, METRICS_FILE, PLAN_FILE, RESOLVED_FILE
-from hpctrain.rundir.lock import pid_alive
 from hpctrain.rundir.local_state import read_local_state
+from hpctrain.rundir.lock import pid_alive
 from hpctrain.rundir.ranks import RANK_LOG, read_rank_summaries
 from hpctrain.rundir.read import read_json, read_yaml_mapping
 from hpctrain.rundir.states import LIVE_SLURM_STATES
@@ -88,18 +88,20 @@ class RunData:
         if state:
             return state not in ACTIVE_SCHEDULER_STATES
         last = self.last_lifecycle_event()
-        return last is not None and last["event"] in ("finished", "failed", "cancelled")
+        return last is not None and last["event"] in (FINISHED, FAILED, CANCELLED)
 
     def last_lifecycle_event(self) -> Optional[dict[str, Any]]:
         """The newest started / finished / failed / cancelled / requeued event (the launcher's
         `ended` event counts as the outcome its state names)."""
-        kinds = ("started", "finished", "failed", "cancelled", "requeued")
+        kinds = (STARTED, FINISHED, FAILED, CANCELLED, REQUEUED)
         chosen = [lifecycle(e) for e in self.events if lifecycle(e)["event"] in kinds]
         return chosen[-1] if chosen else None
 
     def events_named(self, *names: str) -> list[dict[str, Any]]:
-        """Events with one of these names (`ended` counts under the outcome its state names)."""
-        return [e for e in map(lifecycle, self.events) if e["event"] in names]
+        """Events with one of these names, compared as normalize_event spells them (`ended` counts under the
+        outcome its state names)."""
+        wanted = {event_name(name) for name in names}
+        return [e for e in map(lifecycle, self.events) if e["event"] in wanted]
 
     def steady_metrics(self) -> list[dict[str, Any]]:
         """Metrics lines without each attempt's first (warm-up) line, when there are others."""
@@ -126,10 +128,10 @@ class RunData:
 def lifecycle(event: dict[str, Any]) -> dict[str, Any]:
     """`ended` (state COMPLETED / FAILED / CANCELLED / STOPPED / TIMEOUT ...) as finished / failed / cancelled /
     stopped."""
-    if event["event"] != "ended":
+    if event["event"] != ENDED:
         return event
     state = str(event.get("state") or "").upper()
-    name = {"COMPLETED": "finished", "CANCELLED": "cancelled", "STOPPED": "stopped"}.get(state, "failed")
+    name = {"COMPLETED": FINISHED, "CANCELLED": CANCELLED, "STOPPED": STOPPED}.get(state, FAILED)
     return {**event, "event": name}
 
 
@@ -148,10 +150,18 @@ def event_time_s(value: Any) -> Optional[float]:
     return None
 
 
+# The outcome of an `ended` event whose state is CANCELLED, as lifecycle() names it (no writer uses the name).
+CANCELLED = "cancelled"
+
+
+def event_name(name: object) -> str:
+    """`checkpoint saved` / `checkpoint-saved` -> `checkpoint_saved`: how the rules compare event names."""
+    return re.sub(r"[\s\-]+", "_", str(name).strip().lower())
+
+
 def normalize_event(record: dict[str, Any]) -> dict[str, Any]:
-    """`checkpoint saved` / `checkpoint-saved` -> `checkpoint_saved`; adds `t` (epoch seconds)."""
-    name = re.sub(r"[\s\-]+", "_", str(record.get("event", "")).strip().lower())
-    return {**record, "event": name, "t": event_time_s(record.get("time"))}
+    """The record with its name as event_name spells it, and `t` (epoch seconds)."""
+    return {**record, "event": event_name(record.get("event", "")), "t": event_time_s(record.get("time"))}
 
 
 def _list_logs(run_dir: Path) -> list[LogFile]:
@@ -172,7 +182,7 @@ def _scheduler_view(run_dir: Path, events: list[dict[str, Any]], query: Optional
             state, reason = "FAILED", "the local supervisor process is gone"  # as `status` says (launch.local.executor)
         return {"state": state, "exit_codes": local.get("exit_codes") or [], "reason": reason,
                 "source": "local executor"}
-    submitted = [e for e in events if e["event"] == "submitted" and e.get("job_id")]
+    submitted = [e for e in events if e["event"] == SUBMITTED and e.get("job_id")]
     if not submitted or query is None:
         return {}
     job_id = str(submitted[-1]["job_id"])

@@ -10,6 +10,7 @@ from hpctrain.errors import ConfigError
 from hpctrain.launch import rundir
 from hpctrain.launch.executor import executor_of
 from hpctrain.launch.status import aggregate
+from hpctrain.rundir.events import CANCEL_REQUESTED
 from hpctrain.rundir.sweep_file import read_sweep
 
 
@@ -45,5 +46,5 @@ def cancel_run(run_dir: Path, task_id: Optional[int] = None,
         return job_id, aggregate(now)  # every job (task) has ended
     if not executor.cancel(sub, job_id, task_id):
         return job_id, aggregate(states())
-    rundir.append_event(run_dir, "cancel_requested", job_id=job_id, executor=sub.get("executor"))
+    rundir.append_event(run_dir, CANCEL_REQUESTED, job_id=job_id, executor=sub.get("executor"))
     return job_id, None

@@ -21,6 +21,7 @@ from hpctrain.launch.executor import choose
 from hpctrain.launch.files import write_job_files
 from hpctrain.launch.status import is_active, run_status
 from hpctrain.launch.submit import Submission, launch
+from hpctrain.rundir.events import RESUME_REQUESTED
 from hpctrain.rundir.layout import CHECKPOINTS_DIR, JOB_FILE, PLAN_FILE, RESOLVED_FILE, SUBMIT_DIR
 from hpctrain.rundir.lock import check_free
 
@@ -68,7 +69,7 @@ def resume_run(run_dir: Path, overrides: Sequence[str] = (), *, dry_run: bool = 
     resolved, plan = stages.resolve(job)
     kept = _keep_previous(run_dir)
     write_job_files(run_dir, job, resolved, plan)
-    rundir.append_event(run_dir, "resume_requested", checkpoint=str(checkpoint), overrides=list(overrides),
+    rundir.append_event(run_dir, RESUME_REQUESTED, checkpoint=str(checkpoint), overrides=list(overrides),
                         previous=str(kept.relative_to(run_dir)))
     submission = launch(run_dir, resolved, executor, note, [(None, run_dir, resolved)], dry_run=dry_run)
     return submission, str(checkpoint)

@@ -10,9 +10,11 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
-from hpctrain.rundir.events import append_event, now_iso, read_events
-from hpctrain.rundir.layout import (EVENTS_FILE, SWEEP_FILE, TASKS_DIR, create_run_dir, find_run, init_run_dir,
-                                    is_sweep, newest_run, slugify, task_dirs, write_json, write_text)
+from hpctrain.rundir.events import SUBMITTED, append_event, now_iso, read_events
+from hpctrain.rundir.layout import (
+    EVENTS_FILE, SWEEP_FILE, TASKS_DIR, create_run_dir, find_run, init_run_dir, is_sweep, newest_run, slugify,
+    task_dirs, write_json, write_text,
+)
 
 EVENTS = EVENTS_FILE
 
@@ -31,5 +33,5 @@ def read_json(path: Path) -> Any:
 
 def last_submission(run_dir: Path) -> Optional[dict[str, Any]]:
     """The newest `submitted` event (executor, job_id, ...), or None."""
-    subs = [e for e in read_events(run_dir) if e.get("event") == "submitted"]
+    subs = [e for e in read_events(run_dir) if e.get("event") == SUBMITTED]
     return subs[-1] if subs else None

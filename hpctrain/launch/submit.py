@@ -20,6 +20,7 @@ from hpctrain.launch import stages
 from hpctrain.launch.executor import Executor, SubmitRefused, TaskSpec, choose
 from hpctrain.launch.files import RECIPE_NAME, SCRIPT_NAME, write_job_files, write_recipe, write_script, writing
 from hpctrain.launch.rundir import append_event, create_run_dir
+from hpctrain.rundir.events import DRY_RUN, FAILED, SUBMITTED
 
 __all__ = ["RECIPE_NAME", "SCRIPT_NAME", "Submission", "TaskSpec", "launch", "submit_job", "write_job_files",
            "write_recipe", "write_script", "writing"]
@@ -57,7 +58,7 @@ def submit_job(job: Job, *, dry_run: bool = False, env: Optional[Mapping[str, st
 
 def launch(run_dir: Path, resolved: Job, executor: Executor, note: str, tasks: list[TaskSpec], *,
            array: Optional[str] = None, max_parallel: int = 1, dry_run: bool = False,
-           event: str = "submitted") -> Submission:
+           event: str = SUBMITTED) -> Submission:
     """Submit a prepared run directory (a job, or a sweep's tasks) with `executor`.
 
     `resolved` is the job the script is rendered from (for a sweep, its first point).
@@ -67,15 +68,15 @@ def launch(run_dir: Path, resolved: Job, executor: Executor, note: str, tasks: l
     prepared = executor.prepare(run_dir, resolved, array=array, dry_run=dry_run)
     out.script_path, out.recipe_path = prepared.script_path, prepared.recipe_path
     if dry_run:
-        append_event(run_dir, "dry_run", executor=name)
+        append_event(run_dir, DRY_RUN, executor=name)
         return out
     try:
         handle = executor.submit(run_dir, resolved, tasks, prepared, array=array, max_parallel=max_parallel)
     except SubmitRefused as refused:
-        append_event(run_dir, "failed", reason=refused.reason, stage="submit", executor=name)
+        append_event(run_dir, FAILED, reason=refused.reason, stage="submit", executor=name)
         raise refused.error from None
     except SubmissionError as exc:
-        append_event(run_dir, "failed", reason=str(exc), stage="submit", executor=name)
+        append_event(run_dir, FAILED, reason=str(exc), stage="submit", executor=name)
         raise SubmissionError(f"{exc}\n(run directory {run_dir} marked failed)") from None
     out.job_id, out.process = handle.job_id, handle.process
     append_event(run_dir, event, executor=name, job_id=out.job_id, array=array, **handle.facts)

@@ -19,10 +19,32 @@ from typing import Any
 from hpctrain.rundir.layout import EVENTS_FILE
 from hpctrain.rundir.read import RunDirError, damaged, decode
 
+# Every event name, as written in the `event` field (docs/architecture.md section 3). Writers and readers
+# name events through these constants; `hpctrain doctor` also reads older spellings (diagnose/rundata.py).
+# The launcher (launch/):
+SUBMITTED = "submitted"
+DRY_RUN = "dry_run"
+RESUME_REQUESTED = "resume_requested"
+CANCEL_REQUESTED = "cancel_requested"
+ENDED = "ended"  # the local supervisor: the job's final state, reason and exit codes
 LAYOUT_CHANGED = "layout_changed"  # an elastic start re-planned (hpctrain/launch/replan.py)
-
-# Event names the batch script writes (sbatch_templates/exit_path.sh.j2, deciding with rundir/restart.py), with
-# their `reason` / `why_not` words, so that status and the doctor can explain them.
+# The runtime's rank 0 (runtime/):
+STARTED = "started"
+WEIGHTS_LOADED = "weights loaded"
+RESUMED = "resumed"
+CHECKPOINT_SAVED = "checkpoint saved"
+CHECKPOINT_FAILED = "checkpoint failed"
+CHECKPOINT_ADOPTED = "checkpoint adopted"
+CHECKPOINT_SKIPPED = "checkpoint skipped"
+CHECKPOINT_SUPERSEDED = "checkpoint superseded"
+SIGNAL = "signal"
+TIME_LIMIT_NEAR = "time limit near"
+REQUEUE_REQUESTED = "requeue requested"
+STOPPED = "stopped"
+FINISHED = "finished"
+FAILED = "failed"  # also the launcher's, with stage="submit", when the scheduler refused the job
+# The runtime, the Ray driver and the batch script's exit path (sbatch_templates/exit_path.sh.j2, deciding
+# with rundir/restart.py), with their `reason` / `why_not` words, so that status and the doctor can explain them.
 REQUEUED = "requeued"
 NOT_REQUEUED = "not_requeued"
 WHY_NOT_REQUEUED = {

@@ -18,6 +18,8 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
+from hpctrain.rundir.events import FAILED, STARTED, STOPPED, append_event
+
 PROG = "python -m hpctrain.runtime"
 
 
@@ -168,8 +170,6 @@ def _run(job: Any, env: Any, args: argparse.Namespace) -> int:
     from hpctrain.errors import ConfigError
     from hpctrain.runtime.checkpoint.checkpointer import CheckpointSaveError
     from hpctrain.runtime.distributed import init_distributed, shutdown
-    from hpctrain.rundir.events import append_event
-
     def event(name: str, every_rank: bool = False, **fields: Any) -> None:
         if env.rank == 0 or every_rank:
             append_event(args.run_dir, name, attempt=env.attempt, **fields)
@@ -184,13 +184,13 @@ def _run(job: Any, env: Any, args: argparse.Namespace) -> int:
         device = init_distributed(env, need_group=bool(job.parallel.offload_optimizer))
         if env.rank == 0:
             _write_resolved(job, args.run_dir)
-        event("started", world_size=env.world_size, launcher=env.launcher, hosts=_hosts(), device=device.type)
+        event(STARTED, world_size=env.world_size, launcher=env.launcher, hosts=_hosts(), device=device.type)
         from hpctrain.runtime.trainer import Trainer
 
         trainer = Trainer(job, args.run_dir, device, env, resume_from=args.resume_from)
         result = trainer.train()
         stop = {"requeue": result.get("requeue"), "why_not": result.get("requeue_why_not")} if result["stopped"] else {}
-        event("stopped" if result["stopped"] else "finished", step=result["step"],
+        event(STOPPED if result["stopped"] else "finished", step=result["step"],
               loss=result.get("loss"), resumed_from=result["resumed_from"], **stop)
         trainer.close()
         shutdown()
@@ -202,11 +202,11 @@ def _run(job: Any, env: Any, args: argparse.Namespace) -> int:
             return 1
         return 0
     except ConfigError as exc:
-        event("failed", reason=str(exc).splitlines()[0], exit_code=2)
+        event(FAILED, reason=str(exc).splitlines()[0], exit_code=2)
         return _user_error(exc, env.rank)
     except CheckpointSaveError as exc:  # e.g. a full disk: what it is, in one line, no traceback
         print(f"{PROG} [rank {env.rank}]: failed: {exc}", file=sys.stderr, flush=True)
-        event("failed", reason=str(exc), exit_code=1)
+        event(FAILED, reason=str(exc), exit_code=1)
         return 1
     except BaseException as exc:  # a crash: say which rank, keep the traceback for the log
         if isinstance(exc, KeyboardInterrupt):
@@ -216,7 +216,7 @@ def _run(job: Any, env: Any, args: argparse.Namespace) -> int:
         traceback.print_exc()
         print(f"{PROG} [rank {env.rank}]: failed: {reason}", file=sys.stderr, flush=True)
         try:
-            event("failed", every_rank=True, reason=reason, rank=env.rank, exit_code=1)
+            event(FAILED, every_rank=True, reason=reason, rank=env.rank, exit_code=1)
             if trainer is not None:
                 trainer.telemetry.write_rank_summary(trainer.state_bytes(), "failed")
         except Exception:  # noqa: BLE001 - reporting must not hide the original failure

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from hpctrain.config.infra import RestartConfig
+from hpctrain.rundir.events import NOT_REQUEUED, REQUEUE_REQUESTED, REQUEUED, SIGNAL, TIME_LIMIT_NEAR
 from hpctrain.rundir.restart import Markers, decide
 
 REQUEUE_BY_ENV = "HPCTRAIN_REQUEUE_BY"  # "batch-script": the script requeues, not the runtime
@@ -240,10 +241,10 @@ class RequeueController:
             name = signal_name(signum)
             reason = f"signal {name} at step {step}"
             delay = round(self.clock() - self.flag.received_s, 3) if self.flag.received_s else None
-            self.event("signal", signal=name, step=step, handled_after_s=delay)
+            self.event(SIGNAL, signal=name, step=step, handled_after_s=delay)
         else:
             reason = self._why or f"time limit near at step {step}"
-            self.event("time limit near", step=step, reason=reason,
+            self.event(TIME_LIMIT_NEAR, step=step, reason=reason,
                        end_time=self.end_time_s, end_time_source=self.end_source)
         if self.env.rank == 0:
             print(f"hpctrain.runtime: stopping after step {step} to save and requeue: {reason}", flush=True)
@@ -271,7 +272,7 @@ class RequeueController:
             print(f"hpctrain.runtime: NOT requeueing: no complete checkpoint at step {step} ({reason})",
                   file=sys.stderr, flush=True)
             self.why_not = "no-checkpoint"
-            self.event("not_requeued", reason=reason, why_not="no-checkpoint", step=step)
+            self.event(NOT_REQUEUED, reason=reason, why_not="no-checkpoint", step=step)
             return "not-requeued"
         if self.environ.get(REQUEUE_BY_ENV) == "batch-script":
             return self._ask_batch_script(step, reason)
@@ -283,10 +284,10 @@ class RequeueController:
             print(f"hpctrain.runtime: NOT requeued: {REQUEUE_BY_ENV}=batch-script but {MARKER_ENV} is unset; "
                   f"the batch script cannot see the request ({reason})", file=sys.stderr, flush=True)
             self.why_not = "no-marker-path"
-            self.event("not_requeued", reason=reason, why_not="no-marker-path", step=step)
+            self.event(NOT_REQUEUED, reason=reason, why_not="no-marker-path", step=step)
             return "not-requeued"
         write_marker(marker, reason)
-        self.event("requeue requested", reason=reason, step=step, by="batch-script", marker=marker)
+        self.event(REQUEUE_REQUESTED, reason=reason, step=step, by="batch-script", marker=marker)
         print(f"hpctrain.runtime: checkpoint at step {step} saved; the batch script requeues job "
               f"{self.target or '?'} ({reason})", flush=True)
         return "marker"
@@ -296,7 +297,7 @@ class RequeueController:
             print(f"hpctrain.runtime: stopped after saving step {step} ({reason}); not under Slurm, so nothing "
                   "requeues it: continue with `hpctrain resume RUN`", file=sys.stderr, flush=True)
             self.why_not = "not-under-slurm"
-            self.event("not_requeued", reason=reason, why_not="not-under-slurm", step=step)
+            self.event(NOT_REQUEUED, reason=reason, why_not="not-under-slurm", step=step)
             return "not-requeued"
         # The runtime asks after a saved stop: the policy's runtime-requested case (rundir/restart.py).
         verdict = decide(0, Markers(requeue_requested=reason), step, None, self.env.attempt, self.policy)
@@ -306,7 +307,7 @@ class RequeueController:
                   f"{self.max_requeues}, restart.requeue={self.requeue_enabled}); {reason}", file=sys.stderr,
                   flush=True)
             self.why_not = why_not
-            self.event("not_requeued", reason=reason, why_not=why_not, step=step)
+            self.event(NOT_REQUEUED, reason=reason, why_not=why_not, step=step)
             return "not-requeued"
         try:
             out = subprocess.run(["scontrol", "requeue", self.target], capture_output=True, text=True, timeout=60,
@@ -316,7 +317,7 @@ class RequeueController:
                   f"run `scontrol requeue {self.target}` on the host, or launch with the rendered batch script, "
                   f"which requeues from outside the container ({reason})", file=sys.stderr, flush=True)
             self.why_not = "scontrol-missing"
-            self.event("not_requeued", reason=reason, why_not="scontrol-missing", step=step, job_id=self.target)
+            self.event(NOT_REQUEUED, reason=reason, why_not="scontrol-missing", step=step, job_id=self.target)
             return "not-requeued"
         except subprocess.TimeoutExpired:
             out = subprocess.CompletedProcess([], 124, "", "timed out after 60 s")
@@ -325,10 +326,10 @@ class RequeueController:
             print(f"hpctrain.runtime: NOT requeued: scontrol requeue {self.target} exited {out.returncode}: "
                   f"{message[-1] if message else ''} ({reason})", file=sys.stderr, flush=True)
             self.why_not = "scontrol-failed"
-            self.event("not_requeued", reason=reason, why_not="scontrol-failed", step=step, job_id=self.target)
+            self.event(NOT_REQUEUED, reason=reason, why_not="scontrol-failed", step=step, job_id=self.target)
             return "not-requeued"
         print(f"hpctrain.runtime: requeued job {self.target} after saving step {step} ({reason})", flush=True)
-        self.event("requeued", reason=reason, step=step, job_id=self.target, by="runtime")
+        self.event(REQUEUED, reason=reason, step=step, job_id=self.target, by="runtime")
         return "requeued"
 
 

@@ -23,16 +23,17 @@ from typing import Any
 
 import torch
 
+from hpctrain.rundir.events import RESUMED, WEIGHTS_LOADED
 from hpctrain.runtime.checkpoint.checkpointer import Checkpointer
+from hpctrain.runtime.data.evaluate import Evaluator
 from hpctrain.runtime.data.tokens import build_sampler
 from hpctrain.runtime.distributed import DistEnv
-from hpctrain.runtime.data.evaluate import Evaluator
+from hpctrain.runtime.observe.telemetry import MemoryTracker, Telemetry, Throughput
+from hpctrain.runtime.observe.trackers import Trackers
 from hpctrain.runtime.optim import build_optimizers
 from hpctrain.runtime.parallel.build import build_training
 from hpctrain.runtime.parallel.precision import local_tensor
 from hpctrain.runtime.requeue import RequeueController
-from hpctrain.runtime.observe.telemetry import MemoryTracker, Telemetry, Throughput
-from hpctrain.runtime.observe.trackers import Trackers
 
 # Benchmarks set this to "0" to skip the checkpoint at the end of training (a 1B model writes ~15 GB).
 FINAL_CHECKPOINT_ENV = "HPCTRAIN_FINAL_CHECKPOINT"
@@ -99,7 +100,7 @@ class Trainer:
             if self.job.model.init_from:
                 from hpctrain.runtime.model.hf_weights import load_init_from
 
-                self.telemetry.event("weights loaded", **load_init_from(self.training))
+                self.telemetry.event(WEIGHTS_LOADED, **load_init_from(self.training))
             else:
                 self.training.initialise()
         if path is None:
@@ -110,7 +111,7 @@ class Trainer:
         self.lr_schedulers.load_state_dict(body["lr_scheduler"])
         if self.training.loss_scaler is not None and body.get("loss_scaler"):
             self.training.loss_scaler.load_state_dict(body["loss_scaler"])
-        self.telemetry.event("resumed", step=self.step, path=path)
+        self.telemetry.event(RESUMED, step=self.step, path=path)
         return self.step
 
     def state_bytes(self) -> dict[str, int]:

@@ -24,9 +24,10 @@ from typing import Any, Optional
 from hpctrain.errors import HpctrainError
 from hpctrain.launch.rank_group import KILL_WAIT_S, RankGroup, block_place, rank_env
 from hpctrain.launch.rundir import append_event, read_events, read_json, write_json
-from hpctrain.rundir.lock import RunLock, RunLockedError, acquire, adopt
+from hpctrain.rundir.events import ENDED, FAILED, FINISHED, NOT_REQUEUED, SIGNAL, STARTED, STOPPED
 from hpctrain.rundir.layout import LOGS_DIR
 from hpctrain.rundir.local_state import local_state_path
+from hpctrain.rundir.lock import RunLock, RunLockedError, acquire, adopt
 from hpctrain.rundir.ranks import global_rank, next_attempt, rank_order_of
 
 SPEC_FILE = "local-spec.json"
@@ -124,12 +125,12 @@ class Task:
         is asked): the run did not do its work, so it is STOPPED, never COMPLETED.
         """
         events = read_events(self.run_dir)[self.events_before:]
-        ends = [e for e in events if e.get("event") in ("started", "stopped", "finished", "failed")]
-        if not ends or ends[-1].get("event") != "stopped":
+        ends = [e for e in events if e.get("event") in (STARTED, STOPPED, FINISHED, FAILED)]
+        if not ends or ends[-1].get("event") != STOPPED:
             return None
-        why = next((str(e["reason"]) for e in reversed(events) if e.get("event") in ("not_requeued", "signal")
+        why = next((str(e["reason"]) for e in reversed(events) if e.get("event") in (NOT_REQUEUED, SIGNAL)
                     and e.get("reason")), None)
-        signals = [e for e in events if e.get("event") == "signal" and e.get("signal")]
+        signals = [e for e in events if e.get("event") == SIGNAL and e.get("signal")]
         why = why or (f"signal {signals[-1]['signal']}" if signals else "stopped early")
         return (f"{why}; stopped at step {ends[-1].get('step')} and nothing requeues a local run: continue with "
                 f"`hpctrain resume {self.run_dir}`")
@@ -155,7 +156,7 @@ class Task:
             self.lock.release()
         self.save(end_time=time.time(), exit_codes=codes, reason=reason)
         # The executor's record (what sacct is to a Slurm job); the runtime logs its own failures.
-        append_event(self.run_dir, "ended", state=state, reason=reason, exit_codes=codes, attempt=self.attempt,
+        append_event(self.run_dir, ENDED, state=state, reason=reason, exit_codes=codes, attempt=self.attempt,
                      executor="local")
 
 

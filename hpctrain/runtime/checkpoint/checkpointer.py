@@ -67,6 +67,9 @@ from hpctrain.rundir.checkpoints import (  # noqa: F401 - re-exported: the runti
     CHECKPOINTS_DIR, FORMAT, METADATA_FILE, PARTIAL_DIR, STEP_DIR, InvalidCheckpoint, Scan, checksum, claim,
     data_files, foreign_owner, hash_files, ownership_error, read_metadata, run_identity, run_record, scan, share,
     verify_files, write_metadata)
+from hpctrain.rundir.events import (
+    CHECKPOINT_ADOPTED, CHECKPOINT_FAILED, CHECKPOINT_SAVED, CHECKPOINT_SKIPPED, CHECKPOINT_SUPERSEDED,
+)
 
 # ignore_frozen_params: a LoRA run saves its adapters only; the frozen base is rebuilt on resume (from the
 # seed or model.init_from). Loading then sets only those keys (strict=False; DCP itself fails on a key
@@ -242,7 +245,7 @@ class Checkpointer:
         message = f"{reason} while saving checkpoint step {step} to {self.folder}"
         if self.rank == 0:
             shutil.rmtree(partial, ignore_errors=True)  # give the space back; older checkpoints stay intact
-            self._emit(events, "checkpoint failed", step=step, path=partial, reason=reason)
+            self._emit(events, CHECKPOINT_FAILED, step=step, path=partial, reason=reason)
         raise CheckpointSaveError(message)
 
     def _emit(self, events: list[tuple[str, dict[str, Any]]] | None, name: str, **fields: Any) -> None:
@@ -313,7 +316,7 @@ class Checkpointer:
             # not for the finalize. duration_s is that blocking time (what `hpctrain doctor` weighs
             # against interruptions).
             blocking_s = round(pending.blocking_s, 4)
-            self._emit(events, "checkpoint saved", step=pending.step, path=pending.final, duration_s=blocking_s,
+            self._emit(events, CHECKPOINT_SAVED, step=pending.step, path=pending.final, duration_s=blocking_s,
                        blocking_s=blocking_s, finalized_after_s=total_s)
         # Start to complete (async: overlapped steps included, an upper bound): the time-limit safety
         # keeps twice this in hand (runtime/requeue.py).
@@ -402,7 +405,7 @@ class Checkpointer:
         if other is not None:
             print(f"hpctrain.runtime: checkpoint.adopt: continuing from the checkpoints of run {other.get('dir')} "
                   f"in {self.folder}", file=sys.stderr, flush=True)
-            self.event("checkpoint adopted", path=self.folder, previous_run=other)
+            self.event(CHECKPOINT_ADOPTED, path=self.folder, previous_run=other)
         try:
             claim(self.folder, self.run_id, self.run_dir)
         except OSError as exc:
@@ -443,7 +446,7 @@ class Checkpointer:
 
     def _skip(self, path: str, reason: str) -> None:
         print(f"hpctrain.runtime: skipping checkpoint {path}: {reason}", file=sys.stderr, flush=True)
-        self.event("checkpoint skipped", path=path, reason=reason)
+        self.event(CHECKPOINT_SKIPPED, path=path, reason=reason)
 
     def _set_aside_newer(self, step: int, damaged: list[str]) -> None:
         """Resuming from an older step starts a new timeline: move this run's later checkpoints aside
@@ -458,7 +461,7 @@ class Checkpointer:
                 why = "it is damaged" if bad else "a later checkpoint"
                 print(f"hpctrain.runtime: resuming from step {step}: moved {path} ({why}) to {target}",
                       file=sys.stderr, flush=True)
-                self.event("checkpoint superseded", path=target, step=newer_step, resumed_step=step,
+                self.event(CHECKPOINT_SUPERSEDED, path=target, step=newer_step, resumed_step=step,
                            reason="damaged" if bad else "older step resumed")
 
     def load(self, path: str) -> dict[str, Any]:
