@@ -29,7 +29,7 @@ def read_json(path: Path) -> Any:
         return None
 
 
-def last_submission(run_dir: Path, events: Optional[list[dict[str, Any]]] = None) -> Optional[dict[str, Any]]:
-    """The newest `submitted` event (executor, job_id, ...), or None. `events`: the run's, when already read."""
-    subs = [e for e in (read_events(run_dir) if events is None else events) if e.get("event") == "submitted"]
+def last_submission(run_dir: Path) -> Optional[dict[str, Any]]:
+    """The newest `submitted` event (executor, job_id, ...), or None."""
+    subs = [e for e in read_events(run_dir) if e.get("event") == "submitted"]
     return subs[-1] if subs else None

@@ -71,13 +71,11 @@ def restarts_from_events(events: list[dict[str, Any]]) -> int:
 
 
 def task_status(run_dir: Path, job_id: Optional[str], executor: Optional[str],
-                scheduler: Optional[SchedulerState] = None, *, events: Optional[list[dict[str, Any]]] = None,
-                details: bool = True) -> dict[str, Any]:
-    """One job or task: state, restarts, step, tokens/s, history. `scheduler`: its executor's answer;
-    `events`: its events.jsonl when the caller has read it. Without `details`, only what the list of runs
-    shows (state, reason, restarts, step, steps): no history, layouts, loss or validation loss."""
-    if events is None:
-        events = rundir.read_events(run_dir)
+                scheduler: Optional[SchedulerState] = None, *, details: bool = True) -> dict[str, Any]:
+    """One job or task: state, restarts, step, tokens/s, history. `scheduler`: its executor's answer (asked
+    first: the events, read after it, hold whatever a job that has just ended wrote). Without `details`, only
+    what the list of runs shows (state, reason, restarts, step, steps): no history, layouts or losses."""
+    events = rundir.read_events(run_dir)
     out: dict[str, Any] = {"run_dir": str(run_dir), "job_id": job_id, "executor": executor}
     if job_id is None:
         failed = [e for e in events if e.get("event") == "failed" and e.get("stage") == "submit"]
@@ -129,8 +127,7 @@ def aggregate(states: list[str]) -> str:
 def run_status(run_dir: Path, env: Optional[Mapping[str, str]] = None, *, details: bool = True) -> dict[str, Any]:
     """The status of a run directory: a job, or a sweep with one entry per task. Without `details`, each job
     or task has only what the list of runs shows (task_status)."""
-    events = rundir.read_events(run_dir)
-    sub = rundir.last_submission(run_dir, events)
+    sub = rundir.last_submission(run_dir)
     job_id, executor = (sub.get("job_id"), sub.get("executor")) if sub else (None, None)
     name = run_dir.name
     sweep = read_sweep(run_dir) if rundir.is_sweep(run_dir) else None
@@ -141,7 +138,7 @@ def run_status(run_dir: Path, env: Optional[Mapping[str, str]] = None, *, detail
     states = scheduler_states(sub, [(jid, path) for _, jid, path in rows if jid], env) if job_id and sub else {}
     if sweep is None:
         return {"kind": "job", "name": name, **task_status(run_dir, rows[0][1], executor, states.get(rows[0][1] or ""),
-                                                           events=events, details=details)}
+                                                           details=details)}
     tasks = []
     for (task_id, task_job, task_dir), entry in zip(rows, sweep.get("tasks", [])):
         status = task_status(task_dir, task_job, executor, states.get(task_job or ""), details=details)
