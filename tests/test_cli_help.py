@@ -34,3 +34,22 @@ def test_help(name: str, parser: argparse.ArgumentParser) -> None:
             assert action.help, f"hpctrain {name}: positional {action.metavar or action.dest} has no help text"
     text = parser.format_help()
     assert "%%" not in text, f"hpctrain {name} --help shows an escaped %%"
+
+
+def test_each_command_is_found_in_its_module_with_the_same_help() -> None:
+    """main() builds only the module of the command asked for (cli/main.py COMMAND_MODULE): the table names
+    every command of every module, and the parser built that way gives the same help and usage."""
+    import importlib
+
+    from hpctrain.cli.main import COMMAND_MODULE, COMMAND_MODULES
+
+    registered = {}
+    for module in COMMAND_MODULES:
+        parser = argparse.ArgumentParser(prog="hpctrain")
+        importlib.import_module(module).register(parser.add_subparsers())
+        registered.update({name: module for name, _ in _subcommands(parser) if " " not in name})
+    assert COMMAND_MODULE == registered
+    full = dict(COMMANDS)
+    for command in COMMAND_MODULE:
+        for name, sub in _subcommands(build_parser(command)):
+            assert sub.format_help() == full[name].format_help() and sub.format_usage() == full[name].format_usage()

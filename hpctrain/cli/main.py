@@ -26,25 +26,40 @@ COMMAND_MODULES = (
     "hpctrain.cli.launch",
     "hpctrain.cli.diagnose",
 )
+# The module that registers each command: `hpctrain validate ...` builds only its own module's parsers, not
+# all 17 (tests/test_cli_help.py checks this table against what the modules register).
+COMMAND_MODULE = {
+    "validate": "hpctrain.cli.config", "schema": "hpctrain.cli.config",
+    "plan": "hpctrain.cli.plan", "topo": "hpctrain.cli.plan",
+    "render": "hpctrain.cli.render",
+    "data": "hpctrain.cli.data",
+    "export": "hpctrain.cli.export",
+    "submit": "hpctrain.cli.launch", "sweep": "hpctrain.cli.launch", "status": "hpctrain.cli.launch",
+    "cancel": "hpctrain.cli.launch", "logs": "hpctrain.cli.launch", "resume": "hpctrain.cli.launch",
+    "doctor": "hpctrain.cli.diagnose", "report": "hpctrain.cli.diagnose",
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: Optional[str] = None) -> argparse.ArgumentParser:
+    """The `hpctrain` parser; with `command` (a name in COMMAND_MODULE), only that command's module is
+    registered: the same parser for that command's arguments, help and errors, built in a fraction."""
     parser = argparse.ArgumentParser(
         prog="hpctrain",
         description="Plan, render, launch and diagnose hybrid-parallel transformer training on Slurm.",
     )
     parser.add_argument("--version", action="version", version=f"hpctrain {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
+    for name in (COMMAND_MODULE[command],) if command in COMMAND_MODULE else COMMAND_MODULES:
         importlib.import_module(name).register(subparsers)
     return parser
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(words[0] if words else None)
+    args = parser.parse_args(words)
     if not getattr(args, "handler", None):
-        parser.print_help()
+        build_parser().print_help()  # every command, whichever was asked for
         return 2
     try:
         if getattr(args, "wants_scheduler_query", False) and not getattr(args, "no_scheduler", False):

@@ -23,16 +23,18 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Optional
+from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
-from hpctrain.config import Job
 from hpctrain.errors import ConfigError, HpctrainError
 from hpctrain.launch.files import write_recipe, write_script
 from hpctrain.launch.slurm.commands import sbatch_available
 from hpctrain.rundir.states import LIVE_SLURM_STATES
 
+if TYPE_CHECKING:  # the schema (pydantic) is not needed to ask about a run: `status` stays light
+    from hpctrain.config import Job
+
 # (array task id or None for a plain job, its run directory, its resolved job)
-TaskSpec = tuple[Optional[int], Path, Job]
+TaskSpec = tuple[Optional[int], Path, "Job"]
 # The states in which a job is still queued or running, in Slurm's words (every backend maps to them).
 ACTIVE_STATES = LIVE_SLURM_STATES | {"SUBMITTED"}
 

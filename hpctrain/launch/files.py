@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
-from hpctrain.config import Job, dump_job
 from hpctrain.errors import ConfigError
 from hpctrain.launch import stages
 from hpctrain.launch.rundir import write_json, write_text
 from hpctrain.rundir.layout import JOB_FILE, PLAN_FILE, RESOLVED_FILE, SUBMIT_DIR
+
+if TYPE_CHECKING:
+    from hpctrain.config import Job
 
 SCRIPT_NAME = "job.sbatch"
 RECIPE_NAME = "recipe.def"
@@ -33,6 +35,9 @@ def writing(run_dir: Path) -> Iterator[None]:
 
 def write_job_files(run_dir: Path, job: Job, resolved: Job, plan: dict[str, Any]) -> None:
     """job.yaml (as submitted, after overrides), job.resolved.yaml and plan.json."""
+    # Here, not at the top: `status` and `cancel` import this module (for `writing`) and never build the schema.
+    from hpctrain.config import dump_job
+
     with writing(run_dir):
         write_text(run_dir / JOB_FILE, dump_job(job))
         write_text(run_dir / RESOLVED_FILE, dump_job(resolved))

@@ -36,7 +36,7 @@ def list_runs(runs_dir: str, env: Optional[Mapping[str, str]] = None) -> list[di
     for path in sorted(runs, key=lambda p: (created_s(p), p.name), reverse=True):
         row: dict[str, Any] = {"name": path.name, "run_dir": str(path.resolve()), "age_s": round(now - created_s(path))}
         try:
-            status = run_status(path, env)
+            status = run_status(path, env, details=False)  # what the table shows, no more
         except HpctrainError as exc:  # one damaged run must not hide the others
             rows.append({**row, "kind": "job", "state": "UNREADABLE", "reason": str(exc).splitlines()[0]})
             continue

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-from hpctrain.config import Job
 from hpctrain.render.context import RUNTIME_MODULE  # the one entry point every executor starts
 from hpctrain.rundir.layout import RESOLVED_FILE
 
+if TYPE_CHECKING:  # annotations only (`status` imports this module through the local executor)
+    from hpctrain.config import Job
 
 
 def resolve(job: Job) -> tuple[Job, dict[str, Any]]:

@@ -29,21 +29,28 @@ HISTORY_EVENTS = ("submitted", "resubmitted", "started", "resumed", "signal", "s
 
 
 def total_steps(run_dir: Path) -> Optional[int]:
-    data = read_yaml_mapping(run_dir / RESOLVED_FILE)
-    train = data.get("train") if data else None
+    return _steps_of(read_yaml_mapping(run_dir / RESOLVED_FILE))
+
+
+def _steps_of(resolved: Optional[dict[str, Any]]) -> Optional[int]:
+    train = resolved.get("train") if resolved else None
     steps = train.get("steps", 100) if isinstance(train, dict) else None
     return steps if isinstance(steps, int) and not isinstance(steps, bool) else None
 
 
-def layouts(run_dir: Path, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def layouts(run_dir: Path, events: list[dict[str, Any]],
+            resolved: Optional[dict[str, Any]] = None) -> list[dict[str, Any]]:
     """Every layout the run has had, oldest first: the submitted one, then each layout_changed's new one
-    (elastic jobs re-plan at each start; hpctrain.launch.replan). The current one is last."""
+    (elastic jobs re-plan at each start; hpctrain.launch.replan). The current one is last.
+    `resolved`: job.resolved.yaml when the caller has read it already."""
     from hpctrain.rundir.events import LAYOUT_CHANGED
     from hpctrain.rundir.layouts import layout_of
 
     changes = [e for e in events if e.get("event") == LAYOUT_CHANGED]
     if not changes:
-        current = layout_of(read_yaml_mapping(run_dir / RESOLVED_FILE) or {})
+        if resolved is None:
+            resolved = read_yaml_mapping(run_dir / RESOLVED_FILE)
+        current = layout_of(resolved or {})
         return [current] if current.get("nodes") is not None else []
     out = [changes[0].get("old") or {}]
     for change in changes:
@@ -64,8 +71,10 @@ def restarts_from_events(events: list[dict[str, Any]]) -> int:
 
 
 def task_status(run_dir: Path, job_id: Optional[str], executor: Optional[str],
-                scheduler: Optional[SchedulerState] = None) -> dict[str, Any]:
-    """One job or task: state, restarts, step, tokens/s, history. `scheduler`: its executor's answer."""
+                scheduler: Optional[SchedulerState] = None, *, details: bool = True) -> dict[str, Any]:
+    """One job or task: state, restarts, step, tokens/s, history. `scheduler`: its executor's answer (asked
+    first: the events, read after it, hold whatever a job that has just ended wrote). Without `details`, only
+    what the list of runs shows (state, reason, restarts, step, steps): no history, layouts or losses."""
     events = rundir.read_events(run_dir)
     out: dict[str, Any] = {"run_dir": str(run_dir), "job_id": job_id, "executor": executor}
     if job_id is None:
@@ -80,11 +89,14 @@ def task_status(run_dir: Path, job_id: Optional[str], executor: Optional[str],
     metrics = last_metrics(run_dir) or {}
     if state not in ACTIVE:
         reason = _not_requeued(events) or reason
+    resolved = read_yaml_mapping(run_dir / RESOLVED_FILE)  # read once: the steps and the layout
     out.update(state=state, reason=reason,
                restarts=max(scheduler_restarts, restarts_from_events(events)),
-               step=metrics.get("step"), steps=total_steps(run_dir), tokens_per_s=metrics.get("tokens_per_s"),
-               loss=metrics.get("loss"), val_loss=_val_loss(run_dir), layouts=layouts(run_dir, events),
-               history=[e for e in events if e.get("event") in HISTORY_EVENTS])
+               step=metrics.get("step"), steps=_steps_of(resolved))
+    if details:
+        out.update(tokens_per_s=metrics.get("tokens_per_s"), loss=metrics.get("loss"), val_loss=_val_loss(run_dir),
+                   layouts=layouts(run_dir, events, resolved),
+                   history=[e for e in events if e.get("event") in HISTORY_EVENTS])
     return out
 
 
@@ -112,8 +124,9 @@ def aggregate(states: list[str]) -> str:
     return "FAILED" if "FAILED" in states else "MIXED"
 
 
-def run_status(run_dir: Path, env: Optional[Mapping[str, str]] = None) -> dict[str, Any]:
-    """The status of a run directory: a job, or a sweep with one entry per task."""
+def run_status(run_dir: Path, env: Optional[Mapping[str, str]] = None, *, details: bool = True) -> dict[str, Any]:
+    """The status of a run directory: a job, or a sweep with one entry per task. Without `details`, each job
+    or task has only what the list of runs shows (task_status)."""
     sub = rundir.last_submission(run_dir)
     job_id, executor = (sub.get("job_id"), sub.get("executor")) if sub else (None, None)
     name = run_dir.name
@@ -124,10 +137,11 @@ def run_status(run_dir: Path, env: Optional[Mapping[str, str]] = None) -> dict[s
         for entry in sweep.get("tasks", [])]
     states = scheduler_states(sub, [(jid, path) for _, jid, path in rows if jid], env) if job_id and sub else {}
     if sweep is None:
-        return {"kind": "job", "name": name, **task_status(run_dir, rows[0][1], executor, states.get(rows[0][1] or ""))}
+        return {"kind": "job", "name": name, **task_status(run_dir, rows[0][1], executor, states.get(rows[0][1] or ""),
+                                                           details=details)}
     tasks = []
     for (task_id, task_job, task_dir), entry in zip(rows, sweep.get("tasks", [])):
-        status = task_status(task_dir, task_job, executor, states.get(task_job or ""))
+        status = task_status(task_dir, task_job, executor, states.get(task_job or ""), details=details)
         tasks.append({"task_id": task_id, "point": entry.get("point"), **status})
     state = aggregate([t["state"] for t in tasks])
     return {"kind": "sweep", "name": name, "run_dir": str(run_dir), "job_id": job_id, "executor": executor,

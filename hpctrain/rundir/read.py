@@ -74,7 +74,7 @@ def read_yaml_mapping(path: Path) -> Optional[dict[str, Any]]:
     if text is None:
         return None
     try:
-        data = yaml.safe_load(text)
+        data = _load_yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}: " if mark is not None else ""
@@ -82,6 +82,18 @@ def read_yaml_mapping(path: Path) -> Optional[dict[str, Any]]:
     if not isinstance(data, dict):
         raise damaged(path, f"holds a YAML {type(data).__name__}, not a mapping")
     return data
+
+
+def _load_yaml(text: str) -> Any:
+    """yaml.safe_load, with libyaml's parser when PyYAML has it: the same values, ~8x faster (`status` reads
+    a resolved job per run). A text it refuses is read again by the pure-Python parser, whose error (and
+    line) is the one reported, as before."""
+    import yaml
+
+    try:
+        return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except yaml.YAMLError:
+        return yaml.safe_load(text)
 
 
 def field(record: dict[str, Any], key: str, kind: type[T] | tuple[type, ...], path: Path,

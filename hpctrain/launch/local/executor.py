@@ -14,9 +14,8 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-from hpctrain.config import Job
 from hpctrain.errors import ConfigError
 from hpctrain.launch.executor import Executor, Handle, Prepared, SchedulerState, TaskSpec
 from hpctrain.launch.files import writing
@@ -26,6 +25,9 @@ from hpctrain.launch.stages import runtime_argv
 from hpctrain.rundir.layout import SUBMIT_DIR
 from hpctrain.rundir.local_state import local_state_path, read_local_state
 from hpctrain.rundir.lock import RunLock, acquire
+
+if TYPE_CHECKING:  # annotations only: `status` of a local run does not build the schema
+    from hpctrain.config import Job
 
 SUPERVISOR_MODULE = "hpctrain.launch.local.supervisor"
 
