@@ -15,7 +15,10 @@ from typing import Any, Optional
 
 from hpctrain.launch import rundir
 from hpctrain.launch.executor import ACTIVE_STATES, UNKNOWN, SchedulerState, active_states_of, executor_of
-from hpctrain.rundir.events import NOT_REQUEUED, WHY_NOT_REQUEUED
+from hpctrain.rundir.events import (
+    CANCEL_REQUESTED, DRY_RUN, ENDED, FAILED, FINISHED, LAYOUT_CHANGED, NOT_REQUEUED, REQUEUE_REQUESTED, REQUEUED,
+    RESUME_REQUESTED, RESUMED, SIGNAL, STARTED, STOPPED, SUBMITTED, TIME_LIMIT_NEAR, WHY_NOT_REQUEUED,
+)
 from hpctrain.rundir.layout import RESOLVED_FILE
 from hpctrain.rundir.metrics import last_metrics, last_value
 from hpctrain.rundir.read import read_yaml_mapping
@@ -23,9 +26,8 @@ from hpctrain.rundir.sweep_file import read_sweep
 
 ACTIVE = ACTIVE_STATES  # in Slurm's words; an executor may have its own (Executor.active_states)
 # Events shown as the restart history (written by the launcher and the runtime).
-HISTORY_EVENTS = ("submitted", "resubmitted", "started", "resumed", "signal", "signal_received", "time limit near",
-                  "requeue requested", "requeued", "not_requeued", "preempted", "stopped", "finished", "failed",
-                  "ended", "cancel_requested", "resume_requested", "layout_changed")
+HISTORY_EVENTS = (SUBMITTED, STARTED, RESUMED, SIGNAL, TIME_LIMIT_NEAR, REQUEUE_REQUESTED, REQUEUED, NOT_REQUEUED,
+                  STOPPED, FINISHED, FAILED, ENDED, CANCEL_REQUESTED, RESUME_REQUESTED, LAYOUT_CHANGED)
 
 
 def total_steps(run_dir: Path) -> Optional[int]:
@@ -43,7 +45,6 @@ def layouts(run_dir: Path, events: list[dict[str, Any]],
     """Every layout the run has had, oldest first: the submitted one, then each layout_changed's new one
     (elastic jobs re-plan at each start; hpctrain.launch.replan). The current one is last.
     `resolved`: job.resolved.yaml when the caller has read it already."""
-    from hpctrain.rundir.events import LAYOUT_CHANGED
     from hpctrain.rundir.layouts import layout_of
 
     changes = [e for e in events if e.get("event") == LAYOUT_CHANGED]
@@ -59,13 +60,13 @@ def layouts(run_dir: Path, events: list[dict[str, Any]],
 
 
 def _since_last_submission(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    starts = [i for i, e in enumerate(events) if e.get("event") in ("submitted", "resubmitted")]
+    starts = [i for i, e in enumerate(events) if e.get("event") == SUBMITTED]
     return events[starts[-1]:] if starts else events
 
 
 def restarts_from_events(events: list[dict[str, Any]]) -> int:
     """Restarts of the current submission seen by the runtime: starts beyond the first, or the attempt number."""
-    started = [e for e in _since_last_submission(events) if e.get("event") == "started"]
+    started = [e for e in _since_last_submission(events) if e.get("event") == STARTED]
     attempts = [int(e["attempt"]) for e in started if isinstance(e.get("attempt"), int)]
     return max([len(started) - 1, *attempts, 0])
 
@@ -78,8 +79,8 @@ def task_status(run_dir: Path, job_id: Optional[str], executor: Optional[str],
     events = rundir.read_events(run_dir)
     out: dict[str, Any] = {"run_dir": str(run_dir), "job_id": job_id, "executor": executor}
     if job_id is None:
-        failed = [e for e in events if e.get("event") == "failed" and e.get("stage") == "submit"]
-        state = "SUBMIT_FAILED" if failed else ("DRY_RUN" if any(e.get("event") == "dry_run" for e in events)
+        failed = [e for e in events if e.get("event") == FAILED and e.get("stage") == "submit"]
+        state = "SUBMIT_FAILED" if failed else ("DRY_RUN" if any(e.get("event") == DRY_RUN for e in events)
                                                else "NOT_SUBMITTED")
         reason = failed[-1].get("reason") if failed else None
         scheduler_restarts = 0
