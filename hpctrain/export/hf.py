@@ -25,6 +25,7 @@ from typing import Any, Iterator
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from hpctrain.errors import ConfigError
 from hpctrain.runtime.checkpoint.safe_dcp import SafePlanner, SafeReader, UnsafeIndex, read_index
@@ -72,7 +73,7 @@ def hf_tensors(checkpoint: str, model: Any, dtype: torch.dtype = torch.float32) 
         raise ConfigError(f"checkpoint {checkpoint}: {exc}") from None
     for name in model_param_names(model):
         meta = entries.get(f"model.{name}")
-        if meta is None or not hasattr(meta, "size"):
+        if not isinstance(meta, TensorStorageMetadata):
             raise ConfigError(f"checkpoint {checkpoint}: has no tensor model.{name}; it was not written for this "
                               "job's model")
         state = {"model": {name: torch.empty(tuple(meta.size), dtype=meta.properties.dtype)}}

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from hpctrain.config.lora import HF_NAMES
 from hpctrain.errors import ConfigError
@@ -49,7 +50,7 @@ class CheckpointTensors:
 
     def __call__(self, name: str) -> torch.Tensor:
         meta = self.entries.get(f"model.{name}")
-        if meta is None or not hasattr(meta, "size"):
+        if not isinstance(meta, TensorStorageMetadata):
             raise ConfigError(f"checkpoint {self.checkpoint}: has no tensor model.{name}; it was not written by "
                               "this LoRA job")
         state = {"model": {name: torch.empty(tuple(meta.size), dtype=meta.properties.dtype)}}

@@ -93,6 +93,7 @@ def _add_adapters(linear: nn.Linear, target: str, cfg: Any, tp_mesh: Any) -> Non
         b = DTensor.from_local(_local_part(b, b_place, tp_mesh), tp_mesh, [b_place], run_check=False,
                                shape=b.shape, stride=b.stride())
     linear.__class__ = LoraLinear
+    assert isinstance(linear, LoraLinear)  # true after the swap; lets mypy see the adapter fields
     linear.register_parameter("lora_A", nn.Parameter(a))
     linear.register_parameter("lora_B", nn.Parameter(b))
     linear.lora_scaling = cfg.alpha / cfg.rank

@@ -116,7 +116,7 @@ class BoundedStage(PipelineStage):
     behaviour (a buffer per micro-batch) remains and only memory differs."""
 
     def _setup_forward_recv_info(self, num_microbatches: int, *args: Any, **kwargs: Any) -> None:
-        super()._setup_forward_recv_info(1, *args, **kwargs)  # type: ignore[misc]
+        super()._setup_forward_recv_info(1, *args, **kwargs)
         self._replicate_lazily(self.args_recv_info, num_microbatches)
 
     def _setup_backward_recv_info(self, num_microbatches: int) -> None:
