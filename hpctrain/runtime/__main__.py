@@ -16,7 +16,10 @@ import os
 import sys
 import traceback
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hpctrain.config import Job
 
 PROG = "python -m hpctrain.runtime"
 
@@ -31,7 +34,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def unresolved(job: Any) -> list[str]:
+def unresolved(job: Job) -> list[str]:
     """Fields still 'auto' that this run needs concrete (the planner fills them)."""
     fix = "run `hpctrain plan` (launch writes job.resolved.yaml with every auto filled)"
     p, t = job.parallel, job.train
@@ -44,7 +47,7 @@ def unresolved(job: Any) -> list[str]:
     return [f"{name}: got 'auto'; the runtime needs a resolved job: {fix}" for name, value in fields if value == "auto"]
 
 
-def _load(args: argparse.Namespace) -> Any:
+def _load(args: argparse.Namespace) -> Job:
     from hpctrain.config import load_job
     from hpctrain.errors import ConfigError
 
@@ -64,7 +67,7 @@ def _load(args: argparse.Namespace) -> Any:
     return job
 
 
-def _write_resolved(job: Any, run_dir: str) -> None:
+def _write_resolved(job: Job, run_dir: str) -> None:
     """Keep a copy of the job next to the results when the launcher did not put one there."""
     from hpctrain.rundir.layout import RESOLVED_FILE
 
@@ -164,7 +167,7 @@ def _user_error(exc: Exception, rank: int) -> int:
     return 2
 
 
-def _run(job: Any, env: Any, args: argparse.Namespace) -> int:
+def _run(job: Job, env: Any, args: argparse.Namespace) -> int:
     from hpctrain.errors import ConfigError
     from hpctrain.runtime.checkpoint.checkpointer import CheckpointSaveError
     from hpctrain.runtime.distributed import init_distributed, shutdown
