@@ -16,7 +16,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from types import SimpleNamespace
 
 CHILD = """
 import sys, time
