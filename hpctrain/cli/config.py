@@ -58,7 +58,7 @@ def _render_problems(job: Job) -> list[str]:
     return sbatch_problems(job)
 
 
-def _catalog_problems(job: object) -> list[str]:
+def _catalog_problems(job: Job) -> list[str]:
     """GPU, node and fabric names must exist in the planner's hardware catalog (with did-you-mean)."""
     from hpctrain.plan.hardware import check_catalog_names
 
