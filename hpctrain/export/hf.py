@@ -69,7 +69,8 @@ def model_param_names(model: ModelArgs) -> list[str]:
     return names
 
 
-def hf_tensors(checkpoint: str, model: ModelConfig, dtype: torch.dtype = torch.float32) -> Iterator[tuple[str, torch.Tensor]]:
+def hf_tensors(checkpoint: str, model: ModelConfig,
+               dtype: torch.dtype = torch.float32) -> Iterator[tuple[str, torch.Tensor]]:
     """(hf_name, tensor) for every weight of `model` in the DCP checkpoint folder, each read by itself."""
     try:
         entries = read_index(checkpoint).state_dict_metadata

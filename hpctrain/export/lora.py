@@ -95,8 +95,8 @@ def peft_key(module: str, which: str) -> str:
     return f"base_model.model.{to_hf_name(module + '.weight')[: -len('.weight')]}.lora_{which}.weight"
 
 
-def write_peft_folder(checkpoint: str, model: ModelConfig, lora: dict[str, Any], seed: int, out: str, max_shard_bytes: int,
-                      dtype: str, draw_device: str = "cpu") -> ExportResult:
+def write_peft_folder(checkpoint: str, model: ModelConfig, lora: dict[str, Any], seed: int, out: str,
+                      max_shard_bytes: int, dtype: str, draw_device: str = "cpu") -> ExportResult:
     """adapter_config.json + adapter_model.safetensors (+ DIR/base without init_from); see the module doc."""
     from safetensors.torch import save_file
 

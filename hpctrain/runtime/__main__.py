@@ -192,7 +192,8 @@ def _run(job: Job, env: Any, args: argparse.Namespace) -> int:
 
         trainer = Trainer(job, args.run_dir, device, env, resume_from=args.resume_from)
         result = trainer.train()
-        stop: dict[str, Any] = {"requeue": result.get("requeue"), "why_not": result.get("requeue_why_not")} if result["stopped"] else {}
+        stop: dict[str, Any] = ({"requeue": result.get("requeue"), "why_not": result.get("requeue_why_not")}
+                                if result["stopped"] else {})
         event("stopped" if result["stopped"] else "finished", step=result["step"],
               loss=result.get("loss"), resumed_from=result["resumed_from"], **stop)
         trainer.close()
