@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any
 from hpctrain.errors import ConfigError
 
 if TYPE_CHECKING:
-    from hpctrain.config import Job
     from torch.distributed.device_mesh import DeviceMesh
+
+    from hpctrain.config import Job
 
 MESH_DIM_NAMES = ("pp", "dp", "tp")
 
