@@ -16,7 +16,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from types import SimpleNamespace
 
 CHILD = """
 import sys, time
@@ -54,7 +53,7 @@ def main() -> None:
     shape = dict(layers=args.layers, hidden=args.hidden, heads=args.hidden // 64, kv_heads=args.hidden // 128,
                  ffn_hidden=args.hidden * 8 // 3 // 64 * 64, vocab=args.vocab, seq_len=128)
     meta = build_model(ModelArgs(**shape))
-    names = model_param_names(SimpleNamespace(**shape, activation="swiglu", tie_embeddings=False))
+    names = model_param_names(ModelArgs(**shape))
     params = dict(meta.named_parameters())
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = os.path.join(tmp, "step-1")

@@ -6,6 +6,10 @@ import argparse
 
 from hpctrain.cli.options import add_set_option
 
+TYPE_CHECKING = False  # the constant mypy understands, without importing typing on the login path
+if TYPE_CHECKING:
+    from hpctrain.config import Job
+
 
 def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     validate = subparsers.add_parser("validate", help="check job.yaml files against the schema",
@@ -47,14 +51,14 @@ def run_validate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _render_problems(job: object) -> list[str]:
+def _render_problems(job: Job) -> list[str]:
     """What render would refuse in the #SBATCH lines and the container binds (render/sbatch.py's checks)."""
     from hpctrain.render.sbatch import sbatch_problems
 
     return sbatch_problems(job)
 
 
-def _catalog_problems(job: object) -> list[str]:
+def _catalog_problems(job: Job) -> list[str]:
     """GPU, node and fabric names must exist in the planner's hardware catalog (with did-you-mean)."""
     from hpctrain.plan.hardware import check_catalog_names
 

@@ -13,6 +13,8 @@ TYPE_CHECKING = False  # the constant mypy understands, without importing typing
 if TYPE_CHECKING:
     from typing import Any
 
+    from hpctrain.config import Job
+
 _RUN_HELP = "a run directory, or a run name (the newest runs/<name>-* is used)"
 
 
@@ -97,7 +99,7 @@ def _print_submission(submission: Any, dry_run: bool) -> None:
     print(f"run {submission.run_dir}")
 
 
-def _wait_timeout_s(job: Any) -> float:
+def _wait_timeout_s(job: Job) -> float:
     from hpctrain.config.types import slurm_time_seconds
 
     if job.slurm.time is None:
@@ -118,7 +120,7 @@ def run_submit(args: argparse.Namespace) -> int:
     return 0
 
 
-def _wait(submission: Any, job: Any, timeout: Any) -> None:
+def _wait(submission: Any, job: Job, timeout: Any) -> None:
     """`--wait`: follow the job to its end (JobFailedError unless it completed)."""
     from hpctrain.launch.follow import FollowInterrupted, follow
 

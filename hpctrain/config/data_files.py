@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from hpctrain.errors import ConfigError
+
+if TYPE_CHECKING:
+    from hpctrain.config.job import Job
+    from hpctrain.config.training import TrainConfig
 
 SYNTHETIC = "synthetic"
 ITEMSIZE = {"uint16": 2, "uint32": 4}
@@ -37,7 +41,7 @@ def read_sidecar(token_file: str, field: str = "train.data") -> Optional[dict[st
         raise ConfigError(f"{field}: the description {side} is unreadable ({exc}); re-run {PREPARE}") from None
 
 
-def eval_file(train: Any) -> Optional[str]:
+def eval_file(train: TrainConfig) -> Optional[str]:
     """The validation token file: train.eval_data, else the one `--val-fraction` wrote beside train.data."""
     if train.eval_data:
         return str(train.eval_data)
@@ -49,7 +53,7 @@ def eval_file(train: Any) -> Optional[str]:
     return None
 
 
-def _file_problems(path: str, field: str, train: Any, vocab: Optional[int]) -> tuple[list[str], Optional[dict]]:
+def _file_problems(path: str, field: str, train: TrainConfig, vocab: Optional[int]) -> tuple[list[str], Optional[dict]]:
     if not os.path.isfile(path):
         return [f"{field}: no such file (got {path!r}); make it with {PREPARE}, or use 'synthetic'"], None
     side = read_sidecar(path, field)
@@ -74,7 +78,7 @@ def _file_problems(path: str, field: str, train: Any, vocab: Optional[int]) -> t
     return out, side
 
 
-def data_problems(job: Any) -> list[str]:
+def data_problems(job: Job) -> list[str]:
     """One line per problem with train.data / train.eval_data; [] when fine (or synthetic)."""
     train = job.train
     vocab = job.model.vocab
@@ -102,7 +106,7 @@ def data_problems(job: Any) -> list[str]:
     return problems
 
 
-def check_data(job: Any) -> None:
+def check_data(job: Job) -> None:
     """Raise one ConfigError listing every data problem."""
     problems = data_problems(job)
     if problems:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import posixpath
-from typing import Any
+from typing import TYPE_CHECKING
 
 from hpctrain.config.problem import Problem
 
+if TYPE_CHECKING:
+    from hpctrain.config.job import Job
 
-def kubernetes_problems(job: Any) -> list[Problem]:
+
+def kubernetes_problems(job: Job) -> list[Problem]:
     k8s, out = job.kubernetes, list[Problem]()
     if job.cluster.executor != "volcano":
         return out

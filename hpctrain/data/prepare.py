@@ -87,7 +87,8 @@ def _encode_chunk(chunk: list[Piece], fraction: float, dtype: str) -> tuple[byte
             docs[val] += 1
             # bytes: a newline only where the document lacks one (today's format); else always EOS.
             text = piece.text
-            need = info.name != BYTES or not text.endswith(b"\n" if isinstance(text, bytes) else "\n")
+            ends = text.endswith(b"\n") if isinstance(text, bytes) else text.endswith("\n")
+            need = info.name != BYTES or not ends
             if need:
                 out[val].append(info.eos_id)
             added[val] = need

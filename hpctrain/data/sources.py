@@ -84,7 +84,7 @@ def _text_pieces(text: str | bytes) -> Iterator[tuple[str | bytes, bool]]:
 
 def _jsonl_texts(path: str, field: str) -> Iterator[str]:
     opener = gzip.open if path.lower().endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8", errors="replace") as handle:  # type: ignore[operator]
+    with opener(path, "rt", encoding="utf-8", errors="replace") as handle:
         for number, line in enumerate(handle, 1):
             if not line.strip():
                 continue

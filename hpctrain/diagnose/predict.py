@@ -8,9 +8,13 @@ layout recorded in the run's plan.json (`from_plan_json`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from hpctrain.diagnose.findings import GIB
+
+if TYPE_CHECKING:
+    from hpctrain.config import Job
+    from hpctrain.plan.planner import PlanResult
 
 COMPONENTS = ("weights", "grads", "optimizer", "activations", "other")
 
@@ -127,14 +131,14 @@ def pinned_job_data(job_data: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in job_data.items() if k != "placement"}
 
 
-def plan_job(job: Any) -> Any:
+def plan_job(job: Job) -> PlanResult:
     """The planner's `plan_job` (hpctrain.plan.planner)."""
     from hpctrain.plan.planner import plan_job as planner_plan_job
 
     return planner_plan_job(job)
 
 
-def predict_job(job: Any) -> Prediction:
+def predict_job(job: Job) -> Prediction:
     """Plan `job` (normally fully pinned) and return its best layout. Raises ConfigError/PlanError."""
     result = plan_job(job)
     return from_layout(result.best, float(result.budget_bytes))

@@ -21,14 +21,19 @@ import os
 import re
 import shutil
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from hpctrain.errors import ConfigError
 from hpctrain.runtime.checkpoint.safe_dcp import SafePlanner, SafeReader, UnsafeIndex, read_index
 from hpctrain.runtime.model.hf_weights import hf_config_dict, need_safetensors, read_base_config, to_hf_name
+from hpctrain.runtime.model.transformer import ModelArgs
+
+if TYPE_CHECKING:
+    from hpctrain.config.model import ModelConfig
 
 DEFAULT_MAX_SHARD = "5GB"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -49,7 +54,7 @@ def parse_size(text: str) -> int:
     return value
 
 
-def model_param_names(model: Any) -> list[str]:
+def model_param_names(model: ModelArgs) -> list[str]:
     """The runtime's full-model parameter names in transformers' file order (the tied head left out)."""
     if model.activation != "swiglu":
         raise ConfigError(f"model.activation: got {model.activation!r}; a Hugging Face Llama export needs swiglu")
@@ -57,22 +62,23 @@ def model_param_names(model: Any) -> list[str]:
              "attention.wo.weight", "ffn_norm.weight", "feed_forward.w1.weight", "feed_forward.w3.weight",
              "feed_forward.w2.weight")
     names = ["tok_embeddings.weight"]
-    names += [f"layers.{i}.{part}" for i in range(int(model.layers)) for part in block]
+    names += [f"layers.{i}.{part}" for i in range(model.layers) for part in block]
     names.append("norm.weight")
     if not model.tie_embeddings:
         names.append("output.weight")
     return names
 
 
-def hf_tensors(checkpoint: str, model: Any, dtype: torch.dtype = torch.float32) -> Iterator[tuple[str, torch.Tensor]]:
+def hf_tensors(checkpoint: str, model: ModelConfig,
+               dtype: torch.dtype = torch.float32) -> Iterator[tuple[str, torch.Tensor]]:
     """(hf_name, tensor) for every weight of `model` in the DCP checkpoint folder, each read by itself."""
     try:
         entries = read_index(checkpoint).state_dict_metadata
     except (UnsafeIndex, OSError) as exc:
         raise ConfigError(f"checkpoint {checkpoint}: {exc}") from None
-    for name in model_param_names(model):
+    for name in model_param_names(ModelArgs.from_config(model)):
         meta = entries.get(f"model.{name}")
-        if meta is None or not hasattr(meta, "size"):
+        if not isinstance(meta, TensorStorageMetadata):
             raise ConfigError(f"checkpoint {checkpoint}: has no tensor model.{name}; it was not written for this "
                               "job's model")
         state = {"model": {name: torch.empty(tuple(meta.size), dtype=meta.properties.dtype)}}
@@ -153,7 +159,7 @@ def _write_json(path: str, data: dict[str, Any]) -> None:
         handle.write("\n")
 
 
-def export_checkpoint(checkpoint: str, model: Any, out: str, *, max_shard_bytes: int, dtype: str = "float32",
+def export_checkpoint(checkpoint: str, model: ModelConfig, out: str, *, max_shard_bytes: int, dtype: str = "float32",
                       tensors: Iterator[tuple[str, torch.Tensor]] | None = None) -> ExportResult:
     """Export one checkpoint folder of a job whose `model:` section is `model` (pydantic or alike)."""
     need_safetensors("hpctrain export")

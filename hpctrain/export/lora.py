@@ -20,10 +20,11 @@ import json
 import os
 import shutil
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from hpctrain.config.lora import HF_NAMES
 from hpctrain.errors import ConfigError
@@ -32,6 +33,9 @@ from hpctrain.runtime.checkpoint.safe_dcp import SafePlanner, SafeReader, Unsafe
 from hpctrain.runtime.model.hf_weights import HfShardReader, to_hf_name
 from hpctrain.runtime.model.init import random_fill
 from hpctrain.runtime.model.transformer import ModelArgs, build_model
+
+if TYPE_CHECKING:
+    from hpctrain.config.model import ModelConfig
 
 ADAPTER_FILE = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
@@ -49,7 +53,7 @@ class CheckpointTensors:
 
     def __call__(self, name: str) -> torch.Tensor:
         meta = self.entries.get(f"model.{name}")
-        if meta is None or not hasattr(meta, "size"):
+        if not isinstance(meta, TensorStorageMetadata):
             raise ConfigError(f"checkpoint {self.checkpoint}: has no tensor model.{name}; it was not written by "
                               "this LoRA job")
         state = {"model": {name: torch.empty(tuple(meta.size), dtype=meta.properties.dtype)}}
@@ -63,17 +67,18 @@ def _projection(name: str, targets: list[str]) -> str | None:
     return module if leaf == "weight" and module.rsplit(".", 1)[-1] in targets else None
 
 
-def base_tensors(model: Any, seed: int, draw_device: str = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
+def base_tensors(model: ModelConfig, seed: int, draw_device: str = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
     """(runtime name, fp32 tensor) of the frozen base, in transformers' file order; without init_from
     drawn as the runtime drew it (init.random_fill on the run's device type: CUDA and CPU draws differ)."""
-    shapes = {n: tuple(p.shape) for n, p in build_model(ModelArgs.from_config(model)).named_parameters()}
-    fill = HfShardReader(model.init_from) if model.init_from else random_fill(seed, int(model.layers), draw_device)
-    for name in model_param_names(model):  # the tied head is left out: no canonical-name mapping needed
+    args = ModelArgs.from_config(model)
+    shapes = {n: tuple(p.shape) for n, p in build_model(args).named_parameters()}
+    fill = HfShardReader(model.init_from) if model.init_from else random_fill(seed, args.layers, draw_device)
+    for name in model_param_names(args):  # the tied head is left out: no canonical-name mapping needed
         shape = shapes[name]
         yield name, fill(name, shape, tuple(slice(0, n) for n in shape)).float().cpu()
 
 
-def merged_tensors(checkpoint: str, model: Any, lora: Any, seed: int, dtype: torch.dtype,
+def merged_tensors(checkpoint: str, model: ModelConfig, lora: dict[str, Any], seed: int, dtype: torch.dtype,
                    draw_device: str = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
     """(hf_name, tensor): the base with every adapter folded in."""
     adapters = CheckpointTensors(checkpoint)
@@ -90,8 +95,8 @@ def peft_key(module: str, which: str) -> str:
     return f"base_model.model.{to_hf_name(module + '.weight')[: -len('.weight')]}.lora_{which}.weight"
 
 
-def write_peft_folder(checkpoint: str, model: Any, lora: Any, seed: int, out: str, max_shard_bytes: int,
-                      dtype: str, draw_device: str = "cpu") -> ExportResult:
+def write_peft_folder(checkpoint: str, model: ModelConfig, lora: dict[str, Any], seed: int, out: str,
+                      max_shard_bytes: int, dtype: str, draw_device: str = "cpu") -> ExportResult:
     """adapter_config.json + adapter_model.safetensors (+ DIR/base without init_from); see the module doc."""
     from safetensors.torch import save_file
 
@@ -100,7 +105,7 @@ def write_peft_folder(checkpoint: str, model: Any, lora: Any, seed: int, out: st
     shutil.rmtree(partial, ignore_errors=True)
     os.makedirs(partial)
     tensors: dict[str, torch.Tensor] = {}
-    for name in model_param_names(model):
+    for name in model_param_names(ModelArgs.from_config(model)):
         module = _projection(name, lora["targets"])
         if module is not None:
             for which in ("A", "B"):
@@ -128,7 +133,7 @@ def write_peft_folder(checkpoint: str, model: Any, lora: Any, seed: int, out: st
     return ExportResult(out, sorted(os.listdir(out)), total, len(tensors))
 
 
-def export_lora(checkpoint: str, model: Any, lora: dict[str, Any], seed: int, out: str, *, lora_format: str,
+def export_lora(checkpoint: str, model: ModelConfig, lora: dict[str, Any], seed: int, out: str, *, lora_format: str,
                 max_shard_bytes: int, dtype: str = "float32", run_on_gpu: bool = False) -> ExportResult:
     """Export a LoRA run's checkpoint as a merged Hugging Face folder or a PEFT adapter folder.
     `run_on_gpu`: the run's ranks had CUDA (cluster.gpu is not cpu), so a seed base is redrawn on CUDA."""

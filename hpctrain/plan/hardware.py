@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, replace
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:
+    from hpctrain.config import Job
 
 GB = 1e9
 TERA = 1e12
@@ -214,7 +217,7 @@ def did_you_mean(name: str, known: list[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def check_catalog_names(job: Any) -> list[str]:
+def check_catalog_names(job: Job) -> list[str]:
     """Problems with the catalog names in job.cluster, one line each, with did-you-mean."""
     cluster, problems = job.cluster, []
     spec = getattr(cluster, "gpu_spec", None)
@@ -235,7 +238,7 @@ def check_catalog_names(job: Any) -> list[str]:
     return problems
 
 
-def resolve_hardware(job: Any, nvlink_island_gpus: Optional[int] = None) -> Hardware:
+def resolve_hardware(job: Job, nvlink_island_gpus: Optional[int] = None) -> Hardware:
     """The job's hardware from the catalog, job.cluster.gpu_spec and an optional topology figure.
 
     Raises ValueError with the catalog problems (the caller turns it into a PlanError).

@@ -24,9 +24,12 @@ kernel keeps the 1-byte mask modelled here: -4 % of the total on the CPU).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpctrain.plan.activations import HeadActivations, LayerActivations, dtypes
+
+if TYPE_CHECKING:
+    from hpctrain.config import Job
 
 MASK_BYTES = 1  # torch's dropout keeps a bool mask for backward
 COLWISE = ("wq", "wk", "wv", "w1", "w3")
@@ -44,7 +47,7 @@ class LoraShape:
     dropout: float = 0.0
 
 
-def lora_shape(job: Any) -> LoraShape | None:
+def lora_shape(job: Job) -> LoraShape | None:
     cfg = getattr(job.train, "lora", None)
     if cfg is None:
         return None
@@ -120,7 +123,7 @@ def lora_activations(layer: LayerActivations, head: HeadActivations, model: Any,
     return layer, replace(head, saved_bytes=max(head.saved_bytes - head_input, 0.0))
 
 
-def fine_tune_notes(job: Any) -> list[str]:
+def fine_tune_notes(job: Job) -> list[str]:
     """What the plan assumed about pretrained weights and LoRA, for the report's notes."""
     from hpctrain.plan.model_stats import param_count
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from hpctrain.errors import ConfigError, PlanError
 from hpctrain.plan.hardware import Hardware, check_catalog_names, resolve_hardware
@@ -21,6 +21,9 @@ from hpctrain.plan.topology import (
     parse_nvidia_smi_topo,
     parse_slurm_topology,
 )
+
+if TYPE_CHECKING:
+    from hpctrain.config import Job
 
 
 @dataclass
@@ -81,7 +84,7 @@ def _read(path: str, field_path: str) -> str:
         raise PlanError(exc.problems) from None
 
 
-def load_topology(job: Any) -> tuple[Optional[GpuTopology], Optional[SwitchTree]]:
+def load_topology(job: Job) -> tuple[Optional[GpuTopology], Optional[SwitchTree]]:
     """Parse the topology files job.cluster.topology names (PlanError naming the field on failure)."""
     topo = job.cluster.topology
     gpu_topology = switch_tree = None
@@ -99,7 +102,7 @@ def load_topology(job: Any) -> tuple[Optional[GpuTopology], Optional[SwitchTree]
     return gpu_topology, switch_tree
 
 
-def plan_job(job: Any) -> PlanResult:
+def plan_job(job: Job) -> PlanResult:
     """Search every layout the job allows; PlanError with the reasons when none fits."""
     start = time.perf_counter()
     problems = check_catalog_names(job)
@@ -126,7 +129,7 @@ def plan_job(job: Any) -> PlanResult:
     return result
 
 
-def _nothing_fits(job: Any, result: PlanResult) -> list[str]:
+def _nothing_fits(job: Job, result: PlanResult) -> list[str]:
     lines = [f"no layout of {job.model.layers}-layer model on {result.hardware.world_size} x {result.hardware.gpu.name} "
              f"fits ({result.evaluated} candidates evaluated); reasons:"]
     for reason, count in sorted(result.rejected.counts.items(), key=lambda kv: -kv[1]):
@@ -139,7 +142,7 @@ def _nothing_fits(job: Any, result: PlanResult) -> list[str]:
     return lines
 
 
-def resolve_job(job: Any) -> tuple[Any, PlanResult]:
+def resolve_job(job: Job) -> tuple[Job, PlanResult]:
     """The job with every "auto" filled from the best layout and `placement` set."""
     from hpctrain.config.training import Placement
 

@@ -8,7 +8,7 @@ check is rejected once, not once per micro-batch and AC mode.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpctrain.plan.cost import CostSetup, StepCost, step_cost
 from hpctrain.plan.hardware import Hardware
@@ -17,6 +17,9 @@ from hpctrain.plan.memory import MemoryBreakdown, RankSetup, peak_rank_memory
 from hpctrain.plan.model_stats import stage_param_count
 from hpctrain.plan.space import MAX_STAGE_IMBALANCE, Choices, Rejections
 from hpctrain.plan.stages import balanced_stage_split, stage_imbalance
+
+if TYPE_CHECKING:
+    from hpctrain.config import Job
 
 StageLayers = list[tuple[int, int]]
 
@@ -60,7 +63,7 @@ class SearchSettings:
     attention: str = "flash"  # cost.ATTENTION_KERNELS: the runtime's own is flash
 
 
-def optimizer_kind(job: Any) -> str:
+def optimizer_kind(job: Job) -> str:
     opt = job.train.optimizer
     if opt.name == "adamw":
         return "adamw"

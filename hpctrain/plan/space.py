@@ -7,9 +7,12 @@ Rejection reasons are stable keys (plan.json `rejected.counts`) with a one-line 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpctrain.plan.model_stats import AC_MODES
+
+if TYPE_CHECKING:
+    from hpctrain.config import Job
 
 AUTO = "auto"
 SCHEDULES_PP = ("1f1b", "interleaved-1f1b", "gpipe")
@@ -72,7 +75,7 @@ class Choices:
     sequence_parallel: bool
 
     @classmethod
-    def from_job(cls, job: Any) -> Choices:
+    def from_job(cls, job: Job) -> Choices:
         par, train = job.parallel, job.train
         world = job.cluster.nodes * job.cluster.gpus_per_node
         tp_fixed, pp_fixed = _fixed(par.tp), _fixed(par.pp)

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from hpctrain.render.rendering import render_script, write_rendered
 from hpctrain.render.vcjob import render_vcjob, write_vcjob
+
+if TYPE_CHECKING:
+    from hpctrain.config import Job
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,6 @@ VCJOB = Artefact(  # the manifest has no templates: --template-dir does not appl
 BY_EXECUTOR: dict[str, Artefact] = {"volcano": VCJOB}
 
 
-def artefact_for(job: Any) -> Artefact:
+def artefact_for(job: Job) -> Artefact:
     """What the job's cluster.executor submits (the sbatch script unless listed in BY_EXECUTOR)."""
     return BY_EXECUTOR.get(str(job.cluster.executor), SBATCH)

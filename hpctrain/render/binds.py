@@ -7,9 +7,12 @@ these, so what validate accepts is what render binds.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpctrain.errors import RenderError
+
+if TYPE_CHECKING:
+    from hpctrain.config import Job
 
 
 def _covered(path: str, binds: list[str]) -> bool:
@@ -18,7 +21,7 @@ def _covered(path: str, binds: list[str]) -> bool:
     return any(path == src or path.startswith(src + "/") for src in sources if src)
 
 
-def job_folders(job: Any, run_dir: str) -> list[tuple[str, str]]:
+def job_folders(job: Job, run_dir: str) -> list[tuple[str, str]]:
     """(field, absolute folder) the ranks read or write outside the image: the run directory, the folder
     of train.data and checkpoint.dir. Relative paths are left out (submit makes them absolute first)."""
     folders = [("run directory", run_dir)]
@@ -29,7 +32,7 @@ def job_folders(job: Any, run_dir: str) -> list[tuple[str, str]]:
     return [(field, path) for field, path in folders if path.startswith("/")]
 
 
-def container_binds(job: Any, run_dir: str) -> list[str]:
+def container_binds(job: Job, run_dir: str) -> list[str]:
     """container.binds, plus each folder of job_folders() that no bind already covers."""
     binds = list(job.container.binds)
     for bind in binds:

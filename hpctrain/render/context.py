@@ -8,7 +8,7 @@ typed values (quoting.py); the user's setup lines arrive as ShellByDesign.
 from __future__ import annotations
 
 import sys
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from hpctrain import __version__
 from hpctrain.errors import RenderError
@@ -16,6 +16,9 @@ from hpctrain.render.binds import container_binds, job_folders
 from hpctrain.render.nccl import nccl_environment
 from hpctrain.render.quoting import ShellByDesign, comment_lines
 from hpctrain.render.sbatch import check_array, sbatch_lines
+
+if TYPE_CHECKING:
+    from hpctrain.config import Job
 
 RUNTIME_MODULE = "hpctrain.runtime"
 # nvidia-smi --query-gpu fields for the per-node CSV monitor (`nvidia-smi --help-query-gpu`).
@@ -31,7 +34,7 @@ def _time_seconds(text: Optional[str]) -> Optional[int]:
     return slurm_time_seconds(text)
 
 
-def check_rank_order(job: Any) -> None:
+def check_rank_order(job: Job) -> None:
     """placement.rank_order must cover every slot once: the runtime maps SLURM_PROCID through it.
 
     Slots are Slurm task ids in block order (slot = node index * gpus_per_node + SLURM_LOCALID), which
@@ -46,7 +49,7 @@ def check_rank_order(job: Any) -> None:
                           "entries); render the job.yaml again so the planner places it for this cluster")
 
 
-def rank_python(job: Any) -> str:
+def rank_python(job: Job) -> str:
     """The interpreter each rank runs: runtime.python, else (on the host) the one running hpctrain now,
     which has hpctrain and its dependencies whatever the job's PATH holds; in an image, its python3."""
     configured = job.runtime.python
@@ -55,7 +58,7 @@ def rank_python(job: Any) -> str:
     return "python3" if job.container.image is not None else sys.executable
 
 
-def script_context(job: Any, *, run_dir: str, array: Optional[str]) -> dict[str, Any]:
+def script_context(job: Job, *, run_dir: str, array: Optional[str]) -> dict[str, Any]:
     """Everything the job script template needs, validated."""
     if not run_dir:
         raise RenderError("run directory: must not be empty")

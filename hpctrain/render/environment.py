@@ -14,9 +14,12 @@ from __future__ import annotations
 import functools
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from hpctrain.errors import RenderError
+
+if TYPE_CHECKING:
+    from hpctrain.config import Job
 
 TEMPLATE_DIR_ENV = "HPCTRAIN_TEMPLATE_DIR"
 SCRIPT_TEMPLATE = "job.sbatch.j2"
@@ -29,7 +32,7 @@ def shipped_dirs() -> list[Path]:
     return [data_dir("sbatch_templates"), data_dir("singularity")]
 
 
-def template_dir_for(job: Any, override: Optional[str] = None) -> Optional[str]:
+def template_dir_for(job: Job, override: Optional[str] = None) -> Optional[str]:
     """The user's template folder: the argument, else job.yaml's template_dir, else $HPCTRAIN_TEMPLATE_DIR."""
     chosen = override or getattr(job, "template_dir", None) or os.environ.get(TEMPLATE_DIR_ENV) or None
     if chosen is not None and not Path(chosen).is_dir():

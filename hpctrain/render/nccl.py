@@ -9,7 +9,10 @@ docs/env.html, NCCL 2.23); PyTorch ProcessGroupNCCL environment variables (torch
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:
+    from hpctrain.config import Job
 
 
 @dataclass(frozen=True)
@@ -77,7 +80,7 @@ _PREFIX_PROFILE = (("ib", "ib"), ("infiniband", "ib"), ("roce", "roce"), ("eth",
                    ("tcp", "ethernet"))
 
 
-def profile_name(job: Any) -> str:
+def profile_name(job: Job) -> str:
     """The profile for the job: nccl.profile, or for `auto` the fabric's profile in the catalog."""
     if job.nccl.profile != "auto":
         return str(job.nccl.profile)
@@ -93,7 +96,7 @@ def profile_name(job: Any) -> str:
     return next((profile for prefix, profile in _PREFIX_PROFILE if lowered.startswith(prefix)), "none")
 
 
-def nccl_environment(job: Any) -> tuple[str, list[NcclVar]]:
+def nccl_environment(job: Job) -> tuple[str, list[NcclVar]]:
     """(profile name, variables in script order): profile defaults, then job.yaml's values over them."""
     profile = profile_name(job)
     table: dict[str, NcclVar] = {v.name: v for v in COMMON + PROFILES[profile]}

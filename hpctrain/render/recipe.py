@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from hpctrain import __version__
 from hpctrain.errors import RenderError
 from hpctrain.render.nccl import COMMON
 from hpctrain.render.quoting import comment_lines
+
+if TYPE_CHECKING:
+    from hpctrain.config import Job
 
 # Bootstrap agents, by the base image's URI scheme (Apptainer "Definition files", header section).
 _SCHEMES = {"docker://": "docker", "library://": "library", "oras://": "oras", "docker-daemon:": "docker-daemon"}
@@ -81,7 +84,7 @@ def hpctrain_install(recipe: Any) -> tuple[list[tuple[str, str]], str, str]:
     return files, SOURCE_IN_IMAGE, f"the checkout it was rendered from, {root}"
 
 
-def recipe_context(job: Any) -> dict[str, Any]:
+def recipe_context(job: Job) -> dict[str, Any]:
     recipe = job.container.recipe
     for package in recipe.pip:
         if _CONTROL.search(package):

@@ -3,24 +3,27 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from hpctrain.errors import RenderError
 from hpctrain.render.environment import RECIPE_TEMPLATE, SCRIPT_TEMPLATE, render_template, template_dir_for
+
+if TYPE_CHECKING:
+    from hpctrain.config import Job
 
 SCRIPT_FILE = "job.sbatch"
 RECIPE_FILE = "recipe.def"
 RESOLVED_FILE = "job.resolved.yaml"
 
 
-def _needs_planner(job: Any) -> bool:
+def _needs_planner(job: Job) -> bool:
     p = job.parallel
     autos = [p.tp, p.pp, p.dp, p.schedule, p.virtual_stages, p.zero, job.train.micro_batch,
              job.train.activation_checkpointing]
     return job.placement is None or "auto" in autos
 
 
-def resolve(job: Any) -> Any:
+def resolve(job: Job) -> Any:
     """The resolved job: the planner's (hpctrain.plan.resolve_job) when it is installed and needed.
 
     A job that already carries a placement and no `auto` is returned as is: no stage re-plans.
@@ -41,20 +44,20 @@ def resolve(job: Any) -> Any:
     return resolved
 
 
-def _script(resolved: Any, array: Optional[str], run_dir: str, template_dir: Optional[str]) -> str:
+def _script(resolved: Job, array: Optional[str], run_dir: str, template_dir: Optional[str]) -> str:
     from hpctrain.render.context import script_context
 
     context = script_context(resolved, run_dir=str(run_dir), array=array)
     return render_template(SCRIPT_TEMPLATE, context, template_dir_for(resolved, template_dir))
 
 
-def _recipe(resolved: Any, template_dir: Optional[str]) -> str:
+def _recipe(resolved: Job, template_dir: Optional[str]) -> str:
     from hpctrain.render.recipe import recipe_context
 
     return render_template(RECIPE_TEMPLATE, recipe_context(resolved), template_dir_for(resolved, template_dir))
 
 
-def render_script(job: Any, *, array: Optional[str] = None, run_dir: str,
+def render_script(job: Job, *, array: Optional[str] = None, run_dir: str,
                   template_dir: Optional[str] = None) -> str:
     """The sbatch script for `job` (resolved first if it still has `auto` values).
 
@@ -66,12 +69,12 @@ def render_script(job: Any, *, array: Optional[str] = None, run_dir: str,
     return _script(resolve(job), array, run_dir, template_dir)
 
 
-def render_recipe(job: Any, *, template_dir: Optional[str] = None) -> str:
+def render_recipe(job: Job, *, template_dir: Optional[str] = None) -> str:
     """The Singularity/Apptainer definition file (recipe.def) for the job's image."""
     return _recipe(job, template_dir)
 
 
-def write_rendered(job: Any, out_dir: str | Path, *, run_dir: Optional[str | Path] = None,
+def write_rendered(job: Job, out_dir: str | Path, *, run_dir: Optional[str | Path] = None,
                    template_dir: Optional[str] = None) -> dict[str, Path]:
     """Resolve once, then write job.sbatch and recipe.def to out_dir and job.resolved.yaml to run_dir.
 

@@ -9,11 +9,14 @@ is escaped (quoting.sbatch_escape); the job name becomes a safe label (quoting.s
 from __future__ import annotations
 
 import re
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from hpctrain.errors import RenderError
 from hpctrain.render.binds import container_binds
 from hpctrain.render.quoting import SbatchLine, sbatch_line, slurm_job_name
+
+if TYPE_CHECKING:
+    from hpctrain.config import Job
 
 _NAME_LIST = r"[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*"
 _IDENTIFIERS = {
@@ -70,7 +73,7 @@ def output_pattern(run_dir: str, array: bool) -> str:
     return joined + ("tasks/%a/slurm-%A_%a.out" if array else "slurm-%j.out")
 
 
-def sbatch_lines(job: Any, *, run_dir: str, array: Optional[str]) -> list[SbatchLine]:
+def sbatch_lines(job: Job, *, run_dir: str, array: Optional[str]) -> list[SbatchLine]:
     """All #SBATCH arguments for the job, in the order a person would write them."""
     s, c = job.slurm, job.cluster
     extra = dict(s.extra)
@@ -112,10 +115,10 @@ def sbatch_lines(job: Any, *, run_dir: str, array: Optional[str]) -> list[Sbatch
     lines.append(sbatch_line("output", output_pattern(run_dir, array is not None), field="run directory"))
     if array is not None:
         lines.append(sbatch_line("array", array, field="array"))
-    for key, value in extra.items():
-        if value is False:
+    for key, option in extra.items():
+        if option is False:
             continue
-        lines.append(sbatch_line(key, None if value is True else value, field=f"slurm.extra.{key}"))
+        lines.append(sbatch_line(key, None if option is True else option, field=f"slurm.extra.{key}"))
     return lines
 
 
@@ -128,7 +131,7 @@ def _raise(error: RenderError) -> None:
     raise error
 
 
-def sbatch_problems(job: Any) -> list[str]:
+def sbatch_problems(job: Job) -> list[str]:
     """Every problem sbatch_lines (render, submit) would refuse, one line per field, without rendering.
 
     `validate` runs this, so a value that render refuses never validates. Each check is the one

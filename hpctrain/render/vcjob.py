@@ -17,11 +17,15 @@ import hashlib
 import posixpath
 import re
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from hpctrain.errors import RenderError
 from hpctrain.render.nccl import nccl_environment
 from hpctrain.rundir.volcano import GPUS_ENV, JOB_TEXT_ENV, TASK_NAME
+
+if TYPE_CHECKING:
+    from hpctrain.config import Job
+    from hpctrain.config.kubernetes import KubernetesConfig
 
 VCJOB_FILE = "vcjob.yaml"
 API_VERSION = "batch.volcano.sh/v1alpha1"
@@ -43,9 +47,15 @@ def k8s_name(name: str) -> str:
     return f"{slug}-{digest}" if slug else f"job-{digest}"
 
 
-def pod_run_dir(job: Any, run_dir: Optional[str]) -> str:
+def _kubernetes(job: Job) -> KubernetesConfig:
+    if job.kubernetes is None:
+        raise RenderError("kubernetes: a volcano job needs the kubernetes section (image, pvc.claim_name)")
+    return job.kubernetes
+
+
+def pod_run_dir(job: Job, run_dir: Optional[str]) -> str:
     """The run directory inside the pods: --run-dir, else <pvc.mount_path>/<k8s name>; on the shared volume."""
-    mount = job.kubernetes.pvc.mount_path
+    mount = _kubernetes(job).pvc.mount_path
     if not run_dir:
         return mount.rstrip("/") + "/" + k8s_name(job.name)
     folder, path = posixpath.normpath(mount), posixpath.normpath(run_dir)
@@ -59,19 +69,19 @@ def _quantity_gib(gib: float) -> str:
     return f"{round(gib * 1024)}Mi"  # a core/v1 Quantity: binary suffix, whole MiB
 
 
-def _env(job: Any, run_dir: str, job_text: str) -> list[dict[str, str]]:
+def _env(job: Job, run_dir: str, job_text: str) -> list[dict[str, str]]:
     profile, variables = nccl_environment(job)
     env = [{"name": v.name, "value": run_dir + v.value if v.under_task_dir else v.value}
            for v in variables if v.value is not None]
-    env += [{"name": "MASTER_PORT", "value": str(job.kubernetes.master_port)},
+    env += [{"name": "MASTER_PORT", "value": str(_kubernetes(job).master_port)},
             {"name": GPUS_ENV, "value": str(job.cluster.gpus_per_node)},
             {"name": "HPCTRAIN_NCCL_PROFILE", "value": profile},
             {"name": JOB_TEXT_ENV, "value": job_text}]
     return env
 
 
-def _resources(job: Any) -> dict[str, Any]:
-    k8s = job.kubernetes
+def _resources(job: Job) -> dict[str, Any]:
+    k8s = _kubernetes(job)
     limits: dict[str, Any] = {k8s.gpu_resource: job.cluster.gpus_per_node}
     profile, _ = nccl_environment(job)
     if k8s.rdma_resource is not None and profile in RDMA_PROFILES:
@@ -88,8 +98,8 @@ def _toleration(t: Any) -> dict[str, Any]:
     return out
 
 
-def _pod_spec(job: Any, run_dir: str, job_text: str) -> dict[str, Any]:
-    k8s = job.kubernetes
+def _pod_spec(job: Job, run_dir: str, job_text: str) -> dict[str, Any]:
+    k8s = _kubernetes(job)
     python = job.runtime.python or "python3"  # the image's interpreter; a login-node path means nothing there
     shm: dict[str, Any] = {"medium": "Memory"}
     if k8s.shm_size_gib is not None:
@@ -123,13 +133,11 @@ def _pod_spec(job: Any, run_dir: str, job_text: str) -> dict[str, Any]:
     return spec
 
 
-def vcjob_manifest(job: Any, *, run_dir: Optional[str] = None) -> dict[str, Any]:
+def vcjob_manifest(job: Job, *, run_dir: Optional[str] = None) -> dict[str, Any]:
     """The Volcano Job for a resolved job, as plain data."""
     from hpctrain.config import dump_job
 
-    if job.kubernetes is None:
-        raise RenderError("kubernetes: a volcano job needs the kubernetes section (image, pvc.claim_name)")
-    k8s, nodes = job.kubernetes, job.cluster.nodes
+    k8s, nodes = _kubernetes(job), job.cluster.nodes
     path = pod_run_dir(job, run_dir)
     labels = {"app.kubernetes.io/managed-by": "hpctrain"}
     annotations = {**k8s.annotations, JOB_NAME_ANNOTATION: job.name}
@@ -161,7 +169,7 @@ def vcjob_manifest(job: Any, *, run_dir: Optional[str] = None) -> dict[str, Any]
             "spec": spec}
 
 
-def render_vcjob(job: Any, *, run_dir: Optional[str] = None) -> str:
+def render_vcjob(job: Job, *, run_dir: Optional[str] = None) -> str:
     """vcjob.yaml's text: the manifest dumped by yaml's SafeDumper (every value a scalar, quoted as needed)."""
     import yaml
 
@@ -189,7 +197,7 @@ def _dumper() -> Any:
     return Dumper
 
 
-def write_vcjob(job: Any, out_dir: str | Path, *, run_dir: Optional[str] = None) -> dict[str, Path]:
+def write_vcjob(job: Job, out_dir: str | Path, *, run_dir: Optional[str] = None) -> dict[str, Path]:
     """Resolve once, then write vcjob.yaml and job.resolved.yaml to out_dir."""
     from hpctrain.config import dump_job
     from hpctrain.render.rendering import RESOLVED_FILE, resolve

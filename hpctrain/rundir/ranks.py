@@ -79,7 +79,7 @@ def rank_order_of(run_dir: Path) -> Optional[list[int]]:
     return int_list(placement, "rank_order", Path(run_dir) / RESOLVED_FILE) or None
 
 
-def summary_path(run_dir: Path, rank: int) -> Path:
+def summary_path(run_dir: str | Path, rank: int) -> Path:
     return Path(run_dir) / RANKS_DIR / f"rank-{rank}.json"
 
 

@@ -16,9 +16,12 @@ import os
 import sys
 import traceback
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hpctrain.rundir.events import FAILED, STARTED, STOPPED, append_event
+if TYPE_CHECKING:
+    from hpctrain.config import Job
+
+from hpctrain.rundir.events import FAILED, FINISHED, STARTED, STOPPED, append_event
 
 PROG = "python -m hpctrain.runtime"
 
@@ -33,7 +36,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def unresolved(job: Any) -> list[str]:
+def unresolved(job: Job) -> list[str]:
     """Fields still 'auto' that this run needs concrete (the planner fills them)."""
     fix = "run `hpctrain plan` (launch writes job.resolved.yaml with every auto filled)"
     p, t = job.parallel, job.train
@@ -46,7 +49,7 @@ def unresolved(job: Any) -> list[str]:
     return [f"{name}: got 'auto'; the runtime needs a resolved job: {fix}" for name, value in fields if value == "auto"]
 
 
-def _load(args: argparse.Namespace) -> Any:
+def _load(args: argparse.Namespace) -> Job:
     from hpctrain.config import load_job
     from hpctrain.errors import ConfigError
 
@@ -66,7 +69,7 @@ def _load(args: argparse.Namespace) -> Any:
     return job
 
 
-def _write_resolved(job: Any, run_dir: str) -> None:
+def _write_resolved(job: Job, run_dir: str) -> None:
     """Keep a copy of the job next to the results when the launcher did not put one there."""
     from hpctrain.rundir.layout import RESOLVED_FILE
 
@@ -166,7 +169,7 @@ def _user_error(exc: Exception, rank: int) -> int:
     return 2
 
 
-def _run(job: Any, env: Any, args: argparse.Namespace) -> int:
+def _run(job: Job, env: Any, args: argparse.Namespace) -> int:
     from hpctrain.errors import ConfigError
     from hpctrain.runtime.checkpoint.checkpointer import CheckpointSaveError
     from hpctrain.runtime.distributed import init_distributed, shutdown
@@ -189,8 +192,9 @@ def _run(job: Any, env: Any, args: argparse.Namespace) -> int:
 
         trainer = Trainer(job, args.run_dir, device, env, resume_from=args.resume_from)
         result = trainer.train()
-        stop = {"requeue": result.get("requeue"), "why_not": result.get("requeue_why_not")} if result["stopped"] else {}
-        event(STOPPED if result["stopped"] else "finished", step=result["step"],
+        stop: dict[str, Any] = ({"requeue": result.get("requeue"), "why_not": result.get("requeue_why_not")}
+                                if result["stopped"] else {})
+        event(STOPPED if result["stopped"] else FINISHED, step=result["step"],
               loss=result.get("loss"), resumed_from=result["resumed_from"], **stop)
         trainer.close()
         shutdown()

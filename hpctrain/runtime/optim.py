@@ -17,13 +17,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from hpctrain.errors import ConfigError
+
+if TYPE_CHECKING:
+    from hpctrain.config import Job
+    from hpctrain.config.training import TrainConfig
 
 
 def _param_groups(part: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -108,9 +112,9 @@ class OptimizersContainer:
 class SchedulersContainer:
     """One LambdaLR per optimizer, stepped together; state = the first one's (they are identical)."""
 
-    def __init__(self, optimizers: OptimizersContainer, job: Any) -> None:
-        sched = job.train.lr_schedule
-        self.lr_lambda = LRLambda(sched.kind, sched.warmup_steps, job.train.steps, sched.min_lr_ratio)
+    def __init__(self, optimizers: OptimizersContainer, train: TrainConfig) -> None:
+        sched = train.lr_schedule
+        self.lr_lambda = LRLambda(sched.kind, sched.warmup_steps, train.steps, sched.min_lr_ratio)
         self.schedulers = [LambdaLR(opt, self.lr_lambda) for opt in optimizers]
 
     def step(self) -> None:
@@ -126,7 +130,7 @@ class SchedulersContainer:
             s.load_state_dict({**s.state_dict(), **state})
 
 
-def build_optimizers(job: Any, parts: Sequence[nn.Module]) -> tuple[OptimizersContainer, SchedulersContainer]:
+def build_optimizers(job: Job, parts: Sequence[nn.Module]) -> tuple[OptimizersContainer, SchedulersContainer]:
     """The optimizer container and its LR schedulers for this rank's model parts."""
     optimizers = OptimizersContainer([build_optimizer(job.train.optimizer, part) for part in parts], parts)
-    return optimizers, SchedulersContainer(optimizers, job)
+    return optimizers, SchedulersContainer(optimizers, job.train)

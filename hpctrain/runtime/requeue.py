@@ -34,11 +34,14 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from hpctrain.config.infra import RestartConfig
 from hpctrain.rundir.events import NOT_REQUEUED, REQUEUE_REQUESTED, REQUEUED, SIGNAL, TIME_LIMIT_NEAR
 from hpctrain.rundir.restart import Markers, decide
+
+if TYPE_CHECKING:
+    from hpctrain.config import Job
 
 REQUEUE_BY_ENV = "HPCTRAIN_REQUEUE_BY"  # "batch-script": the script requeues, not the runtime
 MARKER_ENV = "HPCTRAIN_REQUEUE_MARKER"  # the file rank 0 writes the reason to
@@ -158,7 +161,7 @@ class Decision:
 class RequeueController:
     """One per rank: the stop decision at step boundaries, and the requeue once the checkpoint is saved."""
 
-    def __init__(self, job: Any, env: Any, device: Any, event: Callable[..., None],
+    def __init__(self, job: Job, env: Any, device: Any, event: Callable[..., None],
                  flag: SignalFlag = FLAG, environ: Optional[Mapping[str, str]] = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.env, self.device, self.event, self.flag, self.clock = env, device, event, flag, clock

@@ -19,7 +19,7 @@ from __future__ import annotations
 import gc
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -35,6 +35,9 @@ from hpctrain.runtime.parallel.build import build_training
 from hpctrain.runtime.parallel.precision import local_tensor
 from hpctrain.runtime.requeue import RequeueController
 
+if TYPE_CHECKING:
+    from hpctrain.config import Job
+
 # Benchmarks set this to "0" to skip the checkpoint at the end of training (a 1B model writes ~15 GB).
 FINAL_CHECKPOINT_ENV = "HPCTRAIN_FINAL_CHECKPOINT"
 # torchtitan's default (training.gc_freq): often enough that cycles from autograd graphs and
@@ -45,7 +48,7 @@ GC_EVERY_STEPS = 50
 class Trainer:
     """One rank's training run in `run_dir`, from scratch or from the newest complete checkpoint."""
 
-    def __init__(self, job: Any, run_dir: str, device: torch.device, env: DistEnv,
+    def __init__(self, job: Job, run_dir: str, device: torch.device, env: DistEnv,
                  resume_from: str | None = None) -> None:
         self.job, self.run_dir, self.device, self.env = job, run_dir, device, env
         memory = MemoryTracker(device)
@@ -56,7 +59,7 @@ class Trainer:
         self.data = build_sampler(job, self.coords["dp"], dims.dp)
         self.evaluator = Evaluator(job, self.training, self.coords["dp"])
         self.optimizers, self.lr_schedulers = build_optimizers(job, self.training.model_parts)
-        self.tokens_per_step = int(job.train.global_batch) * int(job.model.seq_len)
+        self.tokens_per_step = int(job.train.global_batch) * self.training.args.seq_len
         self.telemetry = Telemetry(run_dir, env.rank, env.world_size, env.attempt, device,
                                    Throughput.for_job(job, env.world_size, device.type),
                                    self.tokens_per_step, memory)

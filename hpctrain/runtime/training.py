@@ -18,7 +18,7 @@ import contextlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -29,10 +29,13 @@ from hpctrain.runtime.model.init import ShardFill, init_parameters, random_fill
 from hpctrain.runtime.model.lora import init_lora, is_adapter
 from hpctrain.runtime.model.transformer import ModelArgs, Transformer, cross_entropy_loss
 from hpctrain.runtime.parallel.dims import ParallelDims
-from hpctrain.runtime.parallel.fsdp import sync_every_microbatch
+from hpctrain.runtime.parallel.fsdp import sync_every_microbatch, zero_stage
 from hpctrain.runtime.parallel.grad_norm import clip_to, is_sharded, weighted_grad_sq
 from hpctrain.runtime.parallel.pipeline import step_kwargs
 from hpctrain.runtime.parallel.precision import LossScaler, autocast_context, local_tensor
+
+if TYPE_CHECKING:
+    from hpctrain.config import Job
 
 
 @dataclass
@@ -45,7 +48,7 @@ class Training:
     (identical on every rank). Afterwards every gradient is the global-batch mean gradient.
     """
 
-    job: Any
+    job: Job
     args: ModelArgs
     dims: ParallelDims
     mesh: Any  # DeviceMesh, or None for a single process without a process group
@@ -153,7 +156,7 @@ class Training:
         total = torch.zeros((), device=self.device)
         chunks = zip(inputs.chunk(self.n_microbatches), labels.chunk(self.n_microbatches))
         for i, (x, y) in enumerate(chunks):
-            if self.fsdp and not sync_every_microbatch(self.job.parallel.zero):
+            if self.fsdp and not sync_every_microbatch(zero_stage(self.job.parallel)):
                 model.set_requires_gradient_sync(i == self.n_microbatches - 1)
             loss = self._loss_fn(model(x), y)
             (loss / self.n_microbatches).backward()

@@ -47,7 +47,7 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -70,6 +70,9 @@ from hpctrain.rundir.checkpoints import (  # noqa: F401 - re-exported: the runti
 from hpctrain.rundir.events import (
     CHECKPOINT_ADOPTED, CHECKPOINT_FAILED, CHECKPOINT_SAVED, CHECKPOINT_SKIPPED, CHECKPOINT_SUPERSEDED,
 )
+
+if TYPE_CHECKING:
+    from hpctrain.config import Job
 
 # ignore_frozen_params: a LoRA run saves its adapters only; the frozen base is rebuilt on resume (from the
 # seed or model.init_from). Loading then sets only those keys (strict=False; DCP itself fails on a key
@@ -124,7 +127,7 @@ class _Pending:
 class Checkpointer:
     """Save and load this rank's model parts and optimizers; the protocol is in the module docstring."""
 
-    def __init__(self, job: Any, run_dir: str, model_parts: list[Any], optimizers: Any,
+    def __init__(self, job: Job, run_dir: str, model_parts: list[Any], optimizers: Any,
                  event: Callable[..., None] | None = None) -> None:
         cfg = job.checkpoint
         self.run_dir = os.path.abspath(run_dir)

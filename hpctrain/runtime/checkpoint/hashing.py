@@ -93,17 +93,19 @@ class _HashingFileSystem(FileSystem):
                 yield stream
             return
         with super().create_stream(path, mode) as raw:
-            stream = _HashingStream(raw)
-            yield stream
+            hashing = _HashingStream(raw)
+            yield hashing
         size = os.path.getsize(path)  # closed now (DCP may close it itself): everything is written
-        digest = stream.hexdigest()
-        if stream.sequential and size == stream.hashed_bytes:
+        digest = hashing.hexdigest()
+        if hashing.sequential and size == hashing.hashed_bytes:
             with self._lock:
                 self.recorded[os.path.abspath(path)] = {"bytes": size, "sha256": digest}
 
 
 class HashingWriter(FileSystemWriter):
     """`FileSystemWriter` (fsync on, one file per rank) that records the sha256 of what it writes."""
+
+    fs: _HashingFileSystem
 
     def __init__(self, path: str) -> None:
         super().__init__(path)

@@ -66,9 +66,10 @@ class SafeReader(FileSystemReader):
         if kwargs.get("rank") is not None:  # per-rank index files: not written by hpctrain's saves
             raise UnsafeIndex("per-rank DCP index files are not supported")
         metadata = read_index(str(self.path))
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
+        storage_meta: StorageMeta | None = getattr(metadata, "storage_meta", None)
+        if storage_meta is None:
+            storage_meta = metadata.storage_meta = StorageMeta()
+        storage_meta.load_id = self.load_id
         return metadata
 
 

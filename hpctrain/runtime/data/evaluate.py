@@ -10,7 +10,7 @@ Every rank gets the same number.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
@@ -19,20 +19,24 @@ from hpctrain.runtime.data.tokens import ShardedSampler, TokenFile, resolve_dtyp
 from hpctrain.runtime.model.transformer import cross_entropy_loss
 from hpctrain.runtime.parallel.precision import local_tensor
 
+if TYPE_CHECKING:
+    from hpctrain.config import Job
+    from hpctrain.runtime.training import Training
+
 
 class Evaluator:
     """Computes the validation loss of a `Training` (runtime/training.py) on its dp rank's slices."""
 
-    def __init__(self, job: Any, training: Any, dp_rank: int) -> None:
+    def __init__(self, job: Job, training: Training, dp_rank: int) -> None:
         self.job, self.training, self.dp_rank = job, training, dp_rank
         self.every = int(job.train.eval_every)
         self.batches = int(job.train.eval_batches)
         path = eval_file(job.train)
         self.source: Optional[TokenFile] = None
         if self.every and path:
-            model = job.model
-            dtype = resolve_dtype(path, job.train.data_dtype, int(model.vocab))
-            self.source = TokenFile(path, dtype, int(model.vocab), int(model.seq_len), int(job.train.seed),
+            model = training.args  # the resolved shape
+            dtype = resolve_dtype(path, job.train.data_dtype, model.vocab)
+            self.source = TokenFile(path, dtype, model.vocab, model.seq_len, int(job.train.seed),
                                     field="train.eval_data")
 
     def due(self, step: int) -> bool:

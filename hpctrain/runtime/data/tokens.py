@@ -14,12 +14,15 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from hpctrain.config.data_files import sidecar_path
 from hpctrain.errors import ConfigError
+
+if TYPE_CHECKING:
+    from hpctrain.config import Job
 
 SYNTHETIC = "synthetic"
 SUCCESSORS = 2  # the synthetic chain's branching: the best reachable loss is about ln(2) = 0.69
@@ -150,14 +153,23 @@ class ShardedSampler:
         self.position = int(state["samples_seen"])
 
 
-def build_source(job: Any) -> Any:
+def build_source(job: Job) -> Any:
     """The job's token source (synthetic or file), validated against the model."""
-    model, train = job.model, job.train
+    vocab, seq_len = _vocab_and_seq_len(job)
+    train = job.train
     if train.data == SYNTHETIC:
-        return SyntheticTokens(int(model.vocab), int(model.seq_len), int(train.seed))
-    dtype = resolve_dtype(train.data, train.data_dtype, int(model.vocab))
-    return TokenFile(train.data, dtype, int(model.vocab), int(model.seq_len), int(train.seed))
+        return SyntheticTokens(vocab, seq_len, int(train.seed))
+    dtype = resolve_dtype(train.data, train.data_dtype, vocab)
+    return TokenFile(train.data, dtype, vocab, seq_len, int(train.seed))
 
 
-def build_sampler(job: Any, dp_rank: int, dp: int) -> ShardedSampler:
+def _vocab_and_seq_len(job: Job) -> tuple[int, int]:
+    """model.vocab and model.seq_len of a loaded job (validation fills both: from the preset or init_from)."""
+    vocab, seq_len = job.model.vocab, job.model.seq_len
+    if vocab is None or seq_len is None:
+        raise ConfigError("model.vocab, model.seq_len: unset; the runtime needs a resolved job")
+    return vocab, seq_len
+
+
+def build_sampler(job: Job, dp_rank: int, dp: int) -> ShardedSampler:
     return ShardedSampler(build_source(job), int(job.train.global_batch), dp_rank, dp)

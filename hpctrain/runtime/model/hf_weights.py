@@ -18,12 +18,16 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 
 from hpctrain.config.hf_config import CONFIG_FILE, INDEX_FILE, WEIGHTS_FILE
 from hpctrain.errors import ConfigError
+from hpctrain.runtime.model.transformer import ModelArgs
+
+if TYPE_CHECKING:
+    from hpctrain.config.model import ModelConfig
 
 _LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
 _HF_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
@@ -128,31 +132,31 @@ class HfShardReader:
         self._handles.clear()
 
 
-def hf_config_dict(model: Any, torch_dtype: str = "float32", base: dict[str, Any] | None = None) -> dict[str, Any]:
+def hf_config_dict(model: ModelConfig | ModelArgs, torch_dtype: str = "float32",
+                   base: dict[str, Any] | None = None) -> dict[str, Any]:
     """config.json for `LlamaForCausalLM` from a `model:` section (or ModelArgs). `base`: the original
     folder's config.json, whose other keys (token ids, ...) are kept. Written in the transformers 4
     spelling (rope_theta, rope_scaling at the top level), which transformers 4 and 5 both read."""
+    shape = ModelArgs.from_config(model)  # the resolved ints; rope_scaling as a tuple
     cfg = {k: v for k, v in (base or {}).items() if k not in ("rope_parameters", "transformers_version")}
     cfg.update({
         "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "num_hidden_layers": int(model.layers), "hidden_size": int(model.hidden),
-        "num_attention_heads": int(model.heads), "num_key_value_heads": int(model.kv_heads),
-        "head_dim": int(model.hidden) // int(model.heads), "intermediate_size": int(model.ffn_hidden),
-        "vocab_size": int(model.vocab), "hidden_act": "silu", "rms_norm_eps": float(model.norm_eps),
-        "rope_theta": float(model.rope_theta), "tie_word_embeddings": bool(model.tie_embeddings),
+        "num_hidden_layers": int(shape.layers), "hidden_size": int(shape.hidden),
+        "num_attention_heads": int(shape.heads), "num_key_value_heads": int(shape.kv_heads),
+        "head_dim": int(shape.hidden) // int(shape.heads), "intermediate_size": int(shape.ffn_hidden),
+        "vocab_size": int(shape.vocab), "hidden_act": "silu", "rms_norm_eps": float(shape.norm_eps),
+        "rope_theta": float(shape.rope_theta), "tie_word_embeddings": bool(shape.tie_embeddings),
         "attention_bias": False, "mlp_bias": False,
         "torch_dtype": torch_dtype, "dtype": torch_dtype,  # transformers 4's key and 5's
     })
-    cfg.setdefault("max_position_embeddings", int(model.seq_len))
-    cfg["max_position_embeddings"] = max(int(cfg["max_position_embeddings"]), int(model.seq_len))
+    cfg.setdefault("max_position_embeddings", int(shape.seq_len))
+    cfg["max_position_embeddings"] = max(int(cfg["max_position_embeddings"]), int(shape.seq_len))
     cfg.setdefault("initializer_range", 0.02)
-    scaling = model.rope_scaling
+    scaling = shape.rope_scaling
     if scaling is None:
         cfg.pop("rope_scaling", None)
     else:
-        factor, low, high, original = scaling if isinstance(scaling, tuple) else (
-            scaling.factor, scaling.low_freq_factor, scaling.high_freq_factor,
-            scaling.original_max_position_embeddings)
+        factor, low, high, original = scaling
         cfg["rope_scaling"] = {"rope_type": "llama3", "factor": float(factor), "low_freq_factor": float(low),
                                "high_freq_factor": float(high), "original_max_position_embeddings": int(original)}
     return cfg

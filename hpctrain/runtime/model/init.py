@@ -28,9 +28,13 @@ import itertools
 import math
 import zlib
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
 ShardFill = Callable[[str, tuple[int, ...], tuple[slice, ...]], torch.Tensor]
 
@@ -64,7 +68,7 @@ def shard_index(param: torch.Tensor) -> tuple[tuple[int, ...], tuple[slice, ...]
     return full_shape, tuple(slice(o, o + n) for o, n in zip(offset, local_shape))
 
 
-def _local_shape_and_offset(param: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def _local_shape_and_offset(param: DTensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
     # Private in torch, but the function DCP itself places shards with (same signature in 2.6 and 2.13);
     # imported at the first init, so that a torch that moves it fails there with a clear ImportError.
     from torch._subclasses.fake_tensor import unset_fake_temporarily

@@ -32,14 +32,17 @@ Gradients of replicated adapters come out Partial; `Training._match_grad_placeme
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from hpctrain.runtime.model.init import param_seed, shard_index
-from hpctrain.runtime.model.transformer import Transformer
+from hpctrain.runtime.model.transformer import ModelArgs, Transformer
+
+if TYPE_CHECKING:
+    from hpctrain.config.lora import LoraConfig
 
 # Which projections are column- and row-parallel under TP (parallel/tensor.py's plan).
 MODULE_OF = {"wq": "attention", "wk": "attention", "wv": "attention", "wo": "attention",
@@ -62,12 +65,12 @@ class LoraLinear(nn.Linear):
         return base + F.linear(F.linear(h, self.lora_A) * self.lora_scaling, self.lora_B)
 
 
-def lora_targets(model_args: Any, cfg: Any) -> list[str]:
+def lora_targets(model_args: ModelArgs, cfg: LoraConfig) -> list[str]:
     """The projections adapted in this model (w3 exists with swiglu only)."""
     return [t for t in cfg.targets if t != "w3" or model_args.activation == "swiglu"]
 
 
-def apply_lora(model: Transformer, cfg: Any, tp_mesh: Any = None) -> None:
+def apply_lora(model: Transformer, cfg: LoraConfig, tp_mesh: Any = None) -> None:
     """Freeze `model` (a full model or stage, on meta, after apply_tp) and add adapters in place."""
     for p in model.parameters():
         p.requires_grad_(False)
@@ -77,7 +80,7 @@ def apply_lora(model: Transformer, cfg: Any, tp_mesh: Any = None) -> None:
             _add_adapters(linear, target, cfg, tp_mesh)
 
 
-def _add_adapters(linear: nn.Linear, target: str, cfg: Any, tp_mesh: Any) -> None:
+def _add_adapters(linear: nn.Linear, target: str, cfg: LoraConfig, tp_mesh: Any) -> None:
     out_features, in_features = linear.weight.shape  # DTensor: the global shape
     device = linear.weight.device
     a = torch.empty(cfg.rank, in_features, device=device)
@@ -93,6 +96,7 @@ def _add_adapters(linear: nn.Linear, target: str, cfg: Any, tp_mesh: Any) -> Non
         b = DTensor.from_local(_local_part(b, b_place, tp_mesh), tp_mesh, [b_place], run_check=False,
                                shape=b.shape, stride=b.stride())
     linear.__class__ = LoraLinear
+    assert isinstance(linear, LoraLinear)  # true after the swap; lets mypy see the adapter fields
     linear.register_parameter("lora_A", nn.Parameter(a))
     linear.register_parameter("lora_B", nn.Parameter(b))
     linear.lora_scaling = cfg.alpha / cfg.rank

@@ -31,7 +31,7 @@ import socket
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpctrain.runtime.observe.comm_timing import COLLECTIVE, CUDA_EVENTS, HOST, P2P, CommTimer, clock_for
 
@@ -39,6 +39,9 @@ from hpctrain.rundir.events import append_line, now_iso as _now
 from hpctrain.rundir.layout import EVENTS_FILE, METRICS_FILE, RANKS_DIR
 from hpctrain.rundir.metrics import truncate_metrics
 from hpctrain.rundir.ranks import summary_path
+
+if TYPE_CHECKING:
+    from hpctrain.config import Job
 
 __all__ = ["EVENTS_FILE", "METRICS_FILE", "RANKS_DIR", "Telemetry", "append_line", "truncate_metrics"]
 
@@ -82,7 +85,7 @@ class Throughput:
     world_size: int
 
     @classmethod
-    def for_job(cls, job: Any, world_size: int, device_type: str) -> Throughput:
+    def for_job(cls, job: Job, world_size: int, device_type: str) -> Throughput:
         from hpctrain.plan.model_stats import flops_per_token
 
         ac = job.train.activation_checkpointing
@@ -102,7 +105,7 @@ class Throughput:
         return self.model_flops_per_token * tokens_per_s / self.world_size / self.peak_flops_per_s
 
 
-def gpu_peak_flops_per_s(job: Any) -> float | None:
+def gpu_peak_flops_per_s(job: Job) -> float | None:
     """Dense peak of job.cluster.gpu for the job's precision (catalog or cluster.gpu_spec), or None."""
     try:
         from hpctrain.plan.hardware import resolve_hardware

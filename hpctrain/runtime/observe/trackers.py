@@ -21,7 +21,10 @@ import os
 import secrets
 import sys
 import time
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:
+    from hpctrain.config import Job
 
 STATE_FILE = "trackers.json"
 SKIPPED_FIELDS = ("step", "time")  # step is the x axis; wall time is not a metric
@@ -36,7 +39,7 @@ class TensorBoardTracker:
     name = "tensorboard"
     rewrites = True  # purge_step: a resumed run replaces the steps after its checkpoint
 
-    def __init__(self, job: Any, run_dir: str, resumed_step: int, state: dict[str, Any]) -> None:
+    def __init__(self, job: Job, run_dir: str, resumed_step: int, state: dict[str, Any]) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(log_dir=os.path.join(run_dir, "tensorboard"),
@@ -55,7 +58,7 @@ class WandbTracker:
     name = "wandb"
     rewrites = False
 
-    def __init__(self, job: Any, run_dir: str, resumed_step: int, state: dict[str, Any]) -> None:
+    def __init__(self, job: Job, run_dir: str, resumed_step: int, state: dict[str, Any]) -> None:
         import wandb
 
         monitor = job.monitor
@@ -77,7 +80,7 @@ class MlflowTracker:
     name = "mlflow"
     rewrites = False
 
-    def __init__(self, job: Any, run_dir: str, resumed_step: int, state: dict[str, Any]) -> None:
+    def __init__(self, job: Job, run_dir: str, resumed_step: int, state: dict[str, Any]) -> None:
         uri = job.monitor.mlflow_tracking_uri or "file://" + os.path.join(os.path.abspath(run_dir), "mlruns")
         if uri.startswith("file:") or "://" not in uri:
             # MLflow 3 keeps the file store only on request; it is the store that needs no database or server.
@@ -111,7 +114,7 @@ KINDS = {"tensorboard": TensorBoardTracker, "wandb": WandbTracker, "mlflow": Mlf
 class Trackers:
     """The job's trackers on rank 0; nothing on the other ranks."""
 
-    def __init__(self, job: Any, run_dir: str, rank: int, resumed_step: int) -> None:
+    def __init__(self, job: Job, run_dir: str, rank: int, resumed_step: int) -> None:
         self.path = os.path.join(run_dir, STATE_FILE)
         self.active: list[Any] = []
         self.state: dict[str, Any] = {}

@@ -107,5 +107,6 @@ def apply_ac(modules: nn.Module | Iterable[nn.Module], mode: str) -> None:
                         if isinstance(proj.weight, DTensor):  # tensor parallel applied
                             proj.register_forward_pre_hook(_enter_row_parallel)
                             proj.register_forward_hook(_leave_row_parallel, always_call=True)
-                    block._hpctrain_row_hooks = True
+                    # setattr: a plain flag, and nn.Module's typed __setattr__ takes only tensors and modules
+                    setattr(block, "_hpctrain_row_hooks", True)
                 block.ac_context_fn = _selective_context if mode == "selective" else None

@@ -19,7 +19,7 @@ Expert and context parallelism (expert.py, context.py) take their place in this 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -30,15 +30,19 @@ from hpctrain.runtime.model.transformer import ModelArgs, Transformer, build_mod
 from hpctrain.runtime.parallel.activation_checkpoint import apply_ac
 from hpctrain.runtime.parallel.compile import apply_compile
 from hpctrain.runtime.parallel.dims import ParallelDims
-from hpctrain.runtime.parallel.fsdp import apply_fsdp
+from hpctrain.runtime.parallel.fsdp import apply_fsdp, zero_stage
 from hpctrain.runtime.parallel.grad_norm import norm_weights
 from hpctrain.runtime.parallel.pipeline import apply_pp, split_model, stage_layer_ranges
 from hpctrain.runtime.parallel.precision import LossScaler
 from hpctrain.runtime.parallel.tensor import apply_tp
 from hpctrain.runtime.training import Training
 
+if TYPE_CHECKING:
+    from hpctrain.config import Job
+    from hpctrain.config.training import ParallelConfig, TrainConfig
 
-def build_training(job: Any, device: torch.device, initialise: bool = True) -> Training:
+
+def build_training(job: Job, device: torch.device, initialise: bool = True) -> Training:
     """Build, parallelise and initialise this rank's part of the model from a resolved job.
 
     initialise=False leaves the parameters unset (a start that loads a checkpoint); call
@@ -51,13 +55,13 @@ def build_training(job: Any, device: torch.device, initialise: bool = True) -> T
     parts = _pipeline_stages(job, layout, whole)                        # 2. PP
     modules = [module for _, module in parts]
     for module in modules:
-        _tensor_parallel(job, layout, module)                           # 3. TP
-        _lora(job, layout, module)                                      # 4. LoRA
+        _tensor_parallel(job.parallel, layout, module)                  # 3. TP
+        _lora(job.train, layout, module)                                # 4. LoRA
         apply_ac(module, job.train.activation_checkpointing)            # 5. AC
         if job.train.compile:                                           # 6. compile
             apply_compile(module)
     _fsdp(job, layout, modules)                                         # 7. FSDP2
-    _materialise(job, device, modules)                                  # 8. init: to_empty,
+    _materialise(job.parallel, device, modules)                         # 8. init: to_empty,
     training = _training(job, device, layout, parts, modules)           #    the schedule,
     if initialise:
         training.initialise()                                           #    the seed's values
@@ -77,7 +81,7 @@ class _Layout:
     fsdp: bool
 
 
-def _layout(job: Any, device: torch.device) -> _Layout:
+def _layout(job: Job, device: torch.device) -> _Layout:
     args = ModelArgs.from_config(job.model)
     initialised = dist.is_available() and dist.is_initialized()
     world_size = dist.get_world_size() if initialised else 1
@@ -91,7 +95,7 @@ def _layout(job: Any, device: torch.device) -> _Layout:
     if not isinstance(virtual, int) or virtual < 1:
         raise ConfigError(f"parallel.virtual_stages: got {virtual!r}; must be an integer >= 1")
     dims.validate_model(args, virtual)
-    n_micro = _micro_batches(job, dims)
+    n_micro = _micro_batches(job.train, dims)
     fsdp = dims.dp_enabled or bool(par.offload_optimizer)
     if fsdp and not initialised:
         raise ConfigError("parallel.offload_optimizer: needs a process group (run through the runtime entry point)")
@@ -101,8 +105,7 @@ def _layout(job: Any, device: torch.device) -> _Layout:
     return _Layout(args, dims, mesh, rank, virtual, n_micro, fsdp)
 
 
-def _micro_batches(job: Any, dims: ParallelDims) -> int:
-    train = job.train
+def _micro_batches(train: TrainConfig, dims: ParallelDims) -> int:
     if train.global_batch % dims.dp:
         raise ConfigError(
             f"train.global_batch: got {train.global_batch}; must be divisible by parallel.dp={dims.dp}"
@@ -117,7 +120,7 @@ def _micro_batches(job: Any, dims: ParallelDims) -> int:
     return local // micro
 
 
-def _pipeline_stages(job: Any, layout: _Layout, whole: Transformer) -> list[tuple[int, Transformer]]:
+def _pipeline_stages(job: Job, layout: _Layout, whole: Transformer) -> list[tuple[int, Transformer]]:
     """(stage index, module) of this rank's stages: the whole model without pipelining."""
     if not layout.dims.pp_enabled:
         return [(0, whole)]
@@ -126,35 +129,35 @@ def _pipeline_stages(job: Any, layout: _Layout, whole: Transformer) -> list[tupl
     return split_model(whole, ranges, pp_rank, layout.dims.pp)
 
 
-def _tensor_parallel(job: Any, layout: _Layout, module: Transformer) -> None:
+def _tensor_parallel(parallel: ParallelConfig, layout: _Layout, module: Transformer) -> None:
     if layout.dims.tp_enabled:
         assert layout.mesh is not None
-        apply_tp(module, layout.mesh["tp"], sequence_parallel=bool(job.parallel.sequence_parallel),
+        apply_tp(module, layout.mesh["tp"], sequence_parallel=bool(parallel.sequence_parallel),
                  loss_parallel=True)
 
 
-def _lora(job: Any, layout: _Layout, module: Transformer) -> None:
-    if job.train.lora is not None:  # after TP (the adapters take the base's placements), before FSDP
+def _lora(train: TrainConfig, layout: _Layout, module: Transformer) -> None:
+    if train.lora is not None:  # after TP (the adapters take the base's placements), before FSDP
         tp_mesh = layout.mesh["tp"] if layout.dims.tp_enabled and layout.mesh is not None else None
-        apply_lora(module, job.train.lora, tp_mesh)
+        apply_lora(module, train.lora, tp_mesh)
 
 
-def _fsdp(job: Any, layout: _Layout, modules: list[Transformer]) -> None:
+def _fsdp(job: Job, layout: _Layout, modules: list[Transformer]) -> None:
     if layout.fsdp:
         assert layout.mesh is not None
         apply_fsdp(
             modules,
             layout.mesh["dp"],
-            zero=job.parallel.zero,
+            zero=zero_stage(job.parallel),
             precision=job.train.precision,
             offload_optimizer=bool(job.parallel.offload_optimizer),
             pipelined=layout.dims.pp_enabled,
         )
 
 
-def _materialise(job: Any, device: torch.device, modules: list[Transformer]) -> None:
+def _materialise(parallel: ParallelConfig, device: torch.device, modules: list[Transformer]) -> None:
     """Real (uninitialised) storage for each rank's shards; rope tables and buffers on the device."""
-    init_device = torch.device("cpu") if job.parallel.offload_optimizer else device
+    init_device = torch.device("cpu") if parallel.offload_optimizer else device
     for module in modules:
         module.to_empty(device=init_device)
         module.tie_weights()
@@ -163,7 +166,7 @@ def _materialise(job: Any, device: torch.device, modules: list[Transformer]) -> 
         module.init_buffers()
 
 
-def _training(job: Any, device: torch.device, layout: _Layout, parts: list[tuple[int, Transformer]],
+def _training(job: Job, device: torch.device, layout: _Layout, parts: list[tuple[int, Transformer]],
               modules: list[Transformer]) -> Training:
     """The `Training` over the built modules, with its pipeline schedule and tied-embedding group."""
     dims, mesh = layout.dims, layout.mesh

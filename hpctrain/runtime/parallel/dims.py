@@ -16,7 +16,21 @@ from hpctrain.errors import ConfigError
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
+    from hpctrain.config import Job
+
 MESH_DIM_NAMES = ("pp", "dp", "tp")
+
+
+def _degree_problems(degrees: dict[str, object]) -> list[str]:
+    """One message per degree that is not an integer >= 1."""
+    problems = []
+    for name, value in degrees.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            problems.append(
+                f"parallel.{name}: got {value!r}; must be an integer >= 1 "
+                "(resolve 'auto' with `hpctrain plan` before starting the runtime)"
+            )
+    return problems
 
 
 @dataclass(frozen=True)
@@ -29,14 +43,7 @@ class ParallelDims:
     world_size: int
 
     def __post_init__(self) -> None:
-        problems = []
-        for name in ("pp", "dp", "tp", "world_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                problems.append(
-                    f"parallel.{name}: got {value!r}; must be an integer >= 1 "
-                    "(resolve 'auto' with `hpctrain plan` before starting the runtime)"
-                )
+        problems = _degree_problems({name: getattr(self, name) for name in ("pp", "dp", "tp", "world_size")})
         if problems:
             raise ConfigError(problems)
         if self.pp * self.dp * self.tp != self.world_size:
@@ -48,10 +55,12 @@ class ParallelDims:
             )
 
     @classmethod
-    def from_job(cls, job: Any, world_size: int) -> ParallelDims:
+    def from_job(cls, job: Job, world_size: int) -> ParallelDims:
         """Degrees from a resolved job (`job.parallel.{pp,dp,tp}` must be integers)."""
-        par = job.parallel
-        return cls(pp=par.pp, dp=par.dp, tp=par.tp, world_size=world_size)
+        pp, dp, tp = job.parallel.pp, job.parallel.dp, job.parallel.tp
+        if not (isinstance(pp, int) and isinstance(dp, int) and isinstance(tp, int)):  # 'auto' left
+            raise ConfigError(_degree_problems({"pp": pp, "dp": dp, "tp": tp, "world_size": world_size}))
+        return cls(pp=pp, dp=dp, tp=tp, world_size=world_size)
 
     def validate_model(self, model_cfg: Any, virtual_stages: int = 1) -> None:
         """Check the degrees against a model shape; raises ConfigError naming each problem."""

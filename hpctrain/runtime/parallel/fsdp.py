@@ -47,6 +47,7 @@ policy casts them to bf16/fp16 for forward and backward and reduces gradients in
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
@@ -54,6 +55,9 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, Offlo
 
 from hpctrain.errors import ConfigError
 from hpctrain.runtime.model.transformer import Transformer
+
+if TYPE_CHECKING:
+    from hpctrain.config.training import ParallelConfig
 
 PARAM_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
 
@@ -63,6 +67,14 @@ def reshard_after_forward(zero: int) -> bool:
     if zero not in (0, 1, 2, 3):
         raise ConfigError(f"parallel.zero: got {zero!r}; valid: 0, 1, 2, 3 (resolve 'auto' with `hpctrain plan`)")
     return zero == 3
+
+
+def zero_stage(parallel: ParallelConfig) -> int:
+    """`parallel.zero` of a resolved job ('auto' is the planner's to fill; the runtime's entry checks it)."""
+    zero = parallel.zero
+    if not isinstance(zero, int):
+        raise ConfigError(f"parallel.zero: got {zero!r}; valid: 0, 1, 2, 3 (resolve 'auto' with `hpctrain plan`)")
+    return zero
 
 
 def sync_every_microbatch(zero: int) -> bool:

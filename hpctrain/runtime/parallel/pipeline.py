@@ -25,7 +25,7 @@ from __future__ import annotations
 import copy
 import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
@@ -38,6 +38,9 @@ from torch.distributed.pipelining import (
 
 from hpctrain.errors import ConfigError
 from hpctrain.runtime.model.transformer import Transformer, make_stage
+
+if TYPE_CHECKING:
+    from hpctrain.config import Job
 
 SCHEDULES: dict[str, Any] = {
     "gpipe": ScheduleGPipe,
@@ -57,10 +60,12 @@ def even_split(layers: int, stages: int) -> list[tuple[int, int]]:
     return list(zip(bounds[:-1], bounds[1:]))
 
 
-def stage_layer_ranges(job: Any, pp: int, virtual_stages: int) -> list[tuple[int, int]]:
+def stage_layer_ranges(job: Job, pp: int, virtual_stages: int) -> list[tuple[int, int]]:
     """[first_layer, last_layer_exclusive) per stage, in pipeline order; validated."""
     n_stages = pp * virtual_stages
     layers = job.model.layers
+    if layers is None:  # validation fills it (from the preset or init_from)
+        raise ConfigError("model.layers: unset; the runtime needs a resolved job")
     placement = getattr(job, "placement", None)
     ranges = getattr(placement, "stage_layers", None) if placement is not None else None
     field = "placement.stage_layers"
@@ -116,7 +121,7 @@ class BoundedStage(PipelineStage):
     behaviour (a buffer per micro-batch) remains and only memory differs."""
 
     def _setup_forward_recv_info(self, num_microbatches: int, *args: Any, **kwargs: Any) -> None:
-        super()._setup_forward_recv_info(1, *args, **kwargs)  # type: ignore[misc]
+        super()._setup_forward_recv_info(1, *args, **kwargs)
         self._replicate_lazily(self.args_recv_info, num_microbatches)
 
     def _setup_backward_recv_info(self, num_microbatches: int) -> None:

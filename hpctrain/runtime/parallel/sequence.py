@@ -20,7 +20,7 @@ Only without activation checkpointing: with "full" the block keeps only its inpu
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -89,7 +89,8 @@ def _pre_hook(mesh: DeviceMesh, module: nn.Module, args: tuple[Any, ...]) -> tup
     gathered = shard.redistribute(mesh, [Replicate()])
     if not torch.is_grad_enabled() or getattr(module, CHECKPOINTED_ATTR, False):
         return (gathered, *args[1:])
-    source = _Regather(shard.detach(), gathered.to_local().untyped_storage().data_ptr())
+    # cast: torch's stubs type detach() as returning Tensor; on a DTensor it returns a DTensor.
+    source = _Regather(cast(DTensor, shard.detach()), gathered.to_local().untyped_storage().data_ptr())
     outer_pack, outer_unpack = _outer_hooks()
 
     def pack(t: torch.Tensor) -> Any:
