@@ -260,11 +260,16 @@ class SlurmCluster:
 
     def _start_accounting(self, deadline: float) -> None:
         datadir = self.root / "mysql"
+        # A temporary folder of its own: with the default /tmp, clusters bootstrapped at the same moment (one per
+        # pytest-xdist worker) were seen to lose each other's temporary tables ("Could not remove temporary
+        # table '/tmp/#sql-temptable-...'", mariadb-install-db exit 1).
+        tmpdir = self.root / "mysql-tmp"
+        tmpdir.mkdir(parents=True, exist_ok=True)
         self.run(["mariadb-install-db", "--no-defaults", f"--datadir={datadir}", "--user=root",
                   "--auth-root-authentication-method=normal", "--skip-test-db",
-                  "--skip-name-resolve"], timeout_s=60)
+                  "--skip-name-resolve", f"--tmpdir={tmpdir}"], timeout_s=60)
         self._spawn("mysql", [
-            "mariadbd", "--no-defaults", f"--datadir={datadir}", "--user=root",
+            "mariadbd", "--no-defaults", f"--datadir={datadir}", "--user=root", f"--tmpdir={tmpdir}",
             f"--socket={self.mysql_socket}", f"--port={self.ports['mysql']}",
             "--bind-address=127.0.0.1", f"--pid-file={self.run_dir / 'mysql.pid'}",
             f"--log-error={self.log_dir / 'mysql.log'}", "--skip-log-bin",
