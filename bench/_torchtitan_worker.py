@@ -15,6 +15,10 @@ What this wrapper does around torchtitan (its code is not edited), and why:
   (torch's CPU wheel) those three modules are replaced by stubs in sys.modules.
 - set_pg_timeouts (called after step 1 to shorten the collective timeouts): its barrier passes
   device_ids=["cpu"], which gloo rejects; replaced by a plain barrier (timeouts left as they are).
+- FSDP's reduce-scatter: torchtitan sets every FSDP module's gradient divide factor to 1.0 (it
+  scales by the global token count itself), which FSDP2 turns into ReduceOp.PREMUL_SUM(1.0), which
+  gloo lacks; the wrapper also sets set_force_sum_reduction_for_comms(True), so the reduction is a
+  plain SUM (the same sum, multiplied by 1.0).
 - DeviceMemoryMonitor: torch.cpu has no memory_stats/get_device_properties; a stub reports zeros
   (memory is measured from outside as peak RSS instead). get_peak_flops is only used for MFU.
 - the Trainer is built from a Trainer.Config made here (what `--module/--config` would load from
@@ -101,6 +105,17 @@ def _patch_memory_monitor() -> None:
     metrics.utils.get_peak_flops = lambda name: 1e12  # type: ignore[attr-defined]
     from torchtitan.distributed import utils as dist_utils
 
+    from torchtitan.distributed import fsdp
+
+    divide = fsdp.disable_fsdp_gradient_division
+
+    def sum_reduction(model: Any) -> None:  # gloo has no PREMUL_SUM; see the docstring
+        divide(model)
+        for module in model.modules():
+            if isinstance(module, fsdp.FSDPModule):
+                module.set_force_sum_reduction_for_comms(True)
+
+    fsdp.disable_fsdp_gradient_division = sum_reduction
     # its barrier passes device_ids=[torch.cpu.current_device()] = ["cpu"], which gloo rejects
     dist_utils.set_pg_timeouts = lambda timeout, parallel_dims: torch.distributed.barrier()
 

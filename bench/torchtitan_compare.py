@@ -7,13 +7,16 @@ checkpointing, no compile, AdamW with linear warm-up, one micro-batch per step, 
 glibc's malloc thresholds fixed for both sides (MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_ =
 4 GiB, as bench/runtime_overhead.py explains). Layouts: 1 process, dp2 (hpctrain zero 3 = FSDP2
 resharding after forward, torchtitan's FSDP2 default for dp_shard=2) and tp2 (each side's own
-tensor + sequence parallelism). Each layout runs hpctrain and torchtitan in turn, --runs pairs,
+tensor + sequence parallelism: hpctrain parallel.sequence_parallel true, torchtitan's default
+enable_sequence_parallel; both with loss parallel). Each layout runs hpctrain and torchtitan in turn, --runs pairs,
 every run a fresh set of processes; medians and the median of the pairwise ratios are printed.
 
 Figures, the same definition on both sides, from rank 0's step timestamps (hpctrain: the `time`
 of each metrics.jsonl line, written when the step is logged; torchtitan: time.time() when
 Trainer.train_step returns, where it logs):
-- tokens/s: (steps - warmup) x global batch x seq_len over the wall clock from the end of step
+- tokens/s: global batch x seq_len over the median interval between consecutive steps after
+  step --warmup (robust to another process taking the cores for a moment, on a shared machine);
+  "wall tok/s": (steps - warmup) x global batch x seq_len over the wall clock from the end of step
   --warmup to the end of the last step;
 - first step: from starting the processes to the end of step 1 (imports, process group, build,
   init, the first step);
@@ -70,7 +73,7 @@ def hpctrain_job(tp: int, dp: int, steps: int, global_batch: int, ckpt_step: int
                   "precision": "fp32", "activation_checkpointing": "none", "log_every": 1, "data": "synthetic",
                   "optimizer": {"lr": 1e-3, "weight_decay": 0.1}, "lr_schedule": {"warmup_steps": 2}},
         "parallel": {"tp": tp, "pp": 1, "dp": dp, "zero": 3 if dp > 1 else 1, "schedule": "1f1b",
-                     "virtual_stages": 1},
+                     "virtual_stages": 1, "sequence_parallel": tp > 1},
         "cluster": {"executor": "local", "nodes": 1, "gpus_per_node": tp * dp, "gpu": "cpu"},
         "checkpoint": {"every_steps": ckpt_step or steps + 1000, "keep_last": 2},
     }
@@ -172,7 +175,9 @@ def figures(run: dict[str, Any], args: argparse.Namespace, ckpt_step: int | None
     got = {"first_step_s": t[0] - run["start"], "rss_mib": run["rss_mib"]}
     intervals = {k + 1: t[k] - t[k - 1] for k in range(1, len(t))}  # step number -> its interval
     if ckpt_step is None:
-        got["tokens_per_s"] = (len(t) - w) * args.global_batch * MODEL["seq_len"] / (t[-1] - t[w - 1])
+        got["tokens_per_s"] = args.global_batch * MODEL["seq_len"] / statistics.median(
+            d for k, d in intervals.items() if k > w)
+        got["wall_tokens_per_s"] = (len(t) - w) * args.global_batch * MODEL["seq_len"] / (t[-1] - t[w - 1])
     else:
         near = set(range(ckpt_step + 1, ckpt_step + 2 + AFTER_STEPS))
         base = statistics.median(d for k, d in intervals.items() if k > w and k not in near)
@@ -231,7 +236,7 @@ def main() -> None:
             print(f"  [{layout} pair {i + 1}] {line}", flush=True)
         results[layout] = sides
     print(f"\n  {'':<16}{'hpctrain':>12}{'torchtitan':>12}{'ratio':>9}   (median of pairwise hpctrain/torchtitan)")
-    labels = {"tokens_per_s": ("tokens/s", ",.0f"), "first_step_s": ("first step s", ".2f"),
+    labels = {"tokens_per_s": ("tokens/s", ",.0f"), "wall_tokens_per_s": ("wall tok/s", ",.0f"), "first_step_s": ("first step s", ".2f"),
               "rss_mib": ("peak RSS MiB", ",.0f"), "pause_s": ("ckpt pause s", ".3f"),
               "after_s": ("ckpt after s", ".3f"), "step_s": ("step s", ".3f")}
     for layout, sides in results.items():
