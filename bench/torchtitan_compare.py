@@ -25,7 +25,9 @@ Trainer.train_step returns, where it logs):
   (hpctrain checkpoint.every_steps, sync; torchtitan checkpoint.interval, its default
   async_mode "disabled"); the pause is the interval that holds the save minus the median interval
   of the steps away from it; "after" is the excess time of the 3 steps that follow (work the save
-  left running in threads, competing for the cores).
+  left running in threads, competing for the cores). "save timer" is each side's own clock on the
+  save call (torchtitan: around CheckpointManager.save, its GC included; hpctrain: the `checkpoint
+  saved` event's blocking_s, without the trainer's gc.collect() just before the save), for reference.
 
 torchtitan: --torchtitan DIR names a directory holding the `torchtitan/` package, outside this
 repository (a checkout's root, or the 0.3.0 wheel unpacked: `pip download --no-deps
@@ -149,7 +151,10 @@ def run_hpctrain(tp: int, dp: int, args: argparse.Namespace, ckpt_step: int | No
                         args.timeout)
     with open(os.path.join(run_dir, "metrics.jsonl")) as handle:
         times = [float(json.loads(line)["time"]) for line in handle]
-    return {"start": start, "rss_mib": rss, "times": times}
+    with open(os.path.join(run_dir, "events.jsonl")) as handle:
+        events = [json.loads(line) for line in handle if line.strip()]
+    saves = [float(e["blocking_s"]) for e in events if e.get("event") == "checkpoint saved" and e.get("step") == ckpt_step]
+    return {"start": start, "rss_mib": rss, "times": times, "save_s": saves}
 
 
 def run_torchtitan(tp: int, dp: int, args: argparse.Namespace, ckpt_step: int | None, workdir: str) -> dict[str, Any]:
@@ -184,6 +189,8 @@ def figures(run: dict[str, Any], args: argparse.Namespace, ckpt_step: int | None
         got["pause_s"] = intervals[ckpt_step + 1] - base
         got["after_s"] = sum(intervals[k] - base for k in range(ckpt_step + 2, ckpt_step + 2 + AFTER_STEPS))
         got["step_s"] = base
+        if run.get("save_s"):
+            got["save_timer_s"] = run["save_s"][0]
     return got
 
 
@@ -238,7 +245,7 @@ def main() -> None:
     print(f"\n  {'':<16}{'hpctrain':>12}{'torchtitan':>12}{'ratio':>9}   (median of pairwise hpctrain/torchtitan)")
     labels = {"tokens_per_s": ("tokens/s", ",.0f"), "wall_tokens_per_s": ("wall tok/s", ",.0f"), "first_step_s": ("first step s", ".2f"),
               "rss_mib": ("peak RSS MiB", ",.0f"), "pause_s": ("ckpt pause s", ".3f"),
-              "after_s": ("ckpt after s", ".3f"), "step_s": ("step s", ".3f")}
+              "after_s": ("ckpt after s", ".3f"), "save_timer_s": ("save timer s", ".3f"), "step_s": ("step s", ".3f")}
     for layout, sides in results.items():
         print(f"  {layout}")
         for key, values in sides["hpctrain"].items():
