@@ -199,6 +199,9 @@ def row(name: str, a: list[float], b: list[float], fmt: str, skipped: bool) -> s
     if skipped:
         return f"  {name:<16}{ma:>12{fmt}}{'skipped':>12}{'':>9}"
     mb = statistics.median(b)
+    if name == "ckpt after s":  # near zero, either sign: a difference says more than a ratio
+        diff = statistics.median(x - y for x, y in zip(a, b))
+        return f"  {name:<16}{ma:>12{fmt}}{mb:>12{fmt}}{diff:>+9.3f}   (median pairwise difference, s)"
     ratio = statistics.median(x / y for x, y in zip(a, b) if y)
     wins = sum(x > y for x, y in zip(a, b))
     return f"  {name:<16}{ma:>12{fmt}}{mb:>12{fmt}}{ratio:>9.3f}   (hpctrain higher in {wins}/{len(a)})"
