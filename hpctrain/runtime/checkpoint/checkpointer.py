@@ -31,9 +31,9 @@ at the end of training, on every rank at the same point.
 
 Sync saves block training for the DCP write only (issue 12: the whole save within 1.15x of a bare
 `dcp.save`), without its fsyncs: the finalize (fsync and sha256 of every file, read back from the
-page cache, manifest gather, metadata, fsyncs, rename, prune) runs in a thread on that same separate gloo group, and is joined
-at the next save or at `wait()` (end of training, requeue/stop: the trainer's loop always ends in
-`wait()`), which raises its failure on every rank. Until it completes the folder is
+page cache, manifest gather, metadata, fsyncs, rename, prune) runs in a thread on that same
+separate gloo group, and is joined at the next save or at `wait()` (end of training, requeue/stop:
+the trainer's loop always ends in `wait()`), which raises its failure on every rank. Until it completes the folder is
 `step-N.partial/` without metadata: a crash before then leaves the previous checkpoint the latest
 valid one, exactly as a crash inside a blocking save did.
 """
