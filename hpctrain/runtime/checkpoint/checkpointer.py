@@ -30,10 +30,10 @@ collectives never interleave with training's; the metadata + rename happen at th
 at the end of training, on every rank at the same point.
 
 Sync saves block training for the DCP write only (issue 12: the whole save within 1.15x of a bare
-`dcp.save`): the finalize (sha256 of every file read back from the page cache, manifest gather,
-metadata, fsyncs, rename, prune) runs in a thread on that same separate gloo group, and is joined
-at the next save or at `wait()` (end of training, requeue/stop: the trainer's loop always ends in
-`wait()`), which raises its failure on every rank. Until it completes the folder is
+`dcp.save`), without its fsyncs: the finalize (fsync and sha256 of every file, read back from the
+page cache, manifest gather, metadata, fsyncs, rename, prune) runs in a thread on that same
+separate gloo group, and is joined at the next save or at `wait()` (end of training, requeue/stop:
+the trainer's loop always ends in `wait()`), which raises its failure on every rank. Until it completes the folder is
 `step-N.partial/` without metadata: a crash before then leaves the previous checkpoint the latest
 valid one, exactly as a crash inside a blocking save did.
 """
@@ -216,8 +216,10 @@ class Checkpointer:
             group = self._side_group()
             try:
                 # A plain writer: hashing while writing costs the DCP write ~1.4x on a busy CPU;
-                # the finalize thread hashes the files back from the page cache instead.
-                dcp.save(state, storage_writer=FileSystemWriter(partial))
+                # the finalize thread hashes the files back from the page cache instead. It fsyncs
+                # them there too (each rank its share, before the metadata that trusts them), not here
+                # inside the pause.
+                dcp.save(state, storage_writer=FileSystemWriter(partial, sync_files=False))
             except CheckpointException as exc:  # raised on every rank: DCP gathers the failures
                 self._fail(step, partial, [describe_failure(exc)])
             pending = _Pending(step, partial, final, full_body, None, started,
@@ -294,6 +296,9 @@ class Checkpointer:
             # This rank's RNG file on disk before the metadata that lists it is written (and trusted).
             fsync_file(os.path.join(pending.partial, "rng", f"rank-{self.rank}.pt"))
             mine = share(names, self.rank, self.world_size)
+            if pending.writer is None:  # sync: DCP wrote without fsync (save)
+                for name in mine:
+                    fsync_file(os.path.join(pending.partial, name))
             # Async: the DCP files this rank wrote were hashed while written (hashing.py);
             # sync: read back here, from the page cache, while training goes on.
             manifest = (pending.writer.manifest(pending.partial, mine) if pending.writer is not None
