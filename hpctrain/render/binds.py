@@ -7,7 +7,7 @@ these, so what validate accepts is what render binds.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hpctrain.errors import RenderError
 

@@ -9,7 +9,7 @@ docs/env.html, NCCL 2.23); PyTorch ProcessGroupNCCL environment variables (torch
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:
     from hpctrain.config import Job
