@@ -61,11 +61,13 @@ def make_job(model: dict[str, Any], tp: int, pp: int, dp: int, steps: int, globa
     }
 
 
-def _env(world: int, rank: int, port: int) -> dict[str, str]:
+def rank_env(world: int, rank: int, port: int, always_dist: bool = False) -> dict[str, str]:
+    """One local rank's environment: torchrun's variables (or none, for a single process unless always_dist),
+    one thread, no final checkpoint, glibc's malloc thresholds fixed (see the docstring)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env.update(OMP_NUM_THREADS="1", HPCTRAIN_FINAL_CHECKPOINT="0", MALLOC_MMAP_THRESHOLD_=str(4 << 30),
                MALLOC_TRIM_THRESHOLD_=str(4 << 30), PYTHONPATH=REPO + os.pathsep + env.get("PYTHONPATH", ""))
-    if world > 1:
+    if world > 1 or always_dist:
         env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port))
     else:
@@ -74,7 +76,7 @@ def _env(world: int, rank: int, port: int) -> dict[str, str]:
     return env
 
 
-def _free_port() -> int:
+def free_port() -> int:
     import socket
 
     with socket.socket() as sock:
@@ -91,9 +93,9 @@ def run_runtime(job: dict[str, Any], workdir: str, warmup: int, timeout_s: float
     path = os.path.join(run_dir + ".yaml")
     with open(path, "w") as handle:
         yaml.safe_dump(job, handle)
-    port = _free_port()
+    port = free_port()
     procs = [subprocess.Popen([sys.executable, "-m", "hpctrain.runtime", "--job", path, "--run-dir", run_dir],
-                              env=_env(world, rank, port), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              env=rank_env(world, rank, port), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                               cwd=REPO, text=True) for rank in range(world)]
     deadline = time.monotonic() + timeout_s
     try:
@@ -174,7 +176,7 @@ def run_plain(job: dict[str, Any], workdir: str, warmup: int) -> dict[str, Any]:
         yaml.safe_dump(job, handle)
     out = path + ".json"
     subprocess.run([sys.executable, os.path.abspath(__file__), "--plain-worker", path, out, str(warmup)],
-                   env=_env(1, 0, 0), check=True, cwd=REPO)
+                   env=rank_env(1, 0, 0), check=True, cwd=REPO)
     with open(out) as handle:
         return json.load(handle)
 

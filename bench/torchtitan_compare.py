@@ -57,6 +57,8 @@ from typing import Any
 
 import yaml
 
+from runtime_overhead import free_port, rank_env  # bench/ is on sys.path: python bench/X.py
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(REPO, "bench", "_torchtitan_worker.py")
 MODEL = {"layers": 4, "hidden": 256, "heads": 8, "kv_heads": 8, "ffn_hidden": 768, "vocab": 1024, "seq_len": 128,
@@ -79,27 +81,6 @@ def hpctrain_job(tp: int, dp: int, steps: int, global_batch: int, ckpt_step: int
         "cluster": {"executor": "local", "nodes": 1, "gpus_per_node": tp * dp, "gpu": "cpu"},
         "checkpoint": {"every_steps": ckpt_step or steps + 1000, "keep_last": 2},
     }
-
-
-def _env(world: int, rank: int, port: int, always_dist: bool) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    env.update(OMP_NUM_THREADS="1", HPCTRAIN_FINAL_CHECKPOINT="0", MALLOC_MMAP_THRESHOLD_=str(4 << 30),
-               MALLOC_TRIM_THRESHOLD_=str(4 << 30), PYTHONPATH=REPO + os.pathsep + env.get("PYTHONPATH", ""))
-    if world > 1 or always_dist:
-        env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port))
-    else:
-        for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-            env.pop(name, None)
-    return env
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def launch(argvs: list[list[str]], envs: list[dict[str, str]], cwd: str, log_dir: str,
@@ -145,9 +126,9 @@ def run_hpctrain(tp: int, dp: int, args: argparse.Namespace, ckpt_step: int | No
     path = run_dir + ".yaml"
     with open(path, "w") as handle:
         yaml.safe_dump(hpctrain_job(tp, dp, args.steps, args.global_batch, ckpt_step), handle)
-    world, port = tp * dp, _free_port()
+    world, port = tp * dp, free_port()
     argv = [sys.executable, "-m", "hpctrain.runtime", "--job", path, "--run-dir", run_dir]
-    start, rss = launch([argv] * world, [_env(world, r, port, False) for r in range(world)], REPO, run_dir,
+    start, rss = launch([argv] * world, [rank_env(world, r, port, False) for r in range(world)], REPO, run_dir,
                         args.timeout)
     with open(os.path.join(run_dir, "metrics.jsonl")) as handle:
         times = [float(json.loads(line)["time"]) for line in handle]
@@ -165,9 +146,9 @@ def run_torchtitan(tp: int, dp: int, args: argparse.Namespace, ckpt_step: int | 
     path = os.path.join(run_dir, "spec.json")
     with open(path, "w") as handle:
         json.dump(spec, handle)
-    world, port = tp * dp, _free_port()
+    world, port = tp * dp, free_port()
     argv = [sys.executable, WORKER, os.path.abspath(args.torchtitan), path]
-    start, rss = launch([argv] * world, [_env(world, r, port, True) for r in range(world)], run_dir, run_dir,
+    start, rss = launch([argv] * world, [rank_env(world, r, port, True) for r in range(world)], run_dir, run_dir,
                         args.timeout)
     with open(spec["out"]) as handle:
         out = json.load(handle)
