@@ -36,6 +36,7 @@ COMMAND_MODULE = {
     "export": "hpctrain.cli.export",
     "submit": "hpctrain.cli.launch", "sweep": "hpctrain.cli.launch", "status": "hpctrain.cli.launch",
     "cancel": "hpctrain.cli.launch", "logs": "hpctrain.cli.launch", "resume": "hpctrain.cli.launch",
+    "follow": "hpctrain.cli.launch",
     "doctor": "hpctrain.cli.diagnose", "report": "hpctrain.cli.diagnose",
 }
 
