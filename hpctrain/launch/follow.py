@@ -216,6 +216,11 @@ def summary(status: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _progress_of(status: dict[str, Any]) -> tuple[Any, ...]:
+    """What a change of means that the job moved on: its state and step, or each task's."""
+    return tuple((row.get("state"), row.get("step")) for row in [status, *status.get("tasks", [])])
+
+
 def _poll(run_dir: Path, timeout_s: float, env: Optional[Mapping[str, str]], interval_s: float, stream: TextIO,
           on_poll: Optional[Callable[[], object]], progress_every_s: float) -> dict[str, Any]:
     deadline = time.monotonic() + timeout_s
@@ -235,9 +240,9 @@ def _poll(run_dir: Path, timeout_s: float, env: Optional[Mapping[str, str]], int
             # Each poll may ask the scheduler (scontrol/sacct): back off to at most MAX_POLL_S while nothing
             # changes, and look again soon after something did; never sleep past the deadline or the next line.
             time.sleep(max(0.05, min(wait_s, deadline - time.monotonic() + 0.05, progress_every_s)))
-            previous = (status.get("state"), status.get("step"))
+            previous = _progress_of(status)
             status = run_status(run_dir, env)
-            changed = (status.get("state"), status.get("step")) != previous
+            changed = _progress_of(status) != previous
             wait_s = interval_s if changed else min(wait_s * 1.5, max(interval_s, MAX_POLL_S))
     finally:
         display.close()

@@ -108,7 +108,8 @@ def follow_logs(run_dir: Path, rank: Optional[int], attempt: Optional[int], out:
                 check_every_s: float = 2.0) -> None:
     """`logs -f`: print the chosen logs (pick_logs) and what is appended to them, whole lines at a time, until
     `ended()` says the run has ended; then the rest. Without `attempt`, a restart's new attempt is followed
-    when its logs appear (`note` says so). Logs that do not exist yet are waited for while the run goes on."""
+    when its logs appear (`note` says so). Logs that do not exist yet are waited for while the run goes on.
+    Without `rank` (every rank's logs), a `==> path <==` line heads each file's lines, as `tail -f` does."""
     offsets: dict[Path, int] = {}
     shown: Optional[Path] = None  # the file whose lines were printed last (a header before another's)
     following: Optional[int] = None  # the attempt followed
@@ -128,8 +129,8 @@ def follow_logs(run_dir: Path, rank: Optional[int], attempt: Optional[int], out:
             elif why:
                 note(why)
             following = files[0].attempt
-        for log in files:
-            shown = _print_new(log.path, offsets, out, shown if len(files) > 1 else log.path, last=finished)
+        for log in files:  # one rank: its lines as they are; every rank: a header whenever the file changes
+            shown = _print_new(log.path, offsets, out, log.path if rank is not None else shown, last=finished)
         out.flush()
         if finished:
             return
