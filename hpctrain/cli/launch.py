@@ -101,6 +101,17 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     _add_runs_dir(logs)
     logs.set_defaults(handler=run_logs)
 
+    clean = subparsers.add_parser(
+        "clean", help="remove the run directories of dry runs that never ran",
+        description="List the run directories in --runs-dir that only `submit/sweep --dry-run` wrote (every event "
+                    "a dry_run, no metrics, logs, rank summaries or checkpoints, never submitted); with --yes, "
+                    "remove them. Nothing else is touched.")
+    clean.add_argument("--dry-runs", action="store_true", required=True,
+                       help="what to remove: dry runs (the only kind there is)")
+    clean.add_argument("--yes", action="store_true", help="remove them (without it, only list them)")
+    _add_runs_dir(clean)
+    clean.set_defaults(handler=run_clean)
+
     follow = subparsers.add_parser(
         "follow", help="re-attach to a run: its progress until it ends, then its final state",
         description="Follow a submitted run (any executor; a sweep: every task) as `submit --wait` does: the "
@@ -360,6 +371,24 @@ def _follow_logs(run_dir: Any, args: argparse.Namespace) -> int:
                     ended=lambda: is_finished(run_status(run_dir, details=False)))
     except KeyboardInterrupt:
         pass
+    return 0
+
+
+def run_clean(args: argparse.Namespace) -> int:
+    from hpctrain.launch.clean import dry_runs, remove
+
+    found = dry_runs(args.runs_dir)
+    if not found:
+        print(f"no dry runs in {args.runs_dir}/")
+        return 0
+    if not args.yes:
+        for path in found:
+            print(f"would remove {path}")
+        print(f"{len(found)} dry run(s); rerun with --yes to remove them")
+        return 0
+    for path in found:
+        remove([path])
+        print(f"removed {path}")
     return 0
 
 

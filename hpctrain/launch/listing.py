@@ -79,4 +79,5 @@ def hidden_note(dry_runs: int) -> str:
     """The line under the list when `status` hid dry runs (they never ran: no state to follow)."""
     if not dry_runs:
         return ""
-    return f"({dry_runs} dry run{'s' if dry_runs != 1 else ''} hidden; `hpctrain status --all` lists them)"
+    return (f"({dry_runs} dry run{'s' if dry_runs != 1 else ''} hidden; `hpctrain status --all` lists them, "
+            "`hpctrain clean --dry-runs` removes those that never ran)")

@@ -141,7 +141,7 @@ def test_status_hides_dry_runs_and_watch_ends_when_all_shown_have_ended(tmp_path
     _dry_run(runs, "b-20260101-000001")
     assert main(["status", "--runs-dir", str(runs)]) == 0
     assert capsys.readouterr().out == (f"no submitted runs in {runs}/ (2 dry runs hidden; `hpctrain status --all` "
-                                       "lists them)\n")
+                                       "lists them, `hpctrain clean --dry-runs` removes those that never ran)\n")
     assert main(["status", "--runs-dir", str(runs), "--all", "--watch", "0.1"]) == 0  # nothing runs: one snapshot
     out = capsys.readouterr().out
     assert out.startswith("--- ") and out.count("\n--- ") == 0 and out.count("DRY_RUN") == 2, out
