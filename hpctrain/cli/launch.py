@@ -72,7 +72,7 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
                         help=_RUN_HELP + " (default: list every run, newest first)")
     status.add_argument("--json", action="store_true", help="print a JSON object (with --watch: one per line)")
     status.add_argument("--all", action="store_true", help="list dry runs too (hidden by default, with a count)")
-    status.add_argument("--watch", nargs="?", type=float, const=WATCH_EVERY_S, default=None, metavar="SECONDS",
+    status.add_argument("--watch", nargs="?", const=str(WATCH_EVERY_S), default=None, metavar="SECONDS",
                         help=f"repeat every SECONDS (default {WATCH_EVERY_S:g}): on a terminal the screen is "
                              "redrawn, elsewhere each snapshot is printed; ends when every run shown has ended, "
                              "or on Ctrl-C (exit 0 both)")
@@ -263,6 +263,12 @@ def run_status_cmd(args: argparse.Namespace) -> int:
     if args.watch is None:
         print(_status_text(args)[0])
         return 0
+    try:
+        args.watch = float(args.watch)
+    except ValueError:  # `status --watch RUN`: argparse gave RUN to --watch
+        if args.run is not None:
+            raise ConfigError(f"--watch: expected a number of seconds (got {args.watch!r}); e.g. --watch 5") from None
+        args.run, args.watch = args.watch, WATCH_EVERY_S
     if not (math.isfinite(args.watch) and args.watch > 0):
         raise ConfigError(f"--watch: must be a positive number of seconds (got {args.watch:g}); e.g. --watch 5")
     return _watch(args)

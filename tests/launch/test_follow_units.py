@@ -147,5 +147,37 @@ def test_status_hides_dry_runs_and_watch_ends_when_all_shown_have_ended(tmp_path
     assert out.startswith("--- ") and out.count("\n--- ") == 0 and out.count("DRY_RUN") == 2, out
     assert main(["status", str(first), "--watch", "0"]) == 2
     assert "--watch: must be a positive number of seconds (got 0)" in capsys.readouterr().err
+    assert main(["status", "--watch", str(first), "--json"]) == 0  # --watch RUN: RUN is the run, not the interval
+    assert [json.loads(line)["state"] for line in capsys.readouterr().out.splitlines()] == ["DRY_RUN"]  # JSON lines
     assert main(["follow", str(first)]) == 2  # a dry run never ran: nothing to follow
     assert "was never submitted (a dry run, or refused); nothing to follow" in capsys.readouterr().err
+
+
+def test_status_watch_redraws_on_a_terminal(tmp_path: Path) -> None:
+    """On a terminal each snapshot replaces the last (the screen is cleared first); off one, it is appended."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    runs = tmp_path / "runs"
+    _dry_run(runs, "a-20260101-000000")
+    leader, follower = pty.openpty()
+    try:
+        proc = subprocess.run([sys.executable, "-c", "import sys; from hpctrain.cli import main; sys.exit(main())",
+                               "status", "--runs-dir", str(runs), "--all", "--watch", "0.1"],
+                              stdout=follower, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, timeout=60)
+        os.close(follower)
+        out = b""
+        while True:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:  # the terminal's other end is closed: all read
+                break
+            if not chunk:
+                break
+            out += chunk
+    finally:
+        os.close(leader)
+    assert proc.returncode == 0, proc.stderr
+    assert out.startswith(b"\x1b[H\x1b[2J") and b"DRY_RUN" in out and b"--- 20" not in out, out
