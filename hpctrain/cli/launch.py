@@ -242,10 +242,9 @@ def run_sweep(args: argparse.Namespace) -> int:
     print(f"{len(sweep['tasks'])} tasks, {len(sweep['skipped'])} skipped; array {sweep['array']}", file=sys.stderr)
     _print_submission(submission, args.dry_run)
     if args.wait and not args.dry_run:  # every task: exit 0 only when all completed
-        import math
+        from hpctrain.launch.follow import sweep_waves
 
-        waves = math.ceil(len(sweep["tasks"]) / max(1, int(sweep.get("max_parallel") or 1)))
-        _wait(submission, job, args, waves=waves)
+        _wait(submission, job, args, waves=sweep_waves(sweep))
     return 0
 
 
@@ -400,6 +399,7 @@ def run_clean(args: argparse.Namespace) -> int:
 
 def run_follow(args: argparse.Namespace) -> int:
     from hpctrain.errors import ConfigError
+    from hpctrain.launch.follow import run_timeout_s
     from hpctrain.launch.rundir import last_submission
 
     _check_wait_options(args)
@@ -408,33 +408,9 @@ def run_follow(args: argparse.Namespace) -> int:
     if not sub or not sub.get("job_id"):
         raise ConfigError(f"RUN: {run_dir} was never submitted (a dry run, or refused); nothing to follow; "
                           "submit it with `hpctrain submit`")
-    timeout_s = args.timeout if args.timeout is not None else _run_timeout_s(run_dir)
+    timeout_s = args.timeout if args.timeout is not None else run_timeout_s(run_dir)
     _follow_to_end(run_dir, timeout_s, args, job_id=str(sub["job_id"]))
     return 0
-
-
-def _run_timeout_s(run_dir: Any) -> float:
-    """follow's default timeout, from the run's resolved job (and for a sweep, its waves of tasks)."""
-    import math
-
-    from hpctrain.config.types import slurm_time_seconds
-    from hpctrain.launch.follow import DAY_S, default_timeout_s
-    from hpctrain.launch.rundir import is_sweep
-    from hpctrain.rundir.layout import RESOLVED_FILE
-    from hpctrain.rundir.read import read_yaml_mapping
-    from hpctrain.rundir.sweep_file import read_sweep
-
-    resolved = read_yaml_mapping(run_dir / RESOLVED_FILE) or {}
-    slurm, restart = resolved.get("slurm") or {}, resolved.get("restart") or {}
-    try:
-        limit = slurm_time_seconds(str(slurm["time"])) if slurm.get("time") is not None else None
-        one = default_timeout_s(limit, int(restart.get("max_requeues") or 0))
-    except (ValueError, TypeError, AttributeError):
-        return DAY_S
-    if is_sweep(run_dir):
-        sweep = read_sweep(run_dir)
-        one *= math.ceil(len(sweep.get("tasks", [])) / max(1, int(sweep.get("max_parallel") or 1)))
-    return one
 
 
 def run_resume(args: argparse.Namespace) -> int:

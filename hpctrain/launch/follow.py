@@ -10,14 +10,20 @@ Ctrl-C; in the last two the job goes on and the message says how to follow it ag
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable, Optional, TextIO
 
+from hpctrain.config.types import slurm_time_seconds
 from hpctrain.errors import HpctrainError, JobFailedError, WaitTimedOut
+from hpctrain.launch.rundir import is_sweep
 from hpctrain.launch.status import is_finished, run_status
+from hpctrain.rundir.layout import RESOLVED_FILE
+from hpctrain.rundir.read import read_yaml_mapping
+from hpctrain.rundir.sweep_file import read_sweep
 
 PROGRESS_EVERY_S = 30.0  # off a terminal: a progress line at least this often (--progress-every)
 MAX_POLL_S = 10.0
@@ -30,6 +36,23 @@ def default_timeout_s(time_limit_s: Optional[float], max_requeues: int) -> float
     if time_limit_s is None:
         return DAY_S
     return time_limit_s * (1 + max_requeues) + 600.0
+
+
+def sweep_waves(sweep: Mapping[str, Any]) -> int:
+    """How many times over a sweep's tasks run one after another: tasks / max_parallel, rounded up."""
+    return max(1, math.ceil(len(sweep.get("tasks", [])) / max(1, int(sweep.get("max_parallel") or 1))))
+
+
+def run_timeout_s(run_dir: Path) -> float:
+    """`follow`'s default timeout, from the run's resolved job (a sweep: times its waves of tasks)."""
+    resolved = read_yaml_mapping(run_dir / RESOLVED_FILE) or {}
+    slurm, restart = resolved.get("slurm") or {}, resolved.get("restart") or {}
+    try:
+        limit = slurm_time_seconds(str(slurm["time"])) if slurm.get("time") is not None else None
+        one = default_timeout_s(limit, int(restart.get("max_requeues") or 0))
+    except (ValueError, TypeError, AttributeError):  # not what a resolved job holds: the longest default
+        return DAY_S
+    return one * (sweep_waves(read_sweep(run_dir)) if is_sweep(run_dir) else 1)
 
 
 def _clock_text(seconds: float) -> str:

@@ -181,3 +181,15 @@ def test_status_watch_redraws_on_a_terminal(tmp_path: Path) -> None:
         os.close(leader)
     assert proc.returncode == 0, proc.stderr
     assert out.startswith(b"\x1b[H\x1b[2J") and b"DRY_RUN" in out and b"--- 20" not in out, out
+
+
+def test_follow_waits_by_default_as_long_as_the_job_may_run(tmp_path: Path) -> None:
+    from hpctrain.launch.follow import run_timeout_s
+
+    (tmp_path / "job.resolved.yaml").write_text("slurm: {time: '00:10:00'}\nrestart: {max_requeues: 2}\n")
+    assert run_timeout_s(tmp_path) == 600 * 3 + 600  # each attempt's limit, plus 10 min
+    tasks = [{"task_id": i, "run_dir": f"tasks/{i}"} for i in range(3)]
+    (tmp_path / "sweep.json").write_text(json.dumps({"max_parallel": 2, "tasks": tasks}))
+    assert run_timeout_s(tmp_path) == 2 * (600 * 3 + 600)  # 3 tasks, 2 at a time: two waves
+    (tmp_path / "job.resolved.yaml").write_text("slurm: {time: null}\n")
+    assert run_timeout_s(tmp_path) == 2 * 24 * 3600
