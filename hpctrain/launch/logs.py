@@ -113,6 +113,7 @@ def follow_logs(run_dir: Path, rank: Optional[int], attempt: Optional[int], out:
     offsets: dict[Path, int] = {}
     shown: Optional[Path] = None  # the file whose lines were printed last (a header before another's)
     following: Optional[int] = None  # the attempt followed
+    previous: list[LogFile] = []  # its files
     checked_at, finished = float("-inf"), False
     while True:
         if time.monotonic() - checked_at >= check_every_s:
@@ -124,11 +125,13 @@ def follow_logs(run_dir: Path, rank: Optional[int], attempt: Optional[int], out:
                 raise  # the run ended without the logs asked for
             files, why = [], ""
         if files and files[0].attempt != following:
+            for log in previous:  # the end of the attempt that ended, before the next one's lines
+                shown = _print_new(log.path, offsets, out, log.path if rank is not None else shown, last=True)
             if following is not None:
                 note(f"attempt {files[0].attempt} began; following its logs")
             elif why:
                 note(why)
-            following = files[0].attempt
+            following, previous = files[0].attempt, files
         for log in files:  # one rank: its lines as they are; every rank: a header whenever the file changes
             shown = _print_new(log.path, offsets, out, log.path if rank is not None else shown, last=finished)
         out.flush()

@@ -34,8 +34,8 @@ def test_logs_follow_prints_what_is_appended_and_moves_on_to_the_next_attempt(tm
             time.sleep(0.2)
             assert out.getvalue() == b"step 1\nstep 2\n"
             handle.write("ne\n")
-        time.sleep(0.2)
-        (logs / "rank-0.attempt-1.log").write_text("resumed at step 2\n")  # a restart: the next attempt
+            handle.write("last words")  # then, before the next poll, a restart begins the next attempt
+        (logs / "rank-0.attempt-1.log").write_text("resumed at step 2\n")
         (logs / "rank-1.attempt-1.log").write_text("another rank\n")  # --rank 0: not shown
         time.sleep(0.2)
         with open(logs / "rank-0.attempt-1.log", "a") as handle:
@@ -45,7 +45,8 @@ def test_logs_follow_prints_what_is_appended_and_moves_on_to_the_next_attempt(tm
         ended.set()  # the run has ended: the rest is printed, then follow_logs returns
         follower.join(timeout=10)
     assert not follower.is_alive()
-    assert out.getvalue() == b"step 1\nstep 2\nhalf a line\nresumed at step 2\nstep 3\nno newline at the end"
+    assert out.getvalue() == (b"step 1\nstep 2\nhalf a line\nlast wordsresumed at step 2\nstep 3\n"
+                              b"no newline at the end")
     assert notes == ["attempt 1 began; following its logs"]
 
 
