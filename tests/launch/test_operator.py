@@ -52,8 +52,8 @@ def test_status_lists_runs_newest_first_and_resume_waits(tmp_path: Path) -> None
     lines = listed.stdout.splitlines()
     assert lines[0].split() == ["run", "state", "step", "restarts", "age"]
     assert [line.split()[:3] for line in lines[2:-1]] == [[run_dir.name, "COMPLETED", "6/6"]]
-    assert lines[-1] == "(1 dry run hidden; `hpctrain status --all` lists them, "
-                        "`hpctrain clean --dry-runs` removes those that never ran)"  # issue 29: dry runs piled up
+    assert lines[-1] == ("(1 dry run hidden; `hpctrain status --all` lists them, "  # issue 29: dry runs piled up
+                         "`hpctrain clean --dry-runs` removes those that never ran)")
     lines = run_cli(["status", "--all"], cwd=tmp_path, env=env).stdout.splitlines()
     rows = [line.split() for line in lines[2:]]
     assert [row[0] for row in rows] == [run_dir.name, old.name]  # newest first
