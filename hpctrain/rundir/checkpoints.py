@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
 from hpctrain.rundir.layout import CHECKPOINTS_DIR, RUN_ID_FILE  # noqa: F401 - CHECKPOINTS_DIR: for the runtime
+from hpctrain.rundir.safe_files import create_exclusive, write_atomic
 
 FORMAT = 2  # 1: no file manifest, no run id, pickled RNG files
 METADATA_FILE = "metadata.json"
@@ -51,12 +52,8 @@ def checksum(body: dict[str, Any]) -> str:
 
 
 def write_metadata(folder: str, body: dict[str, Any]) -> None:
-    path = os.path.join(folder, METADATA_FILE)
-    with open(path + ".tmp", "w", encoding="utf-8") as handle:
-        json.dump({**body, "sha256": checksum(body)}, handle, indent=1, sort_keys=True)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(path + ".tmp", path)
+    text = json.dumps({**body, "sha256": checksum(body)}, indent=1, sort_keys=True)
+    write_atomic(os.path.join(folder, METADATA_FILE), text, fsync=True)  # the .tmp name: data_files skips it
 
 
 def read_metadata(folder: str) -> dict[str, Any]:
@@ -208,7 +205,7 @@ def run_identity(run_dir: str) -> str:
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except FileExistsError:
-        if not os.path.isfile(path):
+        if os.path.islink(path) or not os.path.isfile(path):  # a link: its target is not shown, nor read
             raise InvalidCheckpoint(f"{path} is not a regular file") from None
         with open(path, encoding="utf-8", errors="replace") as handle:
             text = handle.read(200).strip()
@@ -271,12 +268,7 @@ def claim(folder: str, run_id: str, run_dir: str) -> None:
     (a read-only or full file system: the caller turns that into a one-line error at start)."""
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, OWNER_FILE)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(run_record(run_id, run_dir), handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(run_record(run_id, run_dir)), tmp=f"{path}.{os.getpid()}.tmp", fsync=True)
 
 
 def writable_problem(folder: str) -> Optional[str]:
@@ -292,8 +284,7 @@ def writable_problem(folder: str) -> Optional[str]:
         probe_dir = parent
     probe = os.path.join(probe_dir, f".hpctrain-write-probe-{os.getpid()}")
     try:
-        with open(probe, "w", encoding="utf-8") as handle:
-            handle.write("probe\n")
+        os.close(create_exclusive(probe))
         os.remove(probe)
     except OSError as exc:
         return f"{probe_dir} is not writable ({exc.strerror or errno.errorcode.get(exc.errno or 0, exc)})"

@@ -128,7 +128,7 @@ def acquire(run_dir: Path, job_id: Optional[str] = None) -> RunLock:
     """
     path = lock_path(run_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)  # update() truncates it
     deadline = time.monotonic() + _PROBE_PATIENCE_S
     while True:
         try:
@@ -159,7 +159,7 @@ def live_owner(run_dir: Path) -> Optional[Owner]:
     """The owner of a live set of ranks in run_dir, or None when no process holds the lock."""
     path = lock_path(run_dir)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     except OSError:
         return None
     try:

@@ -25,6 +25,7 @@ from hpctrain.launch.stages import runtime_argv
 from hpctrain.rundir.layout import SUBMIT_DIR
 from hpctrain.rundir.local_state import local_state_path, read_local_state
 from hpctrain.rundir.lock import RunLock, acquire
+from hpctrain.rundir.safe_files import open_append
 
 if TYPE_CHECKING:  # annotations only: `status` of a local run does not build the schema
     from hpctrain.config import Job
@@ -96,7 +97,7 @@ class LocalExecutor(Executor):
             write_json(spec_path, spec)
             for _, path, _ in tasks:
                 write_json(local_state_path(path), {"state": "PENDING"})
-            log = open(root / SUBMIT_DIR / "supervisor.log", "ab")
+            log = open(open_append(root / SUBMIT_DIR / "supervisor.log"), "ab")
         with log:
             proc = subprocess.Popen([self.python, "-m", SUPERVISOR_MODULE, str(spec_path)], stdin=subprocess.DEVNULL,
                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True,

@@ -65,7 +65,8 @@ class Task:
         except OSError:
             # A full disk refuses the atomic write's new file; overwriting in place frees the old blocks first,
             # so the outcome is still recorded (a reader may see a torn file for a moment: status checks the pid).
-            with open(path, "r+b") as handle:
+            fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW)  # the file itself, never what a link names
+            with os.fdopen(fd, "wb") as handle:
                 handle.truncate(0)
                 handle.write((json.dumps(data, default=str) + "\n").encode("utf-8"))
 
