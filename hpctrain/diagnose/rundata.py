@@ -23,7 +23,7 @@ from hpctrain.rundir.layout import (
     EVENTS_FILE, JOB_FILE, LOGS_DIR, METRICS_FILE, PLAN_FILE, RANKS_DIR, RESOLVED_FILE,
 )
 from hpctrain.rundir.local_state import local_state_path, read_local_state
-from hpctrain.rundir.lock import pid_alive
+from hpctrain.rundir.process import is_recorded_process
 from hpctrain.rundir.ranks import RANK_LOG, read_rank_summaries
 from hpctrain.rundir.read import read_json, read_yaml_mapping
 from hpctrain.rundir.safe_files import check_inside
@@ -181,7 +181,8 @@ def _scheduler_view(run_dir: Path, events: list[dict[str, Any]], query: Optional
     if local and local.get("state"):
         state, reason = str(local["state"]).upper(), local.get("reason")
         pid = local.get("pid")
-        if state in ("PENDING", "RUNNING") and isinstance(pid, int) and not pid_alive(pid):
+        if state in ("PENDING", "RUNNING") and isinstance(pid, int) and not is_recorded_process(
+                pid, run_dir, local.get("pid_start"), patience_s=0.2):
             state, reason = "FAILED", "the local supervisor process is gone"  # as `status` says (launch.local.executor)
         return {"state": state, "exit_codes": local.get("exit_codes") or [], "reason": reason,
                 "source": "local executor"}

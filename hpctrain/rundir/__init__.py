@@ -10,6 +10,7 @@ append_event`); nothing is imported here, so that modules can be added without t
     metrics   metrics.jsonl: append, cut back on resume, the last line
     ranks     Slurm slot <-> global rank (placement.rank_order), per-rank log and summary names
     local_state   submit/local.json, the local executor's record of a job
+    process   whether a recorded PID is still the recorded process (start time, command line naming the run)
     sweep_file    sweep.json, checked
     states    the scheduler's live job states
     ports     the one MASTER_PORT formula

@@ -28,6 +28,7 @@ from hpctrain.rundir.events import ENDED, FAILED, FINISHED, NOT_REQUEUED, SIGNAL
 from hpctrain.rundir.layout import LOGS_DIR
 from hpctrain.rundir.local_state import local_state_path
 from hpctrain.rundir.lock import RunLock, RunLockedError, acquire, adopt
+from hpctrain.rundir.process import start_ticks
 from hpctrain.rundir.ranks import global_rank, next_attempt, rank_order_of
 
 SPEC_FILE = "local-spec.json"
@@ -59,7 +60,8 @@ class Task:
     def save(self, **extra: Any) -> None:
         path = local_state_path(self.run_dir)
         data = read_json(path) or {}
-        data.update(state=self.state, pid=os.getpid(), attempt=self.attempt, task_id=self.task_id, **extra)
+        data.update(state=self.state, pid=os.getpid(), pid_start=start_ticks(os.getpid()), attempt=self.attempt,
+                    task_id=self.task_id, **extra)
         try:
             write_json(path, data)
         except OSError:
