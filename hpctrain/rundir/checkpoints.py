@@ -9,8 +9,9 @@ all of that. `step-N.partial/` is a save in progress (or one that was killed).
 Two levels of checking, because reading every byte is not free:
 - `read_metadata` / `scan` (cheap: metadata checksum, every listed file present with its size) is what
   the login path uses (`hpctrain resume`), and what pruning and discovery use;
-- `verify_files` (reads and hashes the files) is what the ranks run, each on a share of the files,
-  before loading: a checkpoint whose data is damaged is skipped and the next older one is used.
+- `verify_checkpoint` (reads and hashes the files) is what the ranks run, each on a share of the files,
+  before loading: a checkpoint whose data is damaged is skipped and the next older one is used; and
+  what `hpctrain export` runs on the whole folder before it reads a tensor.
 
 Ownership (issue 18 finding 2): a run has an identity, a random id written once into its run
 directory (`run_id`, so requeues and `hpctrain resume`, onto any layout, keep it); every checkpoint
@@ -156,6 +157,19 @@ def verify_files(folder: str, files: dict[str, Any], names: Iterable[str]) -> li
         if problem:
             problems.append(problem)
     return problems
+
+
+def verify_checkpoint(folder: str, rank: int = 0, world_size: int = 1) -> list[str]:
+    """Why folder is not an intact checkpoint (empty: intact): the cheap checks of read_metadata, then the
+    sha256 of this rank's share of its files against the manifest (all of them with one rank). What the
+    ranks run before loading (runtime/checkpoint/checkpointer.py) and what `hpctrain export` runs."""
+    try:
+        files = read_metadata(folder).get("files")
+    except InvalidCheckpoint as exc:
+        return [str(exc)]
+    if not isinstance(files, dict):  # format 1: no manifest, the cheap checks are all
+        return []
+    return verify_files(folder, files, share(files, rank, world_size))
 
 
 # -- discovery --------------------------------------------------------------------------------

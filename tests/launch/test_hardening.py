@@ -120,3 +120,62 @@ def test_a_recorded_pid_counts_only_while_it_is_this_runs_supervisor(finished_ru
         for decoy, _ in decoys.values():
             decoy.kill()
             decoy.wait()
+
+
+def _flip_bytes(path: Path) -> None:
+    """Damage a file the way a bad disk or a stray write does: same size, other bytes in the middle."""
+    data = bytearray(path.read_bytes())
+    for i in range(len(data) // 2, len(data) // 2 + 64):
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _weights(folder: Path) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "model.safetensors"))
+
+
+def test_export_verifies_the_checkpoint_and_refuses_outputs_it_would_lose(finished_run: Path, tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+
+    from hpctrain.cli import main as cli_main
+
+    run = _copy(finished_run, tmp_path)
+    checkpoints = run / "checkpoints"
+
+    def refused(out: str, *extra: str) -> str:
+        assert cli_main(["export", str(run), "-o", out, *extra]) == 2, out
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1, err  # one line, no traceback
+        return err[0]
+
+    # Finding 2: outputs that a resume would rotate away or read as a checkpoint, a dangling link, /proc.
+    for out in (checkpoints / "step-2" / "hf", checkpoints / "step-99", checkpoints):
+        assert refused(str(out)).startswith(f"-o {out}: is inside the run's checkpoint folder {checkpoints}")
+    os.symlink(tmp_path / "nowhere", tmp_path / "dangling")
+    assert refused(str(tmp_path / "dangling")) == (f"-o {tmp_path / 'dangling'}: is a symbolic link to "
+                                                   f"{tmp_path / 'nowhere'}, which does not exist; give the "
+                                                   "folder's own path")
+    assert refused("/proc/hpctrain-export").startswith("-o /proc/hpctrain-export: cannot write there: /proc is "
+                                                       "not writable")
+    assert sorted(os.listdir(checkpoints)) == ["owner.json", "step-2", "step-4"]  # nothing was written there
+
+    # Finding 1: a damaged newest checkpoint is passed over (one notice), a damaged --step refused.
+    assert cli_main(["export", str(run), "-o", str(tmp_path / "older"), "--step", "2"]) == 0
+    capsys.readouterr()
+    distcp = sorted((checkpoints / "step-4").glob("*.distcp"))
+    assert distcp
+    _flip_bytes(distcp[0])
+    assert cli_main(["export", str(run), "-o", str(tmp_path / "fallback")]) == 0
+    out, err = capsys.readouterr()
+    assert err.strip().splitlines() == [
+        f"hpctrain export: skipping damaged checkpoint step-4 (the file {distcp[0].name} checksum mismatch "
+        "(corrupted after it was written)); exporting step-2, the newest intact one"]
+    assert "exported step-2" in out
+    older, fallback = _weights(tmp_path / "older"), _weights(tmp_path / "fallback")
+    assert older.keys() == fallback.keys() and all(torch.equal(older[k], fallback[k]) for k in older)
+    assert refused(str(tmp_path / "damaged"), "--step", "4").startswith(
+        f"--step: got 4; {checkpoints / 'step-4'} is damaged (the file {distcp[0].name} checksum mismatch")
+    assert not (tmp_path / "damaged").exists()
