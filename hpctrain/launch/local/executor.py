@@ -56,7 +56,8 @@ class LocalExecutor(Executor):
                array: Optional[str] = None, max_parallel: int = 1) -> Handle:
         job_id, proc = self.start(run_dir, tasks, max_parallel)
         # Who the supervisor is, beyond its pid (which another process may have later): `cancel` checks both.
-        facts = {"supervisor_start": start_ticks(proc.pid), "supervisor_spec": str(run_dir / SUBMIT_DIR / sup.SPEC_FILE)}
+        facts = {"supervisor_start": start_ticks(proc.pid),
+                 "supervisor_spec": str(run_dir / SUBMIT_DIR / sup.SPEC_FILE)}
         return Handle(job_id, facts=facts, process=proc)
 
     def state(self, submitted: Mapping[str, Any], jobs: Sequence[tuple[str, Path]]) -> dict[str, SchedulerState]:
