@@ -321,13 +321,14 @@ def _watch(args: argparse.Namespace) -> int:
 
 def run_cancel(args: argparse.Namespace) -> int:
     from hpctrain.launch.cancel import cancel_run
+    from hpctrain.rundir.terminal import printable
 
     run_dir = _find(args)
     job_id, ended = cancel_run(run_dir, args.task)
     if ended:
-        print(f"job {job_id} had already ended ({ended}); nothing to cancel ({run_dir})")
+        print(printable(f"job {job_id} had already ended ({ended}); nothing to cancel ({run_dir})"))
     else:
-        print(f"cancelled job {job_id} ({run_dir})")
+        print(printable(f"cancelled job {job_id} ({run_dir})"))
     return 0
 
 
@@ -337,6 +338,7 @@ def run_logs(args: argparse.Namespace) -> int:
 
     from hpctrain.errors import ConfigError
     from hpctrain.launch.logs import pick_logs, remote_logs
+    from hpctrain.rundir.terminal import printable
 
     run_dir = _find(args)
     remote = remote_logs(run_dir)  # logs the executor keeps elsewhere (a Volcano Job's pod output)
@@ -351,10 +353,10 @@ def run_logs(args: argparse.Namespace) -> int:
         return _follow_logs(run_dir, args)
     files, note = pick_logs(run_dir, args.rank, args.attempt)
     if note:
-        print(f"hpctrain logs: {note}", file=sys.stderr)
+        print(printable(f"hpctrain logs: {note}"), file=sys.stderr)
     for log in files:
         if len(files) > 1:
-            print(f"==> {log.path} <==", flush=True)
+            print(printable(f"==> {log.path} <=="), flush=True)  # the log's own bytes are copied as they are
         with open(log.path, "rb") as handle:
             shutil.copyfileobj(handle, sys.stdout.buffer)
         sys.stdout.buffer.flush()

@@ -17,6 +17,8 @@ from hpctrain.diagnose.findings import GIB
 from hpctrain.diagnose.predict import COMPONENTS, Prediction, predict_run
 from hpctrain.diagnose.rules_memory import measured_peak, state_bytes
 from hpctrain.diagnose.rundata import RunData, load_run
+from hpctrain.rundir.safe_files import write_atomic
+from hpctrain.rundir.terminal import printable
 
 MEMORY_ROWS = ("weights", "grads", "optimizer", "activations + other", "total")
 
@@ -205,9 +207,10 @@ def write_report(target: str | Path, out_dir: Optional[str | Path] = None,
     else:
         summary = summarize(root)
         text = run_tables(summary)
+    text = printable(text)  # host names, paths and reasons come from the run directory (rundir/terminal.py)
     with writing_output("-o" if out_dir else "report folder", out):
         out.mkdir(parents=True, exist_ok=True)
-        (out / "report.txt").write_text(text + "\n", encoding="utf-8")
+        write_atomic(out / "report.txt", text + "\n")
         if plots:
             from hpctrain.diagnose import plots as plotting
 
