@@ -22,6 +22,7 @@ from hpctrain.launch.rundir import last_submission
 from hpctrain.rundir.layout import LOGS_DIR
 from hpctrain.rundir.ranks import TASK_LOG, rank_order_of, slot_of
 from hpctrain.rundir.safe_files import check_inside
+from hpctrain.rundir.terminal import printable
 
 _RANK = re.compile(r"rank[-_.]?(\d+)")
 _ATTEMPT = re.compile(r"attempt[-_.]?(\d+)")
@@ -160,7 +161,7 @@ def _print_new(path: Path, offsets: dict[Path, int], out: BinaryIO, shown: Optio
     if not chunk:
         return shown if shown is not None else path
     if shown != path:
-        out.write(f"==> {path} <==\n".encode())
+        out.write(f"==> {printable(str(path))} <==\n".encode())
     out.write(chunk)
     offsets[path] = start + len(chunk)
     return path
