@@ -11,6 +11,7 @@ from pydantic import BaseModel, ValidationError
 from hpctrain.config.infra import RESTART_ALIASES
 from hpctrain.config.job import Job, Problem, cross_field_problems
 from hpctrain.config.overrides import apply_overrides
+from hpctrain.config.paths import resolve_data_paths
 from hpctrain.config.types import ENV_FIX
 from hpctrain.config.yaml_source import Path, Source, read_yaml_file
 from hpctrain.errors import ConfigError
@@ -174,7 +175,8 @@ def restart_aliases(job: Job, source: Source) -> Job:
 
 
 def load_job(path: str, overrides: Sequence[str] = ()) -> Job:
-    """Read job.yaml, apply `--set` overrides, validate. Raises ConfigError (exit 2) listing every problem."""
+    """Read job.yaml, apply `--set` overrides, make its paths absolute (config/paths.py says against which
+    folder), validate. Raises ConfigError (exit 2) listing every problem."""
     return load_job_with_source(path, overrides)[0]
 
 
@@ -182,6 +184,7 @@ def load_job_with_source(path: str, overrides: Sequence[str] = ()) -> tuple[Job,
     """load_job, plus where each value came from (to place later checks' messages at a line)."""
     data, source = read_yaml_file(path)
     apply_overrides(data, list(overrides), source)
+    resolve_data_paths(data, path, source.overrides)
     return validate_data(data, source), source
 
 
