@@ -28,7 +28,7 @@ INPUT_PATHS: tuple[Path, ...] = (
     ("cluster", "topology", "nvidia_smi"), ("cluster", "topology", "slurm_topology"), ("container", "image"),
 )
 OUTPUT_PATHS: tuple[Path, ...] = (("runs_dir",), ("checkpoint", "dir"))  # absolute_paths, at submit
-NOT_A_PATH = {("train", "data"): "synthetic"}  # the value that names no file
+NOT_A_PATH: dict[Path, str] = {("train", "data"): "synthetic"}  # the value that names no file
 
 
 def _absolute(path: Optional[str], base: str) -> Optional[str]:
