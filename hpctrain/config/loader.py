@@ -135,12 +135,34 @@ def validate_data(data: dict[str, Any], source: Source) -> Job:
     try:
         job = Job.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_pydantic_lines(exc, source)) from None
+        raise ConfigError(_pydantic_lines(exc, source) + _problems_besides_unknown_keys(data, exc, source)) from None
     job = restart_aliases(job, source)
     problems = cross_field_problems(job)
     if problems:
         raise ConfigError([_problem_line(p, source) for p in problems])
     return job
+
+
+def _problems_besides_unknown_keys(data: dict[str, Any], exc: ValidationError, source: Source) -> list[str]:
+    """When unknown keys (typos) are the schema's only complaint, the cross-field problems (the layout:
+    tp and heads, the batch, ...) of the job without them, so that one run of `validate` shows both."""
+    errors = exc.errors(include_url=False)
+    if not errors or any(err["type"] != "extra_forbidden" for err in errors):
+        return []
+    import copy
+
+    rest = copy.deepcopy(data)
+    for err in errors:
+        node: Any = rest
+        for part in err["loc"][:-1]:
+            node = node.get(str(part)) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(str(err["loc"][-1]), None)
+    try:
+        job = restart_aliases(Job.model_validate(rest), source)
+    except (ValidationError, ConfigError):
+        return []
+    return [_problem_line(p, source) for p in cross_field_problems(job)]
 
 
 _NOTICED: set[str] = set()  # each notice once per process (a command loads its job more than once)
