@@ -57,7 +57,21 @@ def resolve_data_paths(data: Any, job_file: str, overrides: Mapping[Path, str], 
             continue
         base = cwd if _from_set(path, overrides) else job_dir
         node[path[-1]] = _absolute(value, base)
+    grid = (data.get("sweep") or {}).get("grid") if isinstance(data.get("sweep"), dict) else None
+    if isinstance(grid, dict):  # a sweep over an input path: each value by the same rule as the field's
+        for key in list(grid):
+            path = tuple(str(key).split("."))
+            if path in INPUT_PATHS and isinstance(grid[key], list):
+                base = cwd if _from_set(("sweep", "grid", str(key)), overrides) else job_dir
+                grid[key] = [grid_path(path, value, base) for value in grid[key]]
     return data
+
+
+def grid_path(path: Path, value: Any, base: str) -> Any:
+    """One sweep value of the field at `path`, absolute against base when it names an input file."""
+    if path not in INPUT_PATHS or not isinstance(value, str) or not value or value == NOT_A_PATH.get(path):
+        return value
+    return _absolute(value, base)
 
 
 def absolute_paths(job: Job, base: str | None = None) -> Job:

@@ -87,3 +87,21 @@ def test_submit_from_two_directories_records_the_same_files(project: Path) -> No
     for key, name in (("data", "t.bin"), ("eval_data", "v.bin")):
         assert resolved[0]["train"][key] == resolved[1]["train"][key] == str(project / "proj" / "data" / name)
     assert resolved[0]["model"]["init_from"] == resolved[1]["model"]["init_from"] == str(project / "proj" / "hf")
+
+
+def test_sweep_grid_paths_follow_the_same_rule(project: Path) -> None:
+    """A grid over an input path: the job file's `sweep.grid` values from its folder, `--grid` values from
+    the current directory; each task's job.resolved.yaml names the absolute file."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env["PATH"] = os.path.dirname(sys.executable)
+    job = yaml.safe_load((project / "proj" / "job.yaml").read_text())
+    job["sweep"] = {"grid": {"train.data": ["data/t.bin", "data/v.bin"]}}
+    (project / "proj" / "job.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
+    (project / "other" / "here.bin").write_bytes(bytes(64))
+    result = run_cli(["sweep", str(project / "proj" / "job.yaml"), "--grid", "train.eval_data=here.bin", "--dry-run"],
+                     cwd=project / "other", env=env, timeout_s=60)
+    assert result.returncode == 0, result.stderr
+    run_dir = Path([line for line in result.stdout.splitlines() if line.startswith("run ")][-1][4:])
+    tasks = [yaml.safe_load((t / "job.resolved.yaml").read_text())["train"] for t in sorted((run_dir / "tasks").iterdir())]
+    assert sorted(t["data"] for t in tasks) == [str(project / "proj" / "data" / n) for n in ("t.bin", "v.bin")]
+    assert {t["eval_data"] for t in tasks} == {str(project / "other" / "here.bin")}
