@@ -26,7 +26,9 @@ Path = tuple[str, ...]
 INPUT_PATHS: tuple[Path, ...] = (
     ("train", "data"), ("train", "eval_data"), ("model", "init_from"), ("template_dir",),
     ("cluster", "topology", "nvidia_smi"), ("cluster", "topology", "slurm_topology"), ("container", "image"),
+    ("runtime", "python"),
 )
+COMMAND_NAMES = {("runtime", "python")}  # a bare name (python3) is looked up on PATH: only a path with a / is one
 OUTPUT_PATHS: tuple[Path, ...] = (("runs_dir",), ("checkpoint", "dir"))  # absolute_paths, at submit
 NOT_A_PATH: dict[Path, str] = {("train", "data"): "synthetic"}  # the value that names no file
 
@@ -54,6 +56,8 @@ def resolve_data_paths(data: Any, job_file: str, overrides: Mapping[Path, str], 
             node = node.get(part) if isinstance(node, dict) else None
         value = node.get(path[-1]) if isinstance(node, dict) else None
         if not isinstance(value, str) or not value or value == NOT_A_PATH.get(path):
+            continue
+        if path in COMMAND_NAMES and "/" not in value:
             continue
         base = cwd if _from_set(path, overrides) else job_dir
         node[path[-1]] = _absolute(value, base)

@@ -42,7 +42,7 @@ def project(tmp_path: Path) -> Path:
                      "precision": "fp32"},
            "parallel": {"tp": 1, "pp": 1},
            "cluster": {"executor": "local", "nodes": 1, "gpus_per_node": 8, "topology": {"nvidia_smi": "topo.txt"}},
-           "runs_dir": "runs", "checkpoint": {"dir": "ck"}}
+           "runs_dir": "runs", "checkpoint": {"dir": "ck"}, "runtime": {"python": "venv/bin/python"}}
     (proj / "job.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
     return tmp_path
 
@@ -55,6 +55,7 @@ def test_inputs_resolve_against_the_job_file_from_any_directory(project: Path, m
     assert job.train.data == str(proj / "data" / "t.bin") and job.train.eval_data == str(proj / "data" / "v.bin")
     assert job.model.init_from == str(proj / "hf") and job.model.hidden == 64  # config.json was read
     assert job.cluster.topology.nvidia_smi == str(proj / "topo.txt") and job.template_dir == str(proj / "templates")
+    assert job.runtime.python == str(proj / "venv" / "bin" / "python")
     assert (job.runs_dir, job.checkpoint.dir) == ("runs", "ck")  # outputs: made absolute at submit, from here
 
 
@@ -67,6 +68,7 @@ def test_set_values_resolve_against_the_current_directory(project: Path, monkeyp
     whole = load_job(str(project / "proj" / "job.yaml"), ["train={data: x/y.bin, steps: 2}"])
     assert whole.train.data == str(project / "other" / "x" / "y.bin")  # a section set with --set: from here
     assert load_job(str(project / "proj" / "job.yaml"), ["train.data=synthetic"]).train.data == "synthetic"
+    assert load_job(str(project / "proj" / "job.yaml"), ["runtime.python=python3"]).runtime.python == "python3"  # on PATH
 
 
 def test_submit_from_two_directories_records_the_same_files(project: Path) -> None:
