@@ -18,7 +18,8 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
         description="Convert a complete checkpoint of RUN (any layout) into a Hugging Face folder that "
                     "transformers' LlamaForCausalLM and inference servers load: config.json, "
                     "generation_config.json, safetensors weights (sharded with an index above --max-shard-size) "
-                    "and, for a job with model.init_from, that folder's tokenizer files. Runs on the CPU, "
+                    "and the tokenizer files: model.init_from's, else the one train.data was prepared with "
+                    "(with its EOS id). Runs on the CPU, "
                     "reading one tensor at a time.")
     export.add_argument("run", metavar="RUN", help="a run directory, or a run name in --runs-dir")
     export.add_argument("-o", "--output", required=True, metavar="DIR", help="the folder to write (new or empty)")
@@ -158,8 +159,23 @@ def run_export(args: argparse.Namespace) -> int:
         result = export_lora(checkpoint, model, lora, seed, out, lora_format=args.lora_format or "merged",
                              max_shard_bytes=limit, dtype=args.dtype, run_on_gpu=on_gpu)
     else:
-        result = export_checkpoint(checkpoint, model, out, max_shard_bytes=limit, dtype=args.dtype)
+        from hpctrain.export.data_tokenizer import data_tokenizer
+
+        tokenizer = data_tokenizer(_train_data(run_dir), model.seq_len)  # the tokenizer and EOS of the data
+        result = export_checkpoint(checkpoint, model, out, max_shard_bytes=limit, dtype=args.dtype, tokenizer=tokenizer)
     print(f"exported {os.path.basename(checkpoint)} of {run_dir}: {result.tensors} tensors, "
           f"{result.total_bytes / 1e9:.3f} GB in {len([f for f in result.files if f.endswith('.safetensors')])} "
           f"safetensors file(s) -> {out}")
     return 0
+
+
+def _train_data(run_dir: str) -> str | None:
+    """train.data of a run's resolved job (None when it names none)."""
+    import yaml
+
+    from hpctrain.rundir.layout import RESOLVED_FILE
+
+    with open(os.path.join(run_dir, RESOLVED_FILE), encoding="utf-8") as handle:
+        data = yaml.safe_load(handle) or {}
+    value = (data.get("train") or {}).get("data")
+    return value if isinstance(value, str) else None

@@ -127,7 +127,9 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
                                                "directory; --set may change the layout or node count.")
     resume.add_argument("run", metavar="RUN", help=_RUN_HELP)
     add_set_option(resume)
-    resume.add_argument("--dry-run", action="store_true", help="write the new job files and script, submit nothing")
+    resume.add_argument("--dry-run", action="store_true", help="render the new job files and script into a scratch "
+                                                               "folder and list what would change; the run is "
+                                                               "left as it is and nothing is submitted")
     _add_wait(resume)
     _add_runs_dir(resume)
     resume.set_defaults(handler=run_resume)
@@ -420,8 +422,11 @@ def run_resume(args: argparse.Namespace) -> int:
 
     _check_wait_options(args)
     submission, checkpoint = resume_run(_find(args), args.overrides, dry_run=args.dry_run)
-    print(f"resuming from {checkpoint}")
+    print(f"{'would resume' if args.dry_run else 'resuming'} from {checkpoint}")
     _print_submission(submission, args.dry_run)
+    if submission.scratch is not None:  # a dry run: the run is untouched; what it would change
+        print(f"dry run: nothing in the run changed; new job files in {submission.scratch}")
+        print("\n".join(f"would change {line}" for line in submission.changes) or "would change nothing in the job")
     if args.wait and not args.dry_run:
         from hpctrain.config import load_job
 
