@@ -17,6 +17,8 @@ from hpctrain.diagnose.findings import GIB
 from hpctrain.diagnose.predict import COMPONENTS, Prediction, predict_run
 from hpctrain.diagnose.rules_memory import measured_peak, state_bytes
 from hpctrain.diagnose.rundata import RunData, load_run
+from hpctrain.rundir.safe_files import write_atomic
+from hpctrain.rundir.terminal import printable
 
 MEMORY_ROWS = ("weights", "grads", "optimizer", "activations + other", "total")
 
@@ -63,9 +65,9 @@ def summary_rows(s: RunSummary) -> list[list[str]]:
         ["restarts", str(len(s.restarts)), ""],
         ["final loss", _fmt(losses[-1] if losses else None, ".4f"), ""],
         ["final validation loss", _fmt(val_losses[-1] if val_losses else None, ".4f"), ""],
-        ["step time (s)", _fmt(run.median_metric("step_time_s"), ".4f"),
+        ["step time (s, median)", _fmt(run.median_metric("step_time_s"), ".4f"),
          _fmt(pred.step_time_s if pred else None, ".4f")],
-        ["tokens/s", _fmt(run.median_metric("tokens_per_s"), ",.0f"),
+        ["tokens/s (median)", _fmt(run.median_metric("tokens_per_s"), ",.0f"),
          _fmt(pred.tokens_per_s if pred else None, ",.0f")],
         ["TFLOP/s per GPU", _fmt(run.median_metric("tflops_per_gpu"), ".3g"),
          _fmt(pred.tflops_per_gpu if pred else None, ".3g")],
@@ -205,9 +207,10 @@ def write_report(target: str | Path, out_dir: Optional[str | Path] = None,
     else:
         summary = summarize(root)
         text = run_tables(summary)
+    text = printable(text)  # host names, paths and reasons come from the run directory (rundir/terminal.py)
     with writing_output("-o" if out_dir else "report folder", out):
         out.mkdir(parents=True, exist_ok=True)
-        (out / "report.txt").write_text(text + "\n", encoding="utf-8")
+        write_atomic(out / "report.txt", text + "\n")
         if plots:
             from hpctrain.diagnose import plots as plotting
 

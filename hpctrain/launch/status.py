@@ -23,6 +23,7 @@ from hpctrain.rundir.layout import RESOLVED_FILE
 from hpctrain.rundir.metrics import last_metrics, last_value
 from hpctrain.rundir.read import read_yaml_mapping
 from hpctrain.rundir.sweep_file import read_sweep
+from hpctrain.rundir.terminal import printable
 
 ACTIVE = ACTIVE_STATES  # in Slurm's words; an executor may have its own (Executor.active_states)
 # Events shown as the restart history (written by the launcher and the runtime).
@@ -95,7 +96,8 @@ def task_status(run_dir: Path, job_id: Optional[str], executor: Optional[str],
                restarts=max(scheduler_restarts, restarts_from_events(events)),
                step=metrics.get("step"), steps=_steps_of(resolved))
     if details:
-        out.update(tokens_per_s=metrics.get("tokens_per_s"), loss=metrics.get("loss"), val_loss=_val_loss(run_dir),
+        out.update(tokens_per_s=metrics.get("tokens_per_s"), step_time_s=metrics.get("step_time_s"),
+                   loss=metrics.get("loss"), val_loss=_val_loss(run_dir),
                    layouts=layouts(run_dir, events, resolved),
                    history=[e for e in events if e.get("event") in HISTORY_EVENTS])
     return out
@@ -181,7 +183,7 @@ def format_table(status: dict[str, Any]) -> str:
     from tabulate import tabulate
 
     rows = status["tasks"] if status["kind"] == "sweep" else [status]
-    header = ["task", "job id", "state", "restarts", "step", "tokens/s", "loss"]
+    header = ["task", "job id", "state", "restarts", "step", "tokens/s (last)", "loss"]
     with_val = any(isinstance(row.get("val_loss"), (int, float)) for row in rows)
     if with_val:
         header.append("val loss")
@@ -211,7 +213,7 @@ def format_table(status: dict[str, Any]) -> str:
         for event in status.get("history", []):
             extra = {k: v for k, v in event.items() if k not in ("time", "event")}
             lines.append(f"  {_clock(event.get('time'))} {event['event']} {json.dumps(extra) if extra else ''}".rstrip())
-    return "\n".join(lines)
+    return printable("\n".join(lines))  # reasons and names come from the run directory (rundir/terminal.py)
 
 
 def _clock(stamp: Any) -> str:

@@ -126,11 +126,11 @@ class BoundedStage(PipelineStage):
     # torch 2.13 names it _forward_metadata_inference, earlier ones _shape_inference.
     def _forward_metadata_inference(self, *args: Any, **kwargs: Any) -> Any:
         with paused_moe_stats():
-            return super()._forward_metadata_inference(*args, **kwargs)  # type: ignore[misc]
+            return getattr(super(), "_forward_metadata_inference")(*args, **kwargs)
 
     def _shape_inference(self, *args: Any, **kwargs: Any) -> Any:
         with paused_moe_stats():
-            return super()._shape_inference(*args, **kwargs)  # type: ignore[misc]
+            return getattr(super(), "_shape_inference")(*args, **kwargs)
 
     def _setup_forward_recv_info(self, num_microbatches: int, *args: Any, **kwargs: Any) -> None:
         super()._setup_forward_recv_info(1, *args, **kwargs)
