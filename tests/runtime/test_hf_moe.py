@@ -158,3 +158,40 @@ def test_export_after_training_loads_in_transformers(folders, tmp_path, family: 
     gate = next(k for k in base if k.endswith("layers.1." + ("block_sparse_moe" if family == "mixtral" else "mlp")
                                                + ".gate.weight"))
     assert 0 < (exported[gate] - base[gate]).abs().max().item() < 0.5
+
+
+@pytest.mark.slow
+def test_a_collapsed_router_gets_the_doctors_finding(tmp_path, capsys) -> None:
+    """A Mixtral whose FFN norms are zero: every router logit is 0, top-1 takes the first expert for every
+    token, and no gradient can change it (SwiGLU(0) = 0). A real local run, then `hpctrain doctor`."""
+    import transformers
+    import yaml
+
+    torch.manual_seed(3)
+    config = transformers.MixtralConfig(**{**SHAPE, **FAMILIES["mixtral"], "num_experts_per_tok": 1})
+    model = transformers.MixtralForCausalLM(config)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.post_attention_layernorm.weight.zero_()
+    folder = str(tmp_path / "collapsed")
+    model.save_pretrained(folder)
+    job = {"name": "collapsed", "model": {"init_from": folder, "seq_len": 16},
+           "train": {"global_batch": 4, "micro_batch": 2, "steps": 6, "precision": "fp32", "log_every": 1,
+                     "activation_checkpointing": "none", "data": "synthetic"},
+           "parallel": {"tp": 1, "pp": 1, "dp": 1, "zero": 0},
+           "cluster": {"executor": "local", "nodes": 1, "gpus_per_node": 1, "gpu": "cpu"},
+           "checkpoint": {"every_steps": 100}}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    runs = tmp_path / "runs"
+    assert cli_main(["submit", str(path), "--set", f"runs_dir={runs}", "--wait"]) == 0
+    run = next(p for p in runs.iterdir() if p.is_dir())
+    metrics = [json.loads(line) for line in open(run / "metrics.jsonl")]
+    assert [m["expert_load_max_over_mean"] for m in metrics] == [4.0] * 6  # 4 experts, all tokens on one
+    assert all("aux_loss" not in m for m in metrics)  # no balancing loss asked for: none logged
+    capsys.readouterr()
+    assert cli_main(["doctor", str(run)]) == 1
+    out = capsys.readouterr().out
+    assert "the MoE router has collapsed: one expert takes 4.0x the mean load" in out
+    assert "--set model.moe.router.aux_loss_coeff=0.01" in out
+    assert "--set model.moe.router.bias_update_rate=0.001" in out
