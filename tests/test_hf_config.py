@@ -71,15 +71,16 @@ CASES = [
      "model.init_from: no model.safetensors or model.safetensors.index.json in the folder (only safetensors "
      "weights are read) (got '{f}')" + FIX),
     ("gpt2", {**LLAMA31_V4, "model_type": "gpt2"}, True, {},
-     "model.init_from: config.json has model_type 'gpt2'; supported: llama, mistral (Llama-architecture "
-     "decoders) (got '{f}')" + FIX),
+     "model.init_from: config.json has model_type 'gpt2'; supported: llama, mistral, qwen3, mixtral, qwen3_moe "
+     "(Llama-architecture decoders and their MoE) (got '{f}')" + FIX),
     ("yarn", {**LLAMA31_V4, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, True, {},
      "model.init_from: config.json uses RoPE scaling 'yarn'; supported: none or 'llama3' (got '{f}')" + FIX),
     ("bias", {**LLAMA31_V4, "attention_bias": True}, True, {},
      "model.init_from: config.json has attention_bias: true; the runtime's projections have no biases "
      "(got '{f}')" + FIX),
-    ("head_dim", {**LLAMA31_V4, "head_dim": 32}, True, {},
-     "model.init_from: config.json has head_dim 32 != hidden_size/num_attention_heads = 16; not supported "
+    ("sparse layers", {**LLAMA31_V4, "model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 2,
+                       "moe_intermediate_size": 8, "mlp_only_layers": [1]}, True, {},
+     "model.init_from: config.json has mlp_only_layers [1]; supported: the first N layers ([0, 1, ..., N-1]) "
      "(got '{f}')" + FIX),
     ("differs", LLAMA31_V4, True, {"layers": 3},
      "model.layers: differs from init_from's config.json (2) (got 3); remove model.layers (it comes from "
@@ -91,6 +92,11 @@ CASES = [
 def test_unusable_folder_is_one_line(tmp_path, case) -> None:
     _, config, weights, model, expected = case
     assert _lines(tmp_path, config, weights, **model) == ["<dict>:1: " + expected.format(f="hf")]
+
+
+def test_head_dim_of_its_own_is_taken(tmp_path) -> None:
+    model = job_from_dict(_job(_folder(tmp_path, {**LLAMA31_V4, "head_dim": 32}))).model
+    assert (model.head_dim, model.hidden // model.heads, model.qk_norm, model.moe) == (32, 16, False, None)
 
 
 def test_missing_folder_and_seq_len(tmp_path) -> None:

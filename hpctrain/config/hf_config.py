@@ -5,7 +5,10 @@ agree with config.json, and a field it leaves out is taken from config.json; `se
 length, not the checkpoint's maximum) is always the job's. A mismatch is one problem naming the field,
 both values and the fix. Supported: Llama-architecture decoders (`model_type` llama or mistral without a
 sliding window): RMSNorm, RoPE with `rope_theta` and optionally Llama 3 scaling, grouped-query attention,
-SwiGLU (`hidden_act: silu`), no biases, tied or untied embeddings.
+SwiGLU (`hidden_act: silu`), no biases, tied or untied embeddings; Qwen3 (`qwen3`: the same plus q/k
+RMSNorm and a free head_dim); and the Mixture-of-Experts decoders Mixtral (`mixtral`: 8 experts, top-2,
+normalised) and Qwen3-MoE (`qwen3_moe`: q/k norm, head_dim, `norm_topk_prob`, dense blocks only as the
+first N of `mlp_only_layers`), whose MoE fields become `model.moe`.
 
 config.json comes in two spellings: transformers 4 writes `rope_theta` and `rope_scaling` at the top
 level (most published checkpoints), transformers 5 writes both inside `rope_parameters`. Both are read.
@@ -22,7 +25,9 @@ from typing import Any
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
-SUPPORTED_MODEL_TYPES = ("llama", "mistral")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen3", "mixtral", "qwen3_moe")
+QK_NORM_TYPES = ("qwen3", "qwen3_moe")
+MOE_TYPES = ("mixtral", "qwen3_moe")
 _ROPE_SCALING_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
@@ -95,19 +100,17 @@ def read_hf_config(folder: str) -> HfModel:
     model_type = cfg.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise HfConfigProblem(f"{CONFIG_FILE} has model_type {model_type!r}; supported: "
-                              f"{', '.join(SUPPORTED_MODEL_TYPES)} (Llama-architecture decoders)")
+                              f"{', '.join(SUPPORTED_MODEL_TYPES)} (Llama-architecture decoders and their MoE)")
     if cfg.get("hidden_act", "silu") != "silu":
         raise HfConfigProblem(f"{CONFIG_FILE} has hidden_act {cfg.get('hidden_act')!r}; supported: 'silu' (SwiGLU)")
     for flag in ("attention_bias", "mlp_bias"):
         if cfg.get(flag):
             raise HfConfigProblem(f"{CONFIG_FILE} has {flag}: true; the runtime's projections have no biases")
-    if cfg.get("sliding_window") is not None:
+    if cfg.get("sliding_window") is not None and cfg.get("use_sliding_window", True):
         raise HfConfigProblem(f"{CONFIG_FILE} has sliding_window {cfg['sliding_window']!r}; only full attention "
                               "is supported")
     hidden, heads = _number(cfg, "hidden_size"), _number(cfg, "num_attention_heads")
-    if cfg.get("head_dim") not in (None, hidden // heads):
-        raise HfConfigProblem(f"{CONFIG_FILE} has head_dim {cfg['head_dim']} != hidden_size/num_attention_heads "
-                              f"= {hidden // heads}; not supported")
+    head_dim = _number(cfg, "head_dim") if cfg.get("head_dim") is not None else hidden // heads
     theta, scaling = _rope(cfg)
     fields = {
         "layers": _number(cfg, "num_hidden_layers"),
@@ -121,9 +124,34 @@ def read_hf_config(folder: str) -> HfModel:
         "norm_eps": _number(cfg, "rms_norm_eps", float),
         "rope_theta": theta,
         "rope_scaling": scaling,
+        "head_dim": head_dim,
+        "qk_norm": model_type in QK_NORM_TYPES,
+        "moe": _moe(cfg, model_type) if model_type in MOE_TYPES else None,
     }
     max_positions = cfg.get("max_position_embeddings")
     return HfModel(fields, max_positions if isinstance(max_positions, int) else None, cfg)
+
+
+def _moe(cfg: dict[str, Any], model_type: str) -> dict[str, Any]:
+    """`model.moe`'s shape fields from a Mixtral or Qwen3-MoE config.json."""
+    experts = _number(cfg, "num_local_experts" if "num_local_experts" in cfg else "num_experts")
+    top_k = _number(cfg, "num_experts_per_tok")
+    if top_k > experts:
+        raise HfConfigProblem(f"{CONFIG_FILE} has num_experts_per_tok {top_k} > {experts} experts")
+    if model_type == "mixtral":  # every block sparse, top-k normalised, experts intermediate_size wide
+        return {"experts": experts, "top_k": top_k, "expert_ffn_hidden": _number(cfg, "intermediate_size"),
+                "shared_experts": 0, "dense_layers": 0, "router": {"score": "softmax", "normalize_top_k": True}}
+    step = cfg.get("decoder_sparse_step", 1)
+    dense = cfg.get("mlp_only_layers") or []
+    if step != 1:
+        raise HfConfigProblem(f"{CONFIG_FILE} has decoder_sparse_step {step!r}; supported: 1 (dense blocks only "
+                              "as the first N layers)")
+    if not isinstance(dense, list) or dense != list(range(len(dense))):
+        raise HfConfigProblem(f"{CONFIG_FILE} has mlp_only_layers {dense!r}; supported: the first N layers "
+                              "([0, 1, ..., N-1])")
+    return {"experts": experts, "top_k": top_k, "expert_ffn_hidden": _number(cfg, "moe_intermediate_size"),
+            "shared_experts": 0, "dense_layers": len(dense),
+            "router": {"score": "softmax", "normalize_top_k": bool(cfg.get("norm_topk_prob", False))}}
 
 
 def same(ours: Any, theirs: Any) -> bool:

@@ -68,9 +68,10 @@ def _model_problems(job: Job) -> list[Problem]:
     if out:
         return out
     assert m.hidden and m.heads and m.kv_heads and m.seq_len  # filled: missing_fields() is empty
-    if m.hidden % m.heads:
+    explicit_head_dim = m.head_dim is not None
+    if m.hidden % m.heads and not explicit_head_dim:
         out.append(Problem("model.hidden", f"must be divisible by model.heads={m.heads}", m.hidden,
-                           f"use a multiple of {m.heads}"))
+                           f"use a multiple of {m.heads}, or set model.head_dim"))
     if m.heads % m.kv_heads:
         out.append(Problem("model.kv_heads", f"must divide model.heads={m.heads}", m.kv_heads,
                            "use a divisor of heads (GQA groups must be equal)"))
@@ -78,9 +79,33 @@ def _model_problems(job: Job) -> list[Problem]:
     if rs is not None and rs.high_freq_factor <= rs.low_freq_factor:
         out.append(Problem("model.rope_scaling.high_freq_factor", "must be above low_freq_factor="
                            f"{rs.low_freq_factor}", rs.high_freq_factor, "use e.g. low 1, high 4 (Llama 3.1)"))
-    if m.activation and (m.hidden // m.heads) % 2:
-        out.append(Problem("model.hidden", "hidden/heads (the head size) must be even for RoPE", m.hidden,
-                           "choose hidden and heads so the head size is even"))
+    head_dim = m.head_dim or m.hidden // m.heads
+    if head_dim % 2:
+        field = "model.head_dim" if explicit_head_dim else "model.hidden"
+        out.append(Problem(field, "the head size must be even for RoPE", head_dim if explicit_head_dim else m.hidden,
+                           "choose hidden and heads (or head_dim) so the head size is even"))
+    return out + _moe_problems(job)
+
+
+def _moe_problems(job: Job) -> list[Problem]:
+    m, moe = job.model, job.model.moe
+    if moe is None:
+        return []
+    out: list[Problem] = []
+    if moe.top_k > moe.experts:
+        out.append(Problem("model.moe.top_k", f"is more than model.moe.experts={moe.experts}", moe.top_k,
+                           f"use top_k <= {moe.experts}"))
+    if m.layers and moe.dense_layers >= m.layers:
+        out.append(Problem("model.moe.dense_layers", f"leaves no MoE block of the {m.layers} layers",
+                           moe.dense_layers, f"use dense_layers < {m.layers}, or remove model.moe"))
+    if m.activation != "swiglu":
+        out.append(Problem("model.activation", "experts are SwiGLU: model.moe needs activation swiglu",
+                           m.activation, "set model.activation: swiglu"))
+    lora = job.train.lora
+    ffn_targets = sorted({"w1", "w2", "w3"} & set(lora.targets)) if lora is not None else []
+    if ffn_targets:
+        out.append(Problem("train.lora.targets", "with model.moe LoRA adapts the attention projections only",
+                           ffn_targets, "remove w1/w2/w3 (gate/down/up_proj) from the targets"))
     return out
 
 
@@ -130,6 +155,9 @@ def _parallel_problems(job: Job) -> list[Problem]:
                            "set parallel.virtual_stages=2 (or auto), or use 1f1b"))
     if p.sequence_parallel and tp == 1:
         out.append(Problem("parallel.sequence_parallel", "needs tp > 1", True, "set parallel.tp >= 2 or disable it"))
+    if m.moe is not None and tp is not None and tp > 1:
+        out.append(Problem("parallel.tp", "does not combine with model.moe yet (experts are not tensor-parallel)",
+                           tp, "set parallel.tp: 1 (use dp/pp with MoE)"))
     if t.compile and tp is not None and tp > 1:
         out.append(Problem("train.compile", f"does not combine with tensor parallel yet (parallel.tp={tp}): "
                            "its blocks do not compile", True, "set train.compile: false, or parallel.tp: 1"))

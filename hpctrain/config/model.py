@@ -9,6 +9,8 @@ from pydantic import Field, PrivateAttr, model_validator
 
 from hpctrain.config import limits as L
 from hpctrain.config.base import Section
+from hpctrain.config.hf_config import same
+from hpctrain.config.moe import MoEConfig
 from hpctrain.config.types import Text
 
 # Shapes from the model cards / papers: GPT-3 (Brown et al. 2020, Table 2.1), Llama 2 (Touvron et al.
@@ -28,9 +30,29 @@ PRESETS: dict[str, dict[str, Any]] = {
                      seq_len=2048, activation="gelu", tie_embeddings=True),
     "gpt3-175b": dict(layers=96, hidden=12288, heads=96, kv_heads=96, ffn_hidden=49152, vocab=50257,
                       seq_len=2048, activation="gelu", tie_embeddings=True),
+    # Mixture-of-Experts, from each model's config.json on the Hugging Face Hub (mistralai/Mixtral-8x7B-v0.1,
+    # mistralai/Mixtral-8x22B-v0.1, Qwen/Qwen3-30B-A3B, Qwen/Qwen3-235B-A22B): seq_len is
+    # max_position_embeddings; Mixtral normalises the top-2 scores, Qwen3-MoE's norm_topk_prob is true;
+    # aux_loss_coeff is router_aux_loss_coef. Qwen3's head_dim (128) is not hidden/heads.
+    "mixtral-8x7b": dict(layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336, vocab=32000,
+                         seq_len=32768, activation="swiglu", tie_embeddings=False, rope_theta=1e6,
+                         moe=dict(experts=8, top_k=2, router=dict(aux_loss_coeff=0.02))),
+    "mixtral-8x22b": dict(layers=56, hidden=6144, heads=48, kv_heads=8, ffn_hidden=16384, vocab=32768,
+                          seq_len=65536, activation="swiglu", tie_embeddings=False, rope_theta=1e6,
+                          moe=dict(experts=8, top_k=2, router=dict(aux_loss_coeff=0.001))),
+    "qwen3-30b-a3b": dict(layers=48, hidden=2048, heads=32, kv_heads=4, head_dim=128, qk_norm=True,
+                          ffn_hidden=6144, vocab=151936, seq_len=40960, activation="swiglu", tie_embeddings=False,
+                          rope_theta=1e6, norm_eps=1e-6,
+                          moe=dict(experts=128, top_k=8, expert_ffn_hidden=768, router=dict(aux_loss_coeff=0.001))),
+    "qwen3-235b-a22b": dict(layers=94, hidden=4096, heads=64, kv_heads=4, head_dim=128, qk_norm=True,
+                            ffn_hidden=12288, vocab=151936, seq_len=40960, activation="swiglu",
+                            tie_embeddings=False, rope_theta=1e6, norm_eps=1e-6,
+                            moe=dict(experts=128, top_k=8, expert_ffn_hidden=1536,
+                                     router=dict(aux_loss_coeff=0.001))),
 }
 
-PresetName = Literal["tiny", "llama3-1b", "llama3-8b", "llama3-70b", "llama2-7b", "gpt3-13b", "gpt3-175b"]
+PresetName = Literal["tiny", "llama3-1b", "llama3-8b", "llama3-70b", "llama2-7b", "gpt3-13b", "gpt3-175b",
+                     "mixtral-8x7b", "mixtral-8x22b", "qwen3-30b-a3b", "qwen3-235b-a22b"]
 _SHAPE_FIELDS = ("layers", "hidden", "heads", "vocab", "seq_len")
 
 
@@ -56,7 +78,10 @@ class RopeScaling(Section):
 
 # The fields init_from's config.json fills (seq_len, the training length, is always the job's own).
 HF_FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "activation", "tie_embeddings",
-             "norm_eps", "rope_theta", "rope_scaling")
+             "norm_eps", "rope_theta", "rope_scaling", "head_dim", "qk_norm", "moe")
+# model.moe fields config.json fixes (the rest, the router's balancing and capacity, are the job's choice).
+HF_MOE_FIELDS = ("experts", "top_k", "expert_ffn_hidden", "shared_experts", "dense_layers")
+HF_ROUTER_FIELDS = ("score", "normalize_top_k")
 
 
 class ModelConfig(Section):
@@ -67,6 +92,9 @@ class ModelConfig(Section):
     hidden: Optional[int] = Field(None, ge=1, le=L.MAX_HIDDEN, description="Model width (embedding size).")
     heads: Optional[int] = Field(None, ge=1, le=L.MAX_HEADS, description="Attention (query) heads.")
     kv_heads: Optional[int] = Field(None, ge=1, le=L.MAX_HEADS, description="Key/value heads (GQA); defaults to heads.")
+    head_dim: Optional[int] = Field(None, ge=2, le=L.MAX_HIDDEN, description="Width of one attention head; "
+                                    "null: hidden/heads (Qwen3: 128 whatever the width).")
+    qk_norm: bool = Field(False, description="RMSNorm over each query and key head before RoPE (Qwen3).")
     ffn_hidden: Optional[int] = Field(None, ge=1, le=L.MAX_FFN_HIDDEN, description="FFN inner width; default 4h (gelu) or ~8h/3 (swiglu).")
     vocab: Optional[int] = Field(None, ge=2, le=L.MAX_VOCAB, description="Vocabulary size.")
     seq_len: Optional[int] = Field(None, ge=1, le=L.MAX_SEQ_LEN, description="Training sequence length in tokens.")
@@ -75,6 +103,8 @@ class ModelConfig(Section):
     norm_eps: float = Field(1e-5, gt=0, le=1, description="RMSNorm epsilon.")
     rope_theta: float = Field(10000.0, gt=0, le=L.MAX_ROPE_THETA, description="RoPE base frequency.")
     rope_scaling: Optional[RopeScaling] = Field(None, description="Llama 3 RoPE scaling; none by default.")
+    moe: Optional[MoEConfig] = Field(None, description="Mixture-of-Experts FFN (routed and shared experts); "
+                                     "none: every block is dense.")
     init_from: Optional[Text] = Field(None, description="A local Hugging Face folder (config.json and "
                                       "model.safetensors or its sharded index) to start from: its config.json "
                                       "gives every shape field the job leaves out and must agree with those it "
@@ -86,7 +116,13 @@ class ModelConfig(Section):
     @classmethod
     def _merge_preset(cls, data: Any) -> Any:
         if isinstance(data, dict) and isinstance(data.get("preset"), str) and data["preset"] in PRESETS:
-            return {**PRESETS[data["preset"]], **data}
+            preset = PRESETS[data["preset"]]
+            merged = {**preset, **data}
+            if isinstance(preset.get("moe"), dict) and isinstance(data.get("moe"), dict):
+                merged["moe"] = {**preset["moe"], **data["moe"]}  # model.moe.top_k: 1 keeps the preset's experts
+                if isinstance(preset["moe"].get("router"), dict) and isinstance(data["moe"].get("router"), dict):
+                    merged["moe"]["router"] = {**preset["moe"]["router"], **data["moe"]["router"]}
+            return merged
         return data
 
     @model_validator(mode="after")
@@ -101,7 +137,7 @@ class ModelConfig(Section):
 
     def _fill_from_hf(self, folder: str) -> None:
         """Take the shape from init_from's config.json (hf_config.py says the rules)."""
-        from hpctrain.config.hf_config import HfConfigProblem, read_hf_config, same
+        from hpctrain.config.hf_config import HfConfigProblem, read_hf_config
 
         try:
             hf = read_hf_config(os.path.expanduser(folder))
@@ -113,6 +149,9 @@ class ModelConfig(Section):
         for name in HF_FIELDS:
             theirs = hf.fields[name]
             ours = getattr(self, name)
+            if name == "moe":
+                self._take_hf_moe(theirs, name in given)
+                continue
             if isinstance(ours, RopeScaling):
                 ours = ours.model_dump()
             if name in given:
@@ -129,13 +168,38 @@ class ModelConfig(Section):
             self._init_problems.append(("model.seq_len", f"is required with model.init_from{limit}", None,
                                         "set model.seq_len, the training sequence length"))
 
+    def _take_hf_moe(self, theirs: dict[str, Any] | None, given: bool) -> None:
+        """model.moe from config.json: its shape fields must agree with the job's, the rest stay the job's."""
+        ours = self.moe
+        if theirs is None or ours is None:
+            if theirs is None and ours is not None:
+                self._init_problems.append(("model.moe", "is set but init_from's config.json is a dense model",
+                                            "set", "remove model.moe"))
+            elif theirs is not None:
+                self.moe = MoEConfig.model_validate(theirs)
+            return
+        mine: dict[str, Any] = {k: getattr(ours, k) for k in HF_MOE_FIELDS}
+        mine.update({f"router.{k}": getattr(ours.router, k) for k in HF_ROUTER_FIELDS})
+        if mine["expert_ffn_hidden"] is None:
+            mine["expert_ffn_hidden"] = theirs["expert_ffn_hidden"]
+        wanted = {k: theirs[k] for k in HF_MOE_FIELDS}
+        wanted.update({f"router.{k}": theirs["router"][k] for k in HF_ROUTER_FIELDS})
+        set_here = ours.model_fields_set | {f"router.{k}" for k in ours.router.model_fields_set}
+        updates: dict[str, Any] = {}
+        router_updates: dict[str, Any] = {}
+        for key, value in wanted.items():
+            if key in set_here and not same(mine[key], value):
+                self._init_problems.append((f"model.moe.{key}", f"differs from init_from's config.json ({value!r})",
+                                            mine[key], f"remove model.moe.{key} (it comes from config.json)"))
+            elif key.startswith("router."):
+                router_updates[key[len("router."):]] = value
+            else:
+                updates[key] = value
+        self.moe = ours.model_copy(update={**updates, "router": ours.router.model_copy(update=router_updates)})
+
     @property
     def init_problems(self) -> list[tuple[str, str, Any, str]]:
         return list(self._init_problems)
-
-    @property
-    def head_dim(self) -> int:
-        return int(self.hidden or 0) // int(self.heads or 1)
 
     def missing_fields(self) -> list[str]:
         return [name for name in _SHAPE_FIELDS if getattr(self, name) is None]

@@ -23,6 +23,7 @@ class Thresholds:
     bubble_excess: float = 0.10  # measured bubble share above the prediction by this much (absolute)
     lost_work_share: float = 0.10  # expected work lost per interruption vs time between interruptions
     val_divergence: float = 0.05  # validation loss above its best by this fraction (and rising)
+    router_load: float = 3.0  # MoE: the busiest expert's tokens over the mean, on every recent logged step
 
 
 @dataclass

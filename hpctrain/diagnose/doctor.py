@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from hpctrain.diagnose import rules_eval, rules_health, rules_memory, rules_perf
+from hpctrain.diagnose import rules_eval, rules_health, rules_memory, rules_moe, rules_perf
 from hpctrain.diagnose.context import Context, Thresholds
 from hpctrain.diagnose.findings import Finding, format_findings, sort_findings
 from hpctrain.diagnose.fixes import FixChecker
@@ -34,6 +34,7 @@ RULES: tuple[Rule, ...] = (
     rules_health.checkpoint_failed_rule,
     rules_eval.training_divergence_rule,
     rules_eval.validation_rule,
+    rules_moe.router_collapse_rule,
     rules_perf.comm_rule,
     rules_perf.imbalance_rule,
     rules_perf.bubble_rule,

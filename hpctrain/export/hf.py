@@ -1,4 +1,5 @@
-"""`hpctrain export RUN [--step N] -o DIR`: a DCP checkpoint of any layout -> a Hugging Face Llama folder.
+"""`hpctrain export RUN [--step N] -o DIR`: a DCP checkpoint of any layout -> a Hugging Face folder (Llama,
+Qwen3, Mixtral or Qwen3-MoE: runtime/model/hf_weights.py `family_of`).
 
 Runs on the login node's CPU without a process group. Streaming: `hf_tensors` reads one tensor at a
 time from the checkpoint (a one-entry state dict through DCP, which reads only that tensor's bytes
@@ -32,7 +33,14 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from hpctrain.errors import ConfigError
 from hpctrain.export.data_tokenizer import DataTokenizer
 from hpctrain.runtime.checkpoint.safe_dcp import SafePlanner, SafeReader, UnsafeIndex, read_index
-from hpctrain.runtime.model.hf_weights import hf_config_dict, need_safetensors, read_base_config, to_hf_name
+from hpctrain.runtime.model.hf_weights import (
+    exportable,
+    family_of,
+    hf_config_dict,
+    hf_pairs,
+    need_safetensors,
+    read_base_config,
+)
 from hpctrain.runtime.model.transformer import ModelArgs
 
 if TYPE_CHECKING:
@@ -58,18 +66,12 @@ def parse_size(text: str) -> int:
 
 
 def model_param_names(model: ModelArgs) -> list[str]:
-    """The runtime's full-model parameter names in transformers' file order (the tied head left out)."""
-    if model.activation != "swiglu":
-        raise ConfigError(f"model.activation: got {model.activation!r}; a Hugging Face Llama export needs swiglu")
-    block = ("attention_norm.weight", "attention.wq.weight", "attention.wk.weight", "attention.wv.weight",
-             "attention.wo.weight", "ffn_norm.weight", "feed_forward.w1.weight", "feed_forward.w3.weight",
-             "feed_forward.w2.weight")
-    names = ["tok_embeddings.weight"]
-    names += [f"layers.{i}.{part}" for i in range(model.layers) for part in block]
-    names.append("norm.weight")
-    if not model.tie_embeddings:
-        names.append("output.weight")
-    return names
+    """The runtime's full-model parameter names, embedding first, layer by layer, then the norm and the
+    head (the tied head left out): the model's own, built on the meta device (no memory)."""
+    from hpctrain.runtime.model.transformer import build_model
+
+    exportable(model)
+    return [name for name, _ in build_model(model).named_parameters()]  # a shared (tied) parameter once
 
 
 def hf_tensors(checkpoint: str, model: ModelConfig,
@@ -79,14 +81,17 @@ def hf_tensors(checkpoint: str, model: ModelConfig,
         entries = read_index(checkpoint).state_dict_metadata
     except (UnsafeIndex, OSError) as exc:
         raise ConfigError(f"checkpoint {checkpoint}: {exc}") from None
-    for name in model_param_names(ModelArgs.from_config(model)):
+    args = ModelArgs.from_config(model)
+    family = family_of(args)
+    for name in model_param_names(args):
         meta = entries.get(f"model.{name}")
         if not isinstance(meta, TensorStorageMetadata):
             raise ConfigError(f"checkpoint {checkpoint}: has no tensor model.{name}; it was not written for this "
                               "job's model")
         state = {"model": {name: torch.empty(tuple(meta.size), dtype=meta.properties.dtype)}}
         load_without_process_group(state, checkpoint)
-        yield to_hf_name(name), state["model"][name].to(dtype)
+        for hf_name, tensor in hf_pairs(name, state["model"][name], family):  # stacked experts: one per expert
+            yield hf_name, tensor.to(dtype)
 
 
 def load_without_process_group(state: dict[str, Any], checkpoint: str) -> None:

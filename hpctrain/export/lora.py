@@ -29,7 +29,7 @@ from hpctrain.config.lora import HF_NAMES
 from hpctrain.errors import ConfigError
 from hpctrain.export.hf import DTYPES, ExportResult, export_checkpoint, load_without_process_group, model_param_names
 from hpctrain.runtime.checkpoint.safe_dcp import UnsafeIndex, read_index
-from hpctrain.runtime.model.hf_weights import HfShardReader, to_hf_name
+from hpctrain.runtime.model.hf_weights import HfShardReader, family_of, hf_pairs, to_hf_name
 from hpctrain.runtime.model.init import random_fill
 from hpctrain.runtime.model.transformer import ModelArgs, build_model
 
@@ -71,7 +71,8 @@ def base_tensors(model: ModelConfig, seed: int, draw_device: str = "cpu") -> Ite
     drawn as the runtime drew it (init.random_fill on the run's device type: CUDA and CPU draws differ)."""
     args = ModelArgs.from_config(model)
     shapes = {n: tuple(p.shape) for n, p in build_model(args).named_parameters()}
-    fill = HfShardReader(model.init_from) if model.init_from else random_fill(seed, args.layers, draw_device)
+    fill = (HfShardReader(model.init_from, family=family_of(args)) if model.init_from
+            else random_fill(seed, args.layers, draw_device))
     for name in model_param_names(args):  # the tied head is left out: no canonical-name mapping needed
         shape = shapes[name]
         yield name, fill(name, shape, tuple(slice(0, n) for n in shape)).float().cpu()
@@ -82,11 +83,13 @@ def merged_tensors(checkpoint: str, model: ModelConfig, lora: dict[str, Any], se
     """(hf_name, tensor): the base with every adapter folded in."""
     adapters = CheckpointTensors(checkpoint)
     scaling = float(lora["alpha"]) / int(lora["rank"])
+    family = family_of(ModelArgs.from_config(model))
     for name, weight in base_tensors(model, seed, draw_device):
         module = _projection(name, lora["targets"])
         if module is not None:
             weight = weight + scaling * (adapters(f"{module}.lora_B") @ adapters(f"{module}.lora_A"))
-        yield to_hf_name(name), weight.to(dtype)
+        for hf_name, tensor in hf_pairs(name, weight, family):
+            yield hf_name, tensor.to(dtype)
 
 
 def peft_key(module: str, which: str) -> str:
@@ -114,7 +117,9 @@ def write_peft_folder(checkpoint: str, model: ModelConfig, lora: dict[str, Any],
         base_path = os.path.abspath(model.init_from)
     else:
         base_path = os.path.join(os.path.abspath(out), "base")
-        pairs = ((to_hf_name(n), t.to(DTYPES[dtype])) for n, t in base_tensors(model, seed, draw_device))
+        family = family_of(ModelArgs.from_config(model))
+        pairs = ((hf, t.to(DTYPES[dtype])) for n, full in base_tensors(model, seed, draw_device)
+                 for hf, t in hf_pairs(n, full, family))
         export_checkpoint(checkpoint, model, os.path.join(partial, "base"), max_shard_bytes=max_shard_bytes,
                           dtype=dtype, tensors=pairs)
     config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_path,

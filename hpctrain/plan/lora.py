@@ -141,4 +141,10 @@ def fine_tune_notes(job: Job) -> list[str]:
         if job.train.activation_checkpointing in ("auto", "selective"):
             notes.append("LoRA with selective activation checkpointing: its activations are an estimate (measured "
                          "up to 16% above the plan on a 1.1B shape); prefer ac none or full for a tight memory budget")
+    moe = getattr(job.model, "moe", None)
+    if moe is not None:
+        notes.append(f"model.moe ({moe.experts} experts, top-{moe.top_k}): every rank holds all experts of its "
+                     "stages (no expert parallelism yet) and FLOPs count the active experts; the activations "
+                     "are the dense FFN's estimate, not yet the routed tokens' (top-k copies, grouped GEMMs): "
+                     "leave memory headroom")
     return notes

@@ -4,7 +4,11 @@ The counted architecture is the runtime's (hpctrain/runtime/model/transformer.py
 [vocab, hidden]; per layer an RMSNorm [hidden], q [hidden, heads*head_dim], k and v
 [hidden, kv_heads*head_dim], o [heads*head_dim, hidden], an RMSNorm [hidden] and the FFN
 (gelu: up + down; swiglu: gate + up + down, each hidden x ffn_hidden); a final RMSNorm [hidden];
-the head [hidden, vocab] unless tied. head_dim = hidden // heads. No biases anywhere.
+the head [hidden, vocab] unless tied. head_dim = model.head_dim (default hidden // heads); q/k RMSNorms
+[head_dim] with model.qk_norm. No biases anywhere. With model.moe the FFN of a MoE block is the router, the
+routed experts and the shared experts (`moe_ffn_params`); per-layer figures are then means over the
+layers (exact in total; a stage's share is exact when dense_layers is 0), and FLOPs count the active
+experts only (top_k routed + shared + the router).
 
 `flops_per_token` is THE FLOP formula of the project: the runtime's MFU and the planner's cost
 model both call it (docs/architecture.md: the metrics record).
@@ -25,8 +29,8 @@ LOSS_TRAINING_FLOPS_PER_LOGIT = 8.0
 
 
 def head_dim(model: Any) -> int:
-    """Per-head width; the runtime uses hidden // heads."""
-    return int(model.hidden) // int(model.heads)
+    """Per-head width: model.head_dim, which defaults to hidden // heads."""
+    return int(getattr(model, "head_dim", None) or int(model.hidden) // int(model.heads))
 
 
 def ffn_matrices(model: Any) -> int:
@@ -41,14 +45,41 @@ def attention_params(model: Any) -> int:
     return int(model.hidden) * (2 * q_width + 2 * kv_width)
 
 
-def ffn_params(model: Any) -> int:
-    """The FFN matrices of one layer."""
+def dense_ffn_params(model: Any) -> int:
+    """The matrices of one dense FFN."""
     return ffn_matrices(model) * int(model.hidden) * int(model.ffn_hidden)
 
 
+def moe_layer_count(model: Any) -> int:
+    """Blocks whose FFN is a Mixture of Experts (model.moe; the first dense_layers stay dense)."""
+    moe = getattr(model, "moe", None)
+    return 0 if moe is None else max(0, int(model.layers) - int(moe.dense_layers))
+
+
+def moe_ffn_params(model: Any, active: bool = False) -> int:
+    """One MoE FFN (runtime/model/moe.py): the router [experts, hidden], every routed SwiGLU expert
+    (active=True: the top_k a token uses) and the shared experts' SwiGLU."""
+    from hpctrain.config.moe import expert_width, shared_width
+
+    moe, h = model.moe, int(model.hidden)
+    routed = int(moe.top_k if active else moe.experts)
+    return moe.experts * h + 3 * h * (routed * expert_width(moe, int(model.ffn_hidden))
+                                      + shared_width(moe, int(model.ffn_hidden)))
+
+
+def ffn_params(model: Any, active: bool = False) -> int:
+    """The FFN parameters of one layer; with model.moe the mean over the layers (dense and MoE blocks), so
+    layers x this is the model's total (active=True: those one token's forward uses)."""
+    n_moe = moe_layer_count(model)
+    if not n_moe:
+        return dense_ffn_params(model)
+    layers = int(model.layers)
+    return ((layers - n_moe) * dense_ffn_params(model) + n_moe * moe_ffn_params(model, active)) // layers
+
+
 def layer_norm_params(model: Any) -> int:
-    """The two RMSNorm weights of one layer (these are replicated, not sharded, under TP)."""
-    return 2 * int(model.hidden)
+    """The RMSNorm weights of one layer (two, plus q/k's with model.qk_norm; replicated under TP)."""
+    return 2 * int(model.hidden) + (2 * head_dim(model) if getattr(model, "qk_norm", False) else 0)
 
 
 def layer_param_count(model: Any) -> int:
@@ -134,8 +165,10 @@ _SHARD_CACHE: dict[tuple[Any, ...], tuple[int, int, int]] = {}
 def _tp_shard_sizes(model: Any, tp: int) -> tuple[int, int, int]:
     """(one layer's parameters on a TP rank, the vocab-parallel embedding/head shard, the final
     norm), cached per shape: the search asks for them thousands of times."""
+    moe = getattr(model, "moe", None)
     key = (model.layers, model.hidden, model.heads, model.kv_heads, model.ffn_hidden, model.vocab,
-           model.activation, tp)
+           model.activation, getattr(model, "head_dim", None), getattr(model, "qk_norm", False),
+           None if moe is None else repr(moe), tp)
     sizes = _SHARD_CACHE.get(key)
     if sizes is None:
         sharded = attention_params(model) + ffn_params(model)
@@ -160,7 +193,7 @@ def attention_core_forward_flops_per_token(model: Any) -> float:
 
 def layer_forward_flops_per_token(model: Any) -> float:
     """One transformer layer's forward FLOPs per token (matmuls + attention core)."""
-    matmul_params = attention_params(model) + ffn_params(model)
+    matmul_params = attention_params(model) + ffn_params(model, active=True)
     return 2.0 * matmul_params + attention_core_forward_flops_per_token(model)
 
 

@@ -71,6 +71,7 @@ class Trainer:
         self.requeue = RequeueController(job, env, device, self.telemetry.event)
         self.resume_from = resume_from
         self.last_metrics: dict[str, Any] = {}
+        self.moe_stats: dict[str, float] = {}  # the last step's MoE metrics (Training.moe_step_stats)
         self.trackers: Trackers | None = None  # started once the resumed step is known
         self._agreed_flags: list[int] | None = None  # the stop flags of the last step, agreed by all ranks
 
@@ -145,6 +146,7 @@ class Trainer:
         loss, grad_norm, self._agreed_flags = self.training.finish_step(
             local_loss, self.job.train.optimizer.grad_clip, flags)
         lr = self.optimizers.lr
+        self.moe_stats = self.training.moe_step_stats()
         self.training.optimizer_step(self.optimizers)  # type: ignore[arg-type]  # duck-typed: step()
         self.lr_schedulers.step()
         return loss, grad_norm, lr
@@ -198,7 +200,7 @@ class Trainer:
                 "requeue_why_not": self.requeue.why_not, **self.last_metrics}
 
     def _log(self, loss: float, grad_norm: float, lr: float, val_loss: float | None = None) -> None:
-        extra: dict[str, Any] = {}
+        extra: dict[str, Any] = dict(self.moe_stats)
         if val_loss is not None:
             extra["val_loss"] = val_loss
         if self.training.loss_scaler is not None:

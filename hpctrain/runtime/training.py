@@ -27,6 +27,7 @@ from torch import nn
 from hpctrain.errors import ConfigError
 from hpctrain.runtime.model.init import ShardFill, init_parameters, random_fill
 from hpctrain.runtime.model.lora import init_lora, is_adapter
+from hpctrain.runtime.model.moe import MoE
 from hpctrain.runtime.model.transformer import ModelArgs, Transformer, cross_entropy_loss
 from hpctrain.runtime.parallel.dims import ParallelDims
 from hpctrain.runtime.parallel.fsdp import sync_every_microbatch, zero_stage
@@ -140,6 +141,7 @@ class Training:
                 f"train_step: a local batch of {inputs.shape[0]} sequences does not split into "
                 f"{self.n_microbatches} micro-batches"
             )
+        self._prepare_moe()
         with self._contexts():
             if self.schedule is not None:
                 local_loss = self._pipelined_step(inputs, labels)
@@ -150,6 +152,60 @@ class Training:
         if self.loss_scaler is not None:
             self.loss_scaler.unscale_(self.parameters())
         return local_loss
+
+    def moe_layers(self) -> dict[int, MoE]:
+        """This rank's MoE FFNs by global layer index."""
+        return {int(key): block.feed_forward for part in self.model_parts for key, block in part.layers.items()
+                if isinstance(block.feed_forward, MoE)}
+
+    def _prepare_moe(self) -> None:
+        """Each MoE layer's balancing-loss gradient for this step (runtime/model/moe.py): coeff / MoE layers
+        (the loss is their mean) / micro-batches where the loop divides the loss (the pipeline schedule
+        divides the gradients itself), times the fp16 loss scale."""
+        moe = self.args.moe
+        if moe is None or moe.aux_loss_coeff <= 0:
+            return
+        n_moe = sum(1 for layer in range(self.args.layers) if self.args.is_moe_layer(layer))
+        scale = moe.aux_loss_coeff / n_moe
+        if self.schedule is None:
+            scale /= self.n_microbatches
+        if self.loss_scaler is not None:
+            scale *= self.loss_scaler.scale
+        for layer in self.moe_layers().values():
+            layer.backward_scale = scale
+
+    def moe_step_stats(self) -> dict[str, float]:
+        """After a step's backward: every MoE layer's tokens per expert, summed over all ranks (one
+        all-reduce of [MoE layers, experts + 2]), applied to the routing biases, and the step's metrics:
+        `aux_loss` (the balancing loss, mean over layers and micro-batches), `expert_load_max_over_mean`
+        (the worst layer's busiest expert over its mean), `tokens_dropped` (capacity overflow); {} without MoE."""
+        moe = self.args.moe
+        if moe is None:
+            return {}
+        moe_ids = [layer for layer in range(self.args.layers) if self.args.is_moe_layer(layer)]
+        row_of = {layer: i for i, layer in enumerate(moe_ids)}
+        table = torch.zeros(len(moe_ids), moe.experts + 3, dtype=torch.float64, device=self.device)
+        for layer, module in self.moe_layers().items():
+            row = table[row_of[layer]]
+            if module.stat_counts is not None:
+                row[:moe.experts] = module.stat_counts.to(self.device, torch.float64)
+            row[moe.experts] = module.stat_dropped
+            if module.stat_aux:
+                row[moe.experts + 1] = torch.stack(module.stat_aux).sum().to(self.device, torch.float64)
+                row[moe.experts + 2] = len(module.stat_aux)
+        if self.mesh is not None and self.dims.world_size > 1:
+            dist.all_reduce(table)
+        counts = table[:, :moe.experts]
+        for layer, module in self.moe_layers().items():
+            module.update_bias(counts[row_of[layer]])
+            module.clear_stats()
+        mean = counts.mean(dim=1).clamp(min=1e-12)
+        stats = {"expert_load_max_over_mean": float((counts.max(dim=1).values / mean).max()),
+                 "tokens_dropped": float(table[:, moe.experts].sum())}
+        if moe.aux_loss_coeff > 0:
+            n = table[:, moe.experts + 2].clamp(min=1)
+            stats["aux_loss"] = float((table[:, moe.experts + 1] / n).mean())
+        return stats
 
     def _plain_step(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         model: Any = self.model_parts[0]  # an FSDPModule too when fsdp

@@ -127,10 +127,14 @@ def _chunks(full_shape: tuple[int, ...], index: tuple[slice, ...], element_bytes
 def tile_shape(full_shape: tuple[int, ...]) -> tuple[int, ...]:
     """The tile of a parameter of this full shape (a function of the shape only, never of the layout).
 
-    Last dim: up to TILE_COLS columns; first dim (2-D and up): a power of two of rows, at most
-    rows/TILE_ROW_SPLITS and TILE_NUMEL elements in all; other dims: 1."""
+    Last dim: up to TILE_COLS columns; first dim (2-D): a power of two of rows, at most
+    rows/TILE_ROW_SPLITS and TILE_NUMEL elements in all. 3-D and up: one leading index at a time
+    (an expert), the rest tiled as above, so a split of the experts or of their rows by a power of
+    two falls on tile edges."""
     if not full_shape:
         return ()
+    if len(full_shape) > 2:  # stacked matrices (MoE experts [E, out, in]): each matrix tiled as a 2-D one
+        return (1, *tile_shape(full_shape[1:]))
     cols = min(full_shape[-1], TILE_COLS)
     if len(full_shape) == 1:
         return (cols,)
@@ -154,7 +158,7 @@ def init_std(name: str, layers: int) -> float | None:
     """The normal std of parameter `name`; None: a norm weight, initialised to ones."""
     if name.endswith("norm.weight"):
         return None
-    if name.endswith(("attention.wo.weight", "feed_forward.w2.weight")):
+    if name.endswith(("attention.wo.weight", "feed_forward.w2.weight", "experts.w2", "shared.w2.weight")):
         return INIT_STD / math.sqrt(2 * layers)  # GPT-2 residual scaling
     return INIT_STD
 

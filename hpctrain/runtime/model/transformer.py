@@ -27,6 +27,7 @@ from torch.utils.checkpoint import checkpoint
 
 from hpctrain.errors import ConfigError
 from hpctrain.runtime.model.init import init_parameters, random_fill
+from hpctrain.runtime.model.moe import MoE, MoEArgs
 from hpctrain.runtime.model.norm import RMSNorm
 
 AC_MODES = ("none", "selective", "full")
@@ -50,45 +51,61 @@ class ModelArgs:
     # Llama 3 scaling (`model.rope_scaling`): (factor, low_freq_factor, high_freq_factor,
     # original_max_position_embeddings), or None for plain RoPE.
     rope_scaling: tuple[float, float, float, int] | None = None
+    head_dim: int = 0  # 0: hidden // heads
+    qk_norm: bool = False
+    moe: MoEArgs | None = None
 
     def __post_init__(self) -> None:
         problems = []
-        if self.hidden % self.heads:
-            problems.append(f"model.hidden: got {self.hidden}; must be divisible by heads={self.heads}")
+        if not self.head_dim:
+            if self.hidden % self.heads:
+                problems.append(f"model.hidden: got {self.hidden}; must be divisible by heads={self.heads}")
+            object.__setattr__(self, "head_dim", self.hidden // max(self.heads, 1))
         if self.heads % self.kv_heads:
             problems.append(
                 f"model.kv_heads: got {self.kv_heads}; must divide heads={self.heads} (grouped-query attention)"
             )
-        if (self.hidden // max(self.heads, 1)) % 2:
-            problems.append(f"model.hidden/heads: got {self.hidden // self.heads}; RoPE needs an even head size")
+        if self.head_dim % 2:
+            problems.append(f"model.head_dim: got {self.head_dim}; RoPE needs an even head size")
         if self.activation not in ("gelu", "swiglu"):
             problems.append(f"model.activation: got {self.activation!r}; valid: 'gelu', 'swiglu'")
         if problems:
             raise ConfigError(problems)
 
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
+    def is_moe_layer(self, layer: int) -> bool:
+        return self.moe is not None and layer >= self.moe.dense_layers
 
     @classmethod
     def from_config(cls, model_cfg: Any) -> ModelArgs:
         """From `job.model` (a pydantic model) or anything with the same attributes."""
-        names = [name for name in cls.__dataclass_fields__ if name != "rope_scaling"]
+        special = ("rope_scaling", "head_dim", "qk_norm", "moe")
+        names = [name for name in cls.__dataclass_fields__ if name not in special]
         scaling = getattr(model_cfg, "rope_scaling", None)
         if scaling is not None and not isinstance(scaling, tuple):
             scaling = (float(scaling.factor), float(scaling.low_freq_factor), float(scaling.high_freq_factor),
                        int(scaling.original_max_position_embeddings))
-        return cls(**{name: getattr(model_cfg, name) for name in names}, rope_scaling=scaling)
+        moe = getattr(model_cfg, "moe", None)
+        if moe is not None and not isinstance(moe, MoEArgs):
+            moe = MoEArgs.from_config(moe, int(model_cfg.ffn_hidden))
+        return cls(**{name: getattr(model_cfg, name) for name in names}, rope_scaling=scaling,
+                   head_dim=int(getattr(model_cfg, "head_dim", 0) or 0), qk_norm=bool(getattr(model_cfg, "qk_norm", False)),
+                   moe=moe)
 
 
 def param_count(args: ModelArgs) -> int:
-    """Closed-form parameter count of the full model (tied embeddings counted once)."""
+    """Closed-form parameter count of the full model (tied embeddings counted once; every expert)."""
     h, d = args.hidden, args.head_dim
-    attention = h * args.heads * d + 2 * h * args.kv_heads * d + args.heads * d * h
-    mlp = (3 if args.activation == "swiglu" else 2) * h * args.ffn_hidden
-    block = attention + mlp + 2 * h
+    attention = h * args.heads * d + 2 * h * args.kv_heads * d + args.heads * d * h + (2 * d if args.qk_norm else 0)
+    dense = (3 if args.activation == "swiglu" else 2) * h * args.ffn_hidden
+    total = 0
+    for layer in range(args.layers):
+        ffn = dense
+        if args.is_moe_layer(layer):
+            assert args.moe is not None
+            ffn = args.moe.experts * (h + 3 * h * args.moe.expert_ffn_hidden) + 3 * h * args.moe.shared_ffn_hidden
+        total += attention + ffn + 2 * h
     head = 0 if args.tie_embeddings else args.vocab * h
-    return args.vocab * h + args.layers * block + h + head
+    return args.vocab * h + total + h + head
 
 
 def rope_inv_freq(args: ModelArgs, device: torch.device | None = None) -> torch.Tensor:
@@ -136,6 +153,9 @@ class Attention(nn.Module):
         self.wk = nn.Linear(args.hidden, args.kv_heads * args.head_dim, bias=False)
         self.wv = nn.Linear(args.hidden, args.kv_heads * args.head_dim, bias=False)
         self.wo = nn.Linear(args.heads * args.head_dim, args.hidden, bias=False)
+        # Qwen3: an RMSNorm over each head's dimensions of q and k, before RoPE.
+        self.q_norm = RMSNorm(args.head_dim, eps=args.norm_eps) if args.qk_norm else None
+        self.k_norm = RMSNorm(args.head_dim, eps=args.norm_eps) if args.qk_norm else None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         batch, seq, _ = x.shape
@@ -143,6 +163,8 @@ class Attention(nn.Module):
         q = self.wq(x).view(batch, seq, -1, self.head_dim)
         k = self.wk(x).view(batch, seq, -1, self.head_dim)
         v = self.wv(x).view(batch, seq, -1, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos[:seq], sin[:seq]), apply_rope(k, cos[:seq], sin[:seq])
         rep = q.shape[2] // k.shape[2]
         if rep > 1:  # explicit repeat keeps every SDPA backend (flash included) available
@@ -154,12 +176,12 @@ class Attention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    def __init__(self, args: ModelArgs) -> None:
+    def __init__(self, hidden: int, ffn_hidden: int, swiglu: bool) -> None:
         super().__init__()
-        self.swiglu = args.activation == "swiglu"
-        self.w1 = nn.Linear(args.hidden, args.ffn_hidden, bias=False)
-        self.w2 = nn.Linear(args.ffn_hidden, args.hidden, bias=False)
-        self.w3 = nn.Linear(args.hidden, args.ffn_hidden, bias=False) if self.swiglu else None
+        self.swiglu = swiglu
+        self.w1 = nn.Linear(hidden, ffn_hidden, bias=False)
+        self.w2 = nn.Linear(ffn_hidden, hidden, bias=False)
+        self.w3 = nn.Linear(hidden, ffn_hidden, bias=False) if self.swiglu else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.w3 is not None:
@@ -168,14 +190,21 @@ class FeedForward(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    """Pre-norm block. `ac_mode` is set by `apply_ac`; it changes no parameter names."""
+    """Pre-norm block. `ac_mode` is set by `apply_ac`; it changes no parameter names.
 
-    def __init__(self, args: ModelArgs) -> None:
+    `feed_forward` is the dense FeedForward, or on a MoE block (layer >= model.moe.dense_layers) the MoE."""
+
+    def __init__(self, args: ModelArgs, layer: int = 0) -> None:
         super().__init__()
         self.attention_norm = RMSNorm(args.hidden, eps=args.norm_eps)
         self.attention = Attention(args)
         self.ffn_norm = RMSNorm(args.hidden, eps=args.norm_eps)
-        self.feed_forward = FeedForward(args)
+        self.feed_forward: FeedForward | MoE
+        if args.is_moe_layer(layer):
+            assert args.moe is not None
+            self.feed_forward = MoE(args.hidden, args.moe)
+        else:
+            self.feed_forward = FeedForward(args.hidden, args.ffn_hidden, args.activation == "swiglu")
         self.ac_mode = "none"
         self.ac_context_fn: Any = None
 
@@ -204,7 +233,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.args = args
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(args.vocab, args.hidden)
-        self.layers = nn.ModuleDict({str(i): TransformerBlock(args) for i in range(args.layers)})
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(args, i) for i in range(args.layers)})
         self.norm: RMSNorm | None = RMSNorm(args.hidden, eps=args.norm_eps)
         self.output: nn.Linear | None = nn.Linear(args.hidden, args.vocab, bias=False)
         if args.tie_embeddings:
@@ -248,11 +277,15 @@ class Transformer(nn.Module):
                 self.output.weight = self.tok_embeddings.weight
 
     def init_buffers(self) -> None:
-        """Set the RoPE tables (buffers no checkpoint holds) on the device they live on."""
+        """Set the RoPE tables (buffers no checkpoint holds) and the MoE routing biases (zero until a
+        checkpoint fills them) on the device they live on."""
         cos, sin = rope_tables(self.args, device=self.rope_cos.device)
         with torch.no_grad():
             self.rope_cos.copy_(cos)
             self.rope_sin.copy_(sin)
+            for module in self.modules():
+                if isinstance(module, MoE) and module.router.expert_bias is not None:
+                    module.router.expert_bias.zero_()
 
     def init_weights(self, seed: int, device: torch.device | str | None = None) -> None:
         """Fill every parameter's local shard from the seed, and the buffers; see the module docstring.

@@ -103,8 +103,8 @@ def apply_ac(modules: nn.Module | Iterable[nn.Module], mode: str) -> None:
                 for gathered in (block.attention, block.feed_forward):
                     setattr(gathered, CHECKPOINTED_ATTR, mode != "none")
                 if mode == "selective" and not getattr(block, "_hpctrain_row_hooks", False):
-                    for proj in (block.attention.wo, block.feed_forward.w2):
-                        if isinstance(proj.weight, DTensor):  # tensor parallel applied
+                    for proj in (block.attention.wo, getattr(block.feed_forward, "w2", None)):
+                        if isinstance(proj, nn.Linear) and isinstance(proj.weight, DTensor):  # TP applied
                             proj.register_forward_pre_hook(_enter_row_parallel)
                             proj.register_forward_hook(_leave_row_parallel, always_call=True)
                     # setattr: a plain flag, and nn.Module's typed __setattr__ takes only tensors and modules

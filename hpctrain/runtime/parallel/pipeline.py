@@ -37,6 +37,7 @@ from torch.distributed.pipelining import (
 )
 
 from hpctrain.errors import ConfigError
+from hpctrain.runtime.model.moe import paused_moe_stats
 from hpctrain.runtime.model.transformer import Transformer, make_stage
 
 if TYPE_CHECKING:
@@ -119,6 +120,17 @@ class BoundedStage(PipelineStage):
     It overrides private hooks of torch.distributed.pipelining (set-up of the receive infos,
     posting of receives, a micro-batch's backward); on a torch whose stage lacks them, the stock
     behaviour (a buffer per micro-batch) remains and only memory differs."""
+
+    # The stage's first forward infers the shapes it sends, on the first micro-batch (or on empty
+    # tensors past the first stage): not a training forward, so the MoE layers must not count its tokens.
+    # torch 2.13 names it _forward_metadata_inference, earlier ones _shape_inference.
+    def _forward_metadata_inference(self, *args: Any, **kwargs: Any) -> Any:
+        with paused_moe_stats():
+            return getattr(super(), "_forward_metadata_inference")(*args, **kwargs)
+
+    def _shape_inference(self, *args: Any, **kwargs: Any) -> Any:
+        with paused_moe_stats():
+            return getattr(super(), "_shape_inference")(*args, **kwargs)
 
     def _setup_forward_recv_info(self, num_microbatches: int, *args: Any, **kwargs: Any) -> None:
         super()._setup_forward_recv_info(1, *args, **kwargs)

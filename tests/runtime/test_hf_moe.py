@@ -1,0 +1,197 @@
+"""Mixtral and Qwen3-MoE in and out: tiny random models saved by the real transformers (offline).
+
+`init_from` fills model.moe, head_dim and qk_norm from config.json, and the runtime's logits equal
+transformers' (fp32) on one process and on pp2; a short run from the folder, exported, loads back in
+transformers with the runtime's logits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import pytest
+import torch
+
+from hpctrain.cli import main as cli_main
+from hpctrain.config import job_from_dict
+
+from ._dist import run_distributed
+from ._entry import run_entry
+from ._hf import hf_job_dict, runtime_logits, tokens
+
+LOGIT_TOL = 1e-4
+SHAPE: dict[str, Any] = dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                             vocab_size=128, max_position_embeddings=64, tie_word_embeddings=False)
+FAMILIES: dict[str, dict[str, Any]] = {
+    "mixtral": dict(intermediate_size=48, num_local_experts=4, num_experts_per_tok=2, rms_norm_eps=1e-5),
+    # head_dim 32 != 64/4, the first block dense (mlp_only_layers), un-normalised top-k scores
+    "qwen3_moe": dict(intermediate_size=96, moe_intermediate_size=40, num_experts=4, num_experts_per_tok=2,
+                      head_dim=32, mlp_only_layers=[0], norm_topk_prob=False, rms_norm_eps=1e-6),
+}
+
+
+def _save(folder: str, family: str, seed: int) -> str:
+    import transformers
+
+    config_cls, model_cls = {"mixtral": ("MixtralConfig", "MixtralForCausalLM"),
+                             "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM")}[family]
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_cls)(getattr(transformers, config_cls)(**SHAPE, **FAMILIES[family]))
+    with torch.no_grad():
+        for name, p in model.named_parameters():  # norm gains off 1, so a missing or swapped q/k norm shows
+            p.copy_(torch.randn_like(p) * (0.1 if "norm" in name else 0.2) + (1.0 if "norm" in name else 0.0))
+    model.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("hf-moe")
+    return {family: _save(str(root / family), family, i) for i, family in enumerate(FAMILIES)}
+
+
+def _hf_logits(folder: str, batch: torch.Tensor) -> torch.Tensor:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    model.eval()
+    with torch.no_grad():
+        return model(batch).logits
+
+
+def _job(folder: str, pp: int = 1, **train: Any) -> dict[str, Any]:
+    job = hf_job_dict(folder, pp=pp, **train)
+    job["parallel"]["zero"] = 0
+    return job
+
+
+def test_config_json_fills_moe_head_dim_and_qk_norm(folders) -> None:
+    mixtral = job_from_dict(_job(folders["mixtral"])).model
+    assert mixtral.moe is not None and not mixtral.qk_norm and mixtral.head_dim == 16
+    assert (mixtral.moe.experts, mixtral.moe.top_k, mixtral.moe.expert_ffn_hidden, mixtral.moe.dense_layers) == (4, 2, 48, 0)
+    assert mixtral.moe.router.normalize_top_k and mixtral.moe.router.score == "softmax"
+    qwen = job_from_dict(_job(folders["qwen3_moe"])).model
+    assert qwen.moe is not None and qwen.qk_norm and qwen.head_dim == 32 and qwen.ffn_hidden == 96
+    assert (qwen.moe.expert_ffn_hidden, qwen.moe.dense_layers, qwen.moe.router.normalize_top_k) == (40, 1, False)
+
+
+def test_a_disagreeing_moe_field_is_one_problem(folders, capsys) -> None:
+    path = os.path.join(os.path.dirname(folders["mixtral"]), "job.yaml")
+    job = _job(folders["mixtral"])
+    job["model"]["moe"] = {"experts": 8, "top_k": 2, "router": {"aux_loss_coeff": 0.01}}
+    with open(path, "w") as handle:
+        json.dump(job, handle)
+    assert cli_main(["validate", path]) == 2
+    err = capsys.readouterr().err
+    assert "model.moe.experts" in err and "differs from init_from's config.json (4)" in err
+    assert "aux_loss_coeff" not in err  # the router's balancing is the job's choice, not config.json's
+
+
+def _build(folder: str, pp: int) -> Any:
+    from hpctrain.runtime.model.hf_weights import load_init_from
+    from hpctrain.runtime.parallel.build import build_training
+
+    training = build_training(job_from_dict(_job(folder, pp=pp)), torch.device("cpu"), initialise=False)
+    load_init_from(training)
+    return training
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_one_process_logits_match_transformers(folders, family: str) -> None:
+    batch = tokens()
+    got = runtime_logits(_build(folders[family], 1), batch)
+    assert got is not None
+    want = _hf_logits(folders[family], batch)
+    assert (got - want).abs().max().item() <= LOGIT_TOL
+
+
+def _pp2_logits(cases: list[str], batch: torch.Tensor) -> list[Any]:
+    return [runtime_logits(_build(folder, 2), batch) for folder in cases]
+
+
+@pytest.mark.dist
+def test_pp2_logits_match_transformers(folders) -> None:
+    batch = tokens()
+    cases = [folders[f] for f in sorted(FAMILIES)]
+    ranks = run_distributed(_pp2_logits, 2, cases, batch, timeout_s=180)
+    for i, folder in enumerate(cases):
+        got = ranks[1][i]  # the last stage holds the logits
+        assert ranks[0][i] is None and got is not None
+        assert (got - _hf_logits(folder, batch)).abs().max().item() <= LOGIT_TOL, folder
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_export_after_training_loads_in_transformers(folders, tmp_path, family: str) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    from hpctrain.config import load_job
+    from hpctrain.runtime.parallel.build import build_training
+
+    job = _job(folders[family], steps=2, log_every=1)
+    job["checkpoint"] = {"every_steps": 2, "keep_last": 1}
+    job["cluster"]["gpus_per_node"] = 1
+    job["train"]["micro_batch"] = 2
+    run_dir = str(tmp_path / "run")
+    assert run_entry(job, run_dir) == [0]
+    out = str(tmp_path / "hf")
+    assert cli_main(["export", run_dir, "-o", out]) == 0
+    config = json.load(open(os.path.join(out, "config.json")))
+    assert config["model_type"] == family
+    resolved = load_job(os.path.join(run_dir, "job.resolved.yaml"))
+    part = build_training(resolved, torch.device("cpu")).model_parts[0]
+    state = {"model": part.state_dict()}
+    dcp.load(state, checkpoint_id=os.path.join(run_dir, "checkpoints", "step-2"))
+    part.load_state_dict(state["model"])
+    part.eval()
+    batch = tokens()
+    with torch.no_grad():
+        want = part(batch)
+    assert (_hf_logits(out, batch) - want).abs().max().item() <= LOGIT_TOL
+    # trained: the exported router differs from the folder's
+    from hpctrain.runtime.model.hf_weights import iter_hf_tensors
+
+    exported, base = dict(iter_hf_tensors(out)), dict(iter_hf_tensors(folders[family]))
+    assert exported.keys() == base.keys()
+    gate = next(k for k in base if k.endswith("layers.1." + ("block_sparse_moe" if family == "mixtral" else "mlp")
+                                               + ".gate.weight"))
+    assert 0 < (exported[gate] - base[gate]).abs().max().item() < 0.5
+
+
+@pytest.mark.slow
+def test_a_collapsed_router_gets_the_doctors_finding(tmp_path, capsys) -> None:
+    """A Mixtral whose FFN norms are zero: every router logit is 0, top-1 takes the first expert for every
+    token, and no gradient can change it (SwiGLU(0) = 0). A real local run, then `hpctrain doctor`."""
+    import transformers
+    import yaml
+
+    torch.manual_seed(3)
+    config = transformers.MixtralConfig(**{**SHAPE, **FAMILIES["mixtral"], "num_experts_per_tok": 1})
+    model = transformers.MixtralForCausalLM(config)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.post_attention_layernorm.weight.zero_()
+    folder = str(tmp_path / "collapsed")
+    model.save_pretrained(folder)
+    job = {"name": "collapsed", "model": {"init_from": folder, "seq_len": 16},
+           "train": {"global_batch": 4, "micro_batch": 2, "steps": 6, "precision": "fp32", "log_every": 1,
+                     "activation_checkpointing": "none", "data": "synthetic"},
+           "parallel": {"tp": 1, "pp": 1, "dp": 1, "zero": 0},
+           "cluster": {"executor": "local", "nodes": 1, "gpus_per_node": 1, "gpu": "cpu"},
+           "checkpoint": {"every_steps": 100}}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    runs = tmp_path / "runs"
+    assert cli_main(["submit", str(path), "--set", f"runs_dir={runs}", "--wait"]) == 0
+    run = next(p for p in runs.iterdir() if p.is_dir())
+    metrics = [json.loads(line) for line in open(run / "metrics.jsonl")]
+    assert [m["expert_load_max_over_mean"] for m in metrics] == [4.0] * 6  # 4 experts, all tokens on one
+    assert all("aux_loss" not in m for m in metrics)  # no balancing loss asked for: none logged
+    capsys.readouterr()
+    assert cli_main(["doctor", str(run)]) == 1
+    out = capsys.readouterr().out
+    assert "the MoE router has collapsed: one expert takes 4.0x the mean load" in out
+    assert "--set model.moe.router.aux_loss_coeff=0.01" in out
+    assert "--set model.moe.router.bias_update_rate=0.001" in out
