@@ -12,12 +12,18 @@ loss (Fedus et al. 2021, section 2.2; 0.01 is their default) or DeepSeek-V3's bi
 
 from __future__ import annotations
 
+from typing import Any
+
 from hpctrain.diagnose.context import Context
 from hpctrain.diagnose.findings import WARNING, Finding, Fix
 from hpctrain.diagnose.fixes import validated
 
 COLLAPSED_STEPS = 5  # logged steps in a row: fewer is a transient
 LOAD = "expert_load_max_over_mean"
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
 
 
 def router_collapse_rule(ctx: Context) -> list[Finding]:
@@ -28,9 +34,8 @@ def router_collapse_rule(ctx: Context) -> list[Finding]:
     limit = ctx.thresholds.router_load
     if len(recent) < COLLAPSED_STEPS or min(load for _, load in recent) <= limit:
         return []
-    model = ctx.section("model")
-    moe = model.get("moe") if isinstance(model.get("moe"), dict) else {}
-    router = moe.get("router") if isinstance(moe.get("router"), dict) else {}
+    moe = _mapping(ctx.section("model").get("moe"))
+    router = _mapping(moe.get("router"))
     experts = moe.get("experts")
     evidence = [f"steps {recent[0][0]}-{recent[-1][0]}: the busiest expert got {min(v for _, v in recent):.1f}-"
                 f"{max(v for _, v in recent):.1f}x the mean load (threshold {limit:g}x)"]
