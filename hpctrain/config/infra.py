@@ -176,6 +176,10 @@ class RuntimeConfig(Section):
     python: Optional[Text] = Field(None, description="Interpreter the ranks run (`PYTHON -m hpctrain.runtime`). "
                                    "Default: the one hpctrain was submitted from (sys.executable), or python3 "
                                    "inside container.image, where a host path means nothing.")
+    allow_cpu: bool = Field(False, description="Train on the CPU (gloo) when a rank finds no usable CUDA device "
+                            "although cluster.gpu names a GPU, e.g. to try a GPU job on a laptop (~1000x slower). "
+                            "Default: such a rank stops before its first step (exit 2) saying why. Not needed "
+                            "with cluster.gpu: cpu.")
 
 
 class CheckpointConfig(Section):

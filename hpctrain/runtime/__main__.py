@@ -172,7 +172,9 @@ def _user_error(exc: Exception, rank: int) -> int:
 def _run(job: Job, env: Any, args: argparse.Namespace) -> int:
     from hpctrain.errors import ConfigError
     from hpctrain.runtime.checkpoint.checkpointer import CheckpointSaveError
-    from hpctrain.runtime.distributed import init_distributed, shutdown
+    from hpctrain.config import job_to_dict
+    from hpctrain.rundir.layouts import layout_of
+    from hpctrain.runtime.distributed import init_distributed, shutdown, torch_build
     def event(name: str, every_rank: bool = False, **fields: Any) -> None:
         if env.rank == 0 or every_rank:
             append_event(args.run_dir, name, attempt=env.attempt, **fields)
@@ -184,10 +186,12 @@ def _run(job: Job, env: Any, args: argparse.Namespace) -> int:
     FLAG.install(job.restart.signal)
     trainer = None
     try:
-        device = init_distributed(env, need_group=bool(job.parallel.offload_optimizer))
+        device = init_distributed(env, need_group=bool(job.parallel.offload_optimizer), gpu=job.cluster.gpu,
+                                  allow_cpu=job.runtime.allow_cpu)
         if env.rank == 0:
             _write_resolved(job, args.run_dir)
-        event(STARTED, world_size=env.world_size, launcher=env.launcher, hosts=_hosts(), device=device.type)
+        event(STARTED, world_size=env.world_size, launcher=env.launcher, hosts=_hosts(), device=device.type,
+              gpu=job.cluster.gpu, **torch_build(), layout=layout_of(job_to_dict(job)))
         from hpctrain.runtime.trainer import Trainer
 
         trainer = Trainer(job, args.run_dir, device, env, resume_from=args.resume_from)
