@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from hpctrain.diagnose.report import RunSummary, SweepRow
 
 DPI = 110
-MEASURED, PLANNED, RESTART = "#1f77b4", "#ff7f0e", "#d62728"
+MEASURED, PLANNED, RESTART, LAYOUT = "#1f77b4", "#ff7f0e", "#d62728", "#9467bd"
 VALIDATION = "#2ca02c"
 
 
@@ -48,8 +48,17 @@ def _mark_restarts(ax: Any, restarts: list[tuple[int, int]], label: bool) -> Non
                         va="top", ha="right", fontsize=7, color=RESTART)
 
 
+def _mark_layout_changes(ax: Any, changes: list[tuple[int, int, str]], label: bool) -> None:
+    for i, (step, attempt, change) in enumerate(changes):
+        ax.axvline(step, color=LAYOUT, linestyle="-.", linewidth=1.5,
+                   label="layout changed" if label and i == 0 else None)
+        if label:
+            ax.annotate(change, (step, 0.0), xycoords=("data", "axes fraction"), rotation=90, va="bottom",
+                        ha="left", fontsize=6, color=LAYOUT)
+
+
 def plot_training(summary: "RunSummary", path: Path) -> Path:
-    """Loss and tokens/s over steps, restarts marked, the planner's tokens/s as a line."""
+    """Loss and tokens/s over steps, restarts and layout changes marked, the planner's tokens/s as a line."""
     plt = pyplot()
     metrics = summary.run.metrics
     steps = [m["step"] for m in metrics]
@@ -62,12 +71,14 @@ def plot_training(summary: "RunSummary", path: Path) -> Path:
     ax_loss.set_ylabel("loss")
     ax_loss.set_title(f"{summary.label}: loss and throughput")
     _mark_restarts(ax_loss, summary.restarts, label=True)
+    _mark_layout_changes(ax_loss, summary.layout_changes, label=True)
     ax_tps.plot(steps, [m.get("tokens_per_s") for m in metrics], color=MEASURED, label="measured",
                 marker="." if len(steps) < 60 else None)
     pred = summary.prediction
     if pred is not None and pred.tokens_per_s:
         ax_tps.axhline(pred.tokens_per_s, color=PLANNED, linestyle=":", label=f"planner ({pred.tokens_per_s:,.0f})")
     _mark_restarts(ax_tps, summary.restarts, label=False)
+    _mark_layout_changes(ax_tps, summary.layout_changes, label=False)
     ax_tps.set_ylabel("tokens/s")
     ax_tps.set_xlabel("step")
     throughput = [m.get("tokens_per_s") for m in metrics] + [pred.tokens_per_s if pred is not None else None]
