@@ -173,6 +173,7 @@ def _run(job: Job, env: Any, args: argparse.Namespace) -> int:
     from hpctrain.errors import ConfigError
     from hpctrain.runtime.checkpoint.checkpointer import CheckpointSaveError
     from hpctrain.config import job_to_dict
+    from hpctrain.rundir.data_identity import check_and_record
     from hpctrain.rundir.layouts import layout_of
     from hpctrain.runtime.distributed import init_distributed, shutdown, torch_build
     def event(name: str, every_rank: bool = False, **fields: Any) -> None:
@@ -186,6 +187,8 @@ def _run(job: Job, env: Any, args: argparse.Namespace) -> int:
     FLAG.install(job.restart.signal)
     trainer = None
     try:
+        # Before the process group: the token files this run recorded at its first start are still the same.
+        check_and_record(job, args.run_dir, write=env.rank == 0)
         device = init_distributed(env, need_group=bool(job.parallel.offload_optimizer), gpu=job.cluster.gpu,
                                   allow_cpu=job.runtime.allow_cpu)
         if env.rank == 0:
