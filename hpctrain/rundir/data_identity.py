@@ -75,12 +75,13 @@ def _what_changed(old: dict[str, Any], new: dict[str, Any]) -> Optional[str]:
 
 
 def changes(recorded: dict[str, Any], now: dict[str, dict[str, Any]]) -> list[str]:
-    """One line per token file that the run recorded and that is now different at the same path."""
+    """One line per token file that the run recorded (`recorded`: path -> fingerprint, data.json) and that is
+    now different at the same path."""
     problems = []
     for name, new in now.items():
-        old = recorded.get(name)
-        if not isinstance(old, dict) or old.get("path") != new["path"]:
-            continue  # first start on this file, or the user named another one
+        old = recorded.get(new["path"])
+        if not isinstance(old, dict):
+            continue  # the first start on this file (the user may name another one: a choice, not a change)
         what = _what_changed(old, new)
         if what:
             problems.append(f"{name}: {new['path']} changed since this run trained on it ({what}); put the original "
@@ -105,7 +106,7 @@ def check_and_record(job: Job, run_dir: str | Path, write: bool) -> None:
     problems = changes(recorded, now)
     if problems:
         raise ConfigError(problems)
-    merged = {**recorded, **now}
+    merged = {**recorded, **{found["path"]: {**found, "field": name} for name, found in now.items()}}
     if write and merged != recorded:
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(json.dumps(merged, indent=1) + "\n", encoding="utf-8")
