@@ -19,6 +19,19 @@ MEASURED, PLANNED, RESTART, LAYOUT = "#1f77b4", "#ff7f0e", "#d62728", "#9467bd"
 VALIDATION = "#2ca02c"
 
 
+NO_MATPLOTLIB = ("report: no PNGs: pictures need matplotlib, the plot extra (pip install 'hpctrain[plot]'); "
+                 "the tables are in report.txt")
+
+
+def have_matplotlib() -> bool:
+    """Whether the plot extra is installed (report then writes the tables alone, and says so)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def pyplot() -> Any:
     """matplotlib.pyplot on the Agg backend, or ConfigError (exit 2) saying how to install it."""
     try:
@@ -75,13 +88,18 @@ def plot_training(summary: "RunSummary", path: Path) -> Path:
     ax_tps.plot(steps, [m.get("tokens_per_s") for m in metrics], color=MEASURED, label="measured",
                 marker="." if len(steps) < 60 else None)
     pred = summary.prediction
-    if pred is not None and pred.tokens_per_s:
-        ax_tps.axhline(pred.tokens_per_s, color=PLANNED, linestyle=":", label=f"planner ({pred.tokens_per_s:,.0f})")
+    reference = pred.tokens_per_s if pred is not None else None
+    if reference and planned_on_cpu(summary):
+        # The catalog's CPU entry is a placeholder, 20-450x off a real CPU: no line to hold the run to.
+        ax_tps.plot([], [], " ", label=f"planner ({reference:,.0f}) not drawn: its cluster.gpu: cpu figure is unreliable")
+        reference = None
+    elif reference:
+        ax_tps.axhline(reference, color=PLANNED, linestyle=":", label=f"planner ({reference:,.0f})")
     _mark_restarts(ax_tps, summary.restarts, label=False)
     _mark_layout_changes(ax_tps, summary.layout_changes, label=False)
     ax_tps.set_ylabel("tokens/s")
     ax_tps.set_xlabel("step")
-    throughput = [m.get("tokens_per_s") for m in metrics] + [pred.tokens_per_s if pred is not None else None]
+    throughput = [m.get("tokens_per_s") for m in metrics] + [reference]
     if _spans_decades(throughput):
         ax_tps.set_yscale("log")
     _human_axis(ax_tps.yaxis)
@@ -92,6 +110,12 @@ def plot_training(summary: "RunSummary", path: Path) -> Path:
     if not steps:
         ax_loss.text(0.5, 0.5, "no metrics logged yet", transform=ax_loss.transAxes, ha="center")
     return _save(fig, path)
+
+
+def planned_on_cpu(summary: "RunSummary") -> bool:
+    """The run was planned for cluster.gpu: cpu (job.resolved.yaml), whose planner figures are no reference."""
+    cluster = (summary.run.job_data or {}).get("cluster")
+    return isinstance(cluster, dict) and cluster.get("gpu") == "cpu"
 
 
 def _spans_decades(values: list[Any]) -> bool:
