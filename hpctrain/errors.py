@@ -1,7 +1,8 @@
 """The exception hierarchy. Each class carries the process exit code the CLI maps it to.
 
-Exit codes (docs/architecture.md): 0 success, 1 the job ran and failed,
-2 the user's input is wrong, 3 the scheduler refused or failed.
+Exit codes (docs/architecture.md section 4): 0 success, 1 the job ran and failed,
+2 the user's input is wrong, 3 the scheduler refused or failed, 4 a wait (`--wait`, `follow`) timed out
+while the job goes on, 130 following was interrupted (Ctrl-C) while the job goes on.
 """
 
 from __future__ import annotations
@@ -41,3 +42,9 @@ class JobFailedError(HpctrainError):
     """The job ran and failed."""
 
     exit_code = 1
+
+
+class WaitTimedOut(HpctrainError):
+    """`--wait` or `follow` gave up after its timeout; the job itself goes on (neither failed nor ended)."""
+
+    exit_code = 4

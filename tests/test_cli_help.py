@@ -53,3 +53,9 @@ def test_each_command_is_found_in_its_module_with_the_same_help() -> None:
     for command in COMMAND_MODULE:
         for name, sub in _subcommands(build_parser(command)):
             assert sub.format_help() == full[name].format_help() and sub.format_usage() == full[name].format_usage()
+
+
+@pytest.mark.parametrize("name,parser", COMMANDS, ids=[name for name, _ in COMMANDS])
+def test_every_command_has_a_description(name: str, parser: argparse.ArgumentParser) -> None:
+    """`hpctrain CMD --help` says what CMD does, beyond its usage line (issue 29: status, logs, cancel had none)."""
+    assert parser.description and len(parser.description.split()) >= 5, f"hpctrain {name} --help has no description"

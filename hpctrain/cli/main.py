@@ -27,7 +27,7 @@ COMMAND_MODULES = (
     "hpctrain.cli.diagnose",
 )
 # The module that registers each command: `hpctrain validate ...` builds only its own module's parsers, not
-# all 17 (tests/test_cli_help.py checks this table against what the modules register).
+# all 19 (tests/test_cli_help.py checks this table against what the modules register).
 COMMAND_MODULE = {
     "validate": "hpctrain.cli.config", "schema": "hpctrain.cli.config",
     "plan": "hpctrain.cli.plan", "topo": "hpctrain.cli.plan",
@@ -36,6 +36,7 @@ COMMAND_MODULE = {
     "export": "hpctrain.cli.export",
     "submit": "hpctrain.cli.launch", "sweep": "hpctrain.cli.launch", "status": "hpctrain.cli.launch",
     "cancel": "hpctrain.cli.launch", "logs": "hpctrain.cli.launch", "resume": "hpctrain.cli.launch",
+    "follow": "hpctrain.cli.launch", "clean": "hpctrain.cli.launch",
     "doctor": "hpctrain.cli.diagnose", "report": "hpctrain.cli.diagnose",
 }
 

@@ -73,3 +73,11 @@ def format_runs(rows: list[dict[str, Any]], runs_dir: str) -> str:
             step = f"-/{row.get('steps') or '?'}"
         table.append([row["name"], row["state"], step, row.get("restarts", 0), age_text(row["age_s"])])
     return tabulate(table, headers=["run", "state", "step", "restarts", "age"], tablefmt="simple")
+
+
+def hidden_note(dry_runs: int) -> str:
+    """The line under the list when `status` hid dry runs (they never ran: no state to follow)."""
+    if not dry_runs:
+        return ""
+    return (f"({dry_runs} dry run{'s' if dry_runs != 1 else ''} hidden; `hpctrain status --all` lists them, "
+            "`hpctrain clean --dry-runs` removes those that never ran)")

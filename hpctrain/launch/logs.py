@@ -3,15 +3,18 @@
 Rank logs are named by the global rank (hpctrain/rundir/ranks.py); a process that stopped before it
 knew its rank left its output only in the launcher's log of its slot, logs/task-S.attempt-A.log,
 which `--rank R` shows when rank R has no log of its own. Logs an executor keeps elsewhere (a
-Volcano Job's pod output) come from `Executor.logs` (`remote_logs`).
+Volcano Job's pod output) come from `Executor.logs` (`remote_logs`). `follow_logs` (`logs -f`) prints
+them as they grow until the run ends.
 """
 
 from __future__ import annotations
 
 import re
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import BinaryIO, Optional
 
 from hpctrain.errors import ConfigError
 from hpctrain.launch.executor import RemoteLogs, executor_of
@@ -98,3 +101,64 @@ def _slot_logs(run_dir: Path, files: list[LogFile], rank: int) -> tuple[list[Log
     note = (f"rank {rank} wrote no log of its own (it stopped before it knew its rank): this is what the launcher "
             f"caught from its slot {slot}") if found else ""
     return found, note
+
+
+def follow_logs(run_dir: Path, rank: Optional[int], attempt: Optional[int], out: BinaryIO, *,
+                ended: Callable[[], bool], note: Callable[[str], None], poll_s: float = 0.5,
+                check_every_s: float = 2.0) -> None:
+    """`logs -f`: print the chosen logs (pick_logs) and what is appended to them, whole lines at a time, until
+    `ended()` says the run has ended; then the rest. Without `attempt`, a restart's new attempt is followed
+    when its logs appear (`note` says so). Logs that do not exist yet are waited for while the run goes on.
+    Without `rank` (every rank's logs), a `==> path <==` line heads each file's lines, as `tail -f` does."""
+    offsets: dict[Path, int] = {}
+    shown: Optional[Path] = None  # the file whose lines were printed last (a header before another's)
+    following: Optional[int] = None  # the attempt followed
+    previous: list[LogFile] = []  # its files
+    checked_at, finished = float("-inf"), False
+    while True:
+        if time.monotonic() - checked_at >= check_every_s:
+            finished, checked_at = ended(), time.monotonic()  # asked before reading: all it wrote is read below
+        try:
+            files, why = pick_logs(run_dir, rank, attempt)
+        except ConfigError:
+            if finished:
+                raise  # the run ended without the logs asked for
+            files, why = [], ""
+        if files and files[0].attempt != following:
+            for log in previous:  # the end of the attempt that ended, before the next one's lines
+                shown = _print_new(log.path, offsets, out, log.path if rank is not None else shown, last=True)
+            if following is not None:
+                note(f"attempt {files[0].attempt} began; following its logs")
+            elif why:
+                note(why)
+            following, previous = files[0].attempt, files
+        for log in files:  # one rank: its lines as they are; every rank: a header whenever the file changes
+            shown = _print_new(log.path, offsets, out, log.path if rank is not None else shown, last=finished)
+        out.flush()
+        if finished:
+            return
+        time.sleep(poll_s)
+
+
+def _print_new(path: Path, offsets: dict[Path, int], out: BinaryIO, shown: Optional[Path], last: bool) -> Path:
+    """Print what `path` has beyond offsets[path] (only whole lines unless `last`); a `==> path <==` header
+    first when another file was printed last. Returns the file printed last."""
+    start = offsets.get(path, 0)
+    try:
+        with open(path, "rb") as handle:
+            size = handle.seek(0, 2)
+            if size < start:  # rewritten from the start
+                start = 0
+            handle.seek(start)
+            chunk = handle.read(size - start)
+    except OSError:  # moved away or not readable (yet): try again at the next poll
+        return shown if shown is not None else path
+    if not last:
+        chunk = chunk[:chunk.rfind(b"\n") + 1]
+    if not chunk:
+        return shown if shown is not None else path
+    if shown != path:
+        out.write(f"==> {path} <==\n".encode())
+    out.write(chunk)
+    offsets[path] = start + len(chunk)
+    return path

@@ -95,7 +95,8 @@ def task_status(run_dir: Path, job_id: Optional[str], executor: Optional[str],
                restarts=max(scheduler_restarts, restarts_from_events(events)),
                step=metrics.get("step"), steps=_steps_of(resolved))
     if details:
-        out.update(tokens_per_s=metrics.get("tokens_per_s"), loss=metrics.get("loss"), val_loss=_val_loss(run_dir),
+        out.update(tokens_per_s=metrics.get("tokens_per_s"), step_time_s=metrics.get("step_time_s"),
+                   loss=metrics.get("loss"), val_loss=_val_loss(run_dir),
                    layouts=layouts(run_dir, events, resolved),
                    history=[e for e in events if e.get("event") in HISTORY_EVENTS])
     return out
@@ -181,7 +182,7 @@ def format_table(status: dict[str, Any]) -> str:
     from tabulate import tabulate
 
     rows = status["tasks"] if status["kind"] == "sweep" else [status]
-    header = ["task", "job id", "state", "restarts", "step", "tokens/s", "loss"]
+    header = ["task", "job id", "state", "restarts", "step", "tokens/s (last)", "loss"]
     with_val = any(isinstance(row.get("val_loss"), (int, float)) for row in rows)
     if with_val:
         header.append("val loss")

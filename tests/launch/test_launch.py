@@ -109,9 +109,9 @@ def test_sweep_is_one_array(launch_env: dict[str, str], tmp_path: Path) -> None:
         wrapper.chmod(0o755)
         env["PATH"] = f"{wrapper.parent}:{env['PATH']}"
     job = tiny_job("grid", steps=2, sweep={"grid": {"train.micro_batch": [1, 2]}, "max_parallel": 2})
-    result = run_cli(["sweep", str(write_job(tmp_path, job)), "--grid", "train.micro_batch=1,2,4,8,16"],
-                     cwd=tmp_path, env=env, timeout_s=60)
-    assert result.returncode == 0, result.stderr
+    result = run_cli(["sweep", str(write_job(tmp_path, job)), "--grid", "train.micro_batch=1,2,4,8,16",
+                      "--wait", "--timeout", "240"], cwd=tmp_path, env=env, timeout_s=300)
+    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"  # --wait: 0 when every task completed
     assert "skipped train.micro_batch=16: no layout" in result.stderr  # the planner's reason
     assert "local batch (global_batch / dp) not divisible by micro_batch" in result.stderr
     run_dir = run_dir_of(result)
@@ -121,8 +121,10 @@ def test_sweep_is_one_array(launch_env: dict[str, str], tmp_path: Path) -> None:
         assert len(calls.read_text().splitlines()) == 1  # ONE sbatch call for the whole sweep
         assert "#SBATCH --array=0-3%2" in (run_dir / "submit" / "job.sbatch").read_text()
 
-    status = wait_status(run_dir, env, lambda s: all(t["state"] in TERMINAL for t in s["tasks"]), 240,
-                         "the 4 array tasks to end")
+    summary = result.stdout.splitlines()  # sweep --wait: one line per task when all have ended
+    assert summary[-5:] == [f"task {i} train.micro_batch={mb}: COMPLETED at step 2/2"
+                            for i, mb in enumerate([1, 2, 4, 8])] + ["4 of 4 tasks completed"], result.stdout
+    status = status_json(run_dir, env)
     assert [t["state"] for t in status["tasks"]] == ["COMPLETED"] * 4, log_tail(run_dir)
     assert [t["job_id"] for t in status["tasks"]] == [f"{status['job_id']}_{i}" for i in range(4)]
     for task, micro_batch in zip(status["tasks"], [1, 2, 4, 8]):

@@ -51,11 +51,17 @@ def test_status_lists_runs_newest_first_and_resume_waits(tmp_path: Path) -> None
     assert listed.returncode == 0, listed.stderr
     lines = listed.stdout.splitlines()
     assert lines[0].split() == ["run", "state", "step", "restarts", "age"]
+    assert [line.split()[:3] for line in lines[2:-1]] == [[run_dir.name, "COMPLETED", "6/6"]]
+    assert lines[-1] == ("(1 dry run hidden; `hpctrain status --all` lists them, "  # issue 29: dry runs piled up
+                         "`hpctrain clean --dry-runs` removes those that never ran)")
+    lines = run_cli(["status", "--all"], cwd=tmp_path, env=env).stdout.splitlines()
     rows = [line.split() for line in lines[2:]]
     assert [row[0] for row in rows] == [run_dir.name, old.name]  # newest first
     assert rows[0][1:3] == ["COMPLETED", "6/6"] and rows[1][1] == "DRY_RUN"
     assert rows[1][-1].endswith("d")  # created years ago
-    as_json = _strict_json(run_cli(["status", "--json"], cwd=tmp_path, env=env).stdout)
+    assert [r["name"] for r in _strict_json(run_cli(["status", "--json"], cwd=tmp_path, env=env).stdout)] == [
+        run_dir.name]
+    as_json = _strict_json(run_cli(["status", "--json", "--all"], cwd=tmp_path, env=env).stdout)
     assert [(r["name"], r["state"], r["step"]) for r in as_json] == [(run_dir.name, "COMPLETED", 6),
                                                                       (old.name, "DRY_RUN", None)]
     assert as_json[0]["restarts"] >= 0 and as_json[0]["age_s"] >= 0
@@ -68,7 +74,7 @@ def test_status_json_has_no_nan(tmp_path: Path) -> None:
     (run_dir / "events.jsonl").write_text('{"time": "2026-01-01T00:00:00+00:00", "event": "dry_run"}\n')
     (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 3, "loss": float("nan"),
                                                        "tokens_per_s": float("inf")}) + "\n")
-    for args in (["status", str(run_dir), "--json"], ["status", "--json"]):
+    for args in (["status", str(run_dir), "--json"], ["status", "--json", "--all"]):
         result = run_cli(args, cwd=tmp_path, env=_env())
         assert result.returncode == 0, result.stderr
         data = _strict_json(result.stdout)
@@ -103,6 +109,7 @@ def test_ctrl_c_of_wait_says_the_job_goes_on_and_how_to_cancel_it(tmp_path: Path
         message = err_path.read_text()
         assert client.returncode == 130, message
         assert "goes on" in message and f"hpctrain cancel {run_dir}" in message and "Traceback" not in message
+        assert f"follow it again: hpctrain follow {run_dir}" in message  # a command that follows, not a snapshot
         assert status_json(run_dir, env)["state"] == "RUNNING"  # the job did go on
     finally:
         if client.poll() is None:
