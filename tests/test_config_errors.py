@@ -202,3 +202,13 @@ def test_subprocess_exit_code_and_no_traceback(tmp_path: Path) -> None:
                           timeout=60)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and "alias bomb" in proc.stderr
+
+
+def test_validate_reports_a_typo_and_the_layout_problems_together(tmp_path: Path, capsys) -> None:
+    """A key typo no longer hides the cross-field (layout) problems: one `validate` lists both, by line."""
+    path = tmp_path / "t.yaml"
+    path.write_text(GOOD.replace("  micro_batch: 2\n", "  micro_batch: 2\n  stpes: 3\n").replace("tp: 1", "tp: 3"))
+    assert main(["validate", str(path)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[0] == f"{path}:7: train.stpes: unknown key (got 3); did you mean 'steps'?", lines
+    assert f"{path}:9: parallel.tp: must divide model.heads=4 (got 3); use a divisor of heads" in lines[1:], lines

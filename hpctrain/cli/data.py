@@ -28,9 +28,10 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     prepare.add_argument("-o", "--output", required=True, metavar="OUTPUT", help="token file to write, e.g. tokens.bin")
     prepare.add_argument("--tokenizer", default="bytes", metavar="TOKENIZER",
                          help="a local Hugging Face tokenizer.json, or 'bytes' (one token per byte, vocab 256; default)")
-    prepare.add_argument("--field", default="text", help="the text field of JSON lines / column of Parquet (default: text)")
-    prepare.add_argument("--workers", type=_positive, default=1, metavar="N",
-                         help="tokenizer processes (the output is the same for any N; default 1)")
+    _add_field(prepare)
+    prepare.add_argument("--workers", type=_positive, default=None, metavar="N",
+                         help="tokenizer processes (the output is the same for any N; default: the CPU cores "
+                              "this process may use, at most 8)")
     prepare.add_argument("--val-fraction", type=float, default=0.0, metavar="F",
                          help="put this fraction of the documents in OUTPUT's .val file (e.g. tokens.val.bin)")
     prepare.add_argument("--eos", metavar="TOKEN", help="the end-of-document token (default: the tokenizer's "
@@ -44,8 +45,13 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     train.add_argument("-o", "--output", required=True, metavar="TOKENIZER_JSON", help="tokenizer file to write")
     train.add_argument("--vocab-size", type=_positive, default=8192, metavar="N",
                        help="vocabulary size including the 256 bytes and <|endoftext|> (default 8192)")
+    _add_field(train)
     train.set_defaults(handler=run_tokenizer_train)
     data.set_defaults(handler=lambda args: _usage(data))
+
+
+def _add_field(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--field", default="text", help="the text field of JSON lines / column of Parquet (default: text)")
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:
@@ -72,7 +78,8 @@ def run_prepare(args: argparse.Namespace) -> int:
     kind = "byte-level vocab" if done.tokenizer == "bytes" else "vocab"
     rate = (done.tokens + done.val_tokens) / max(done.seconds, 1e-9)
     print(f"{done.output}: {done.tokens} tokens ({done.dtype}, {kind} {done.vocab}) from {done.documents} "
-          f"document(s) in {done.files} file(s), {rate:,.0f} tokens/s; description in {done.output}.json")
+          f"document(s) in {done.files} file(s), {rate:,.0f} tokens/s with {done.workers} worker(s); "
+          f"description in {done.output}.json")
     if done.val_output:
         print(f"{done.val_output}: {done.val_tokens} validation tokens from {done.val_documents} document(s)")
     return 0
@@ -81,6 +88,6 @@ def run_prepare(args: argparse.Namespace) -> int:
 def run_tokenizer_train(args: argparse.Namespace) -> int:
     from hpctrain.data.tokenizer import train_bpe
 
-    info = train_bpe(args.files, args.output, args.vocab_size)
+    info = train_bpe(args.files, args.output, args.vocab_size, field_name=args.field)
     print(f"{args.output}: byte-level BPE, vocab {info.vocab}, end-of-text {info.eos!r} = id {info.eos_id}")
     return 0

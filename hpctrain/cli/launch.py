@@ -127,7 +127,9 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
                                                "directory; --set may change the layout or node count.")
     resume.add_argument("run", metavar="RUN", help=_RUN_HELP)
     add_set_option(resume)
-    resume.add_argument("--dry-run", action="store_true", help="write the new job files and script, submit nothing")
+    resume.add_argument("--dry-run", action="store_true", help="render the new job files and script into a scratch "
+                                                               "folder and list what would change; the run is "
+                                                               "left as it is and nothing is submitted")
     _add_wait(resume)
     _add_runs_dir(resume)
     resume.set_defaults(handler=run_resume)
@@ -321,13 +323,14 @@ def _watch(args: argparse.Namespace) -> int:
 
 def run_cancel(args: argparse.Namespace) -> int:
     from hpctrain.launch.cancel import cancel_run
+    from hpctrain.rundir.terminal import printable
 
     run_dir = _find(args)
     job_id, ended = cancel_run(run_dir, args.task)
     if ended:
-        print(f"job {job_id} had already ended ({ended}); nothing to cancel ({run_dir})")
+        print(printable(f"job {job_id} had already ended ({ended}); nothing to cancel ({run_dir})"))
     else:
-        print(f"cancelled job {job_id} ({run_dir})")
+        print(printable(f"cancelled job {job_id} ({run_dir})"))
     return 0
 
 
@@ -337,6 +340,7 @@ def run_logs(args: argparse.Namespace) -> int:
 
     from hpctrain.errors import ConfigError
     from hpctrain.launch.logs import pick_logs, remote_logs
+    from hpctrain.rundir.terminal import printable
 
     run_dir = _find(args)
     remote = remote_logs(run_dir)  # logs the executor keeps elsewhere (a Volcano Job's pod output)
@@ -351,10 +355,10 @@ def run_logs(args: argparse.Namespace) -> int:
         return _follow_logs(run_dir, args)
     files, note = pick_logs(run_dir, args.rank, args.attempt)
     if note:
-        print(f"hpctrain logs: {note}", file=sys.stderr)
+        print(printable(f"hpctrain logs: {note}"), file=sys.stderr)
     for log in files:
         if len(files) > 1:
-            print(f"==> {log.path} <==", flush=True)
+            print(printable(f"==> {log.path} <=="), flush=True)  # the log's own bytes are copied as they are
         with open(log.path, "rb") as handle:
             shutil.copyfileobj(handle, sys.stdout.buffer)
         sys.stdout.buffer.flush()
@@ -418,8 +422,11 @@ def run_resume(args: argparse.Namespace) -> int:
 
     _check_wait_options(args)
     submission, checkpoint = resume_run(_find(args), args.overrides, dry_run=args.dry_run)
-    print(f"resuming from {checkpoint}")
+    print(f"{'would resume' if args.dry_run else 'resuming'} from {checkpoint}")
     _print_submission(submission, args.dry_run)
+    if submission.scratch is not None:  # a dry run: the run is untouched; what it would change
+        print(f"dry run: nothing in the run changed; new job files in {submission.scratch}")
+        print("\n".join(f"would change {line}" for line in submission.changes) or "would change nothing in the job")
     if args.wait and not args.dry_run:
         from hpctrain.config import load_job
 

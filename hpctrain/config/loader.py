@@ -11,6 +11,7 @@ from pydantic import BaseModel, ValidationError
 from hpctrain.config.infra import RESTART_ALIASES
 from hpctrain.config.job import Job, Problem, cross_field_problems
 from hpctrain.config.overrides import apply_overrides
+from hpctrain.config.paths import resolve_data_paths
 from hpctrain.config.types import ENV_FIX
 from hpctrain.config.yaml_source import Path, Source, read_yaml_file
 from hpctrain.errors import ConfigError
@@ -134,12 +135,34 @@ def validate_data(data: dict[str, Any], source: Source) -> Job:
     try:
         job = Job.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_pydantic_lines(exc, source)) from None
+        raise ConfigError(_pydantic_lines(exc, source) + _problems_besides_unknown_keys(data, exc, source)) from None
     job = restart_aliases(job, source)
     problems = cross_field_problems(job)
     if problems:
         raise ConfigError([_problem_line(p, source) for p in problems])
     return job
+
+
+def _problems_besides_unknown_keys(data: dict[str, Any], exc: ValidationError, source: Source) -> list[str]:
+    """When unknown keys (typos) are the schema's only complaint, the cross-field problems (the layout:
+    tp and heads, the batch, ...) of the job without them, so that one run of `validate` shows both."""
+    errors = exc.errors(include_url=False)
+    if not errors or any(err["type"] != "extra_forbidden" for err in errors):
+        return []
+    import copy
+
+    rest = copy.deepcopy(data)
+    for err in errors:
+        node: Any = rest
+        for part in err["loc"][:-1]:
+            node = node.get(str(part)) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(str(err["loc"][-1]), None)
+    try:
+        job = restart_aliases(Job.model_validate(rest), source)
+    except (ValidationError, ConfigError):
+        return []
+    return [_problem_line(p, source) for p in cross_field_problems(job)]
 
 
 _NOTICED: set[str] = set()  # each notice once per process (a command loads its job more than once)
@@ -174,7 +197,8 @@ def restart_aliases(job: Job, source: Source) -> Job:
 
 
 def load_job(path: str, overrides: Sequence[str] = ()) -> Job:
-    """Read job.yaml, apply `--set` overrides, validate. Raises ConfigError (exit 2) listing every problem."""
+    """Read job.yaml, apply `--set` overrides, make its paths absolute (config/paths.py says against which
+    folder), validate. Raises ConfigError (exit 2) listing every problem."""
     return load_job_with_source(path, overrides)[0]
 
 
@@ -182,6 +206,7 @@ def load_job_with_source(path: str, overrides: Sequence[str] = ()) -> tuple[Job,
     """load_job, plus where each value came from (to place later checks' messages at a line)."""
     data, source = read_yaml_file(path)
     apply_overrides(data, list(overrides), source)
+    resolve_data_paths(data, path, source.overrides)
     return validate_data(data, source), source
 
 

@@ -87,8 +87,10 @@ class Encoder:
             add_special_tokens=False)]
 
 
-def train_bpe(files: Sequence[str], output: str, vocab_size: int, min_frequency: int = 2) -> TokenizerInfo:
-    """A byte-level BPE tokenizer (GPT-2 style) trained on local text files, with <|endoftext|> as id 0."""
+def train_bpe(files: Sequence[str], output: str, vocab_size: int, min_frequency: int = 2,
+              field_name: str = "text") -> TokenizerInfo:
+    """A byte-level BPE tokenizer (GPT-2 style) trained on local text files, with <|endoftext|> as id 0.
+    `field_name`: the text field of JSON lines / column of Parquet, as in `data prepare --field`."""
     try:
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     except ImportError:
@@ -105,7 +107,7 @@ def train_bpe(files: Sequence[str], output: str, vocab_size: int, min_frequency:
 
     def texts() -> Any:
         for path in paths:
-            yield from documents(path, "text")
+            yield from documents(path, field_name)
 
     tok.train_from_iterator(texts(), trainer=trainer)
     out_dir = os.path.dirname(os.path.abspath(output))

@@ -18,6 +18,7 @@ from hpctrain.diagnose.logscan import PATTERNS, scan_logs
 from hpctrain.diagnose.predict import predict_run
 from hpctrain.diagnose.rundata import RunData, SchedulerQuery, load_run
 from hpctrain.rundir.events import LAYOUT_CHANGED, SUBMITTED
+from hpctrain.rundir.terminal import printable
 
 Rule = Callable[[Context], list[Finding]]
 
@@ -107,4 +108,4 @@ def format_diagnosis(diagnosis: Diagnosis) -> str:
     text = format_findings(diagnosis.findings, label)
     if diagnosis.notes:
         text += "\n" + "\n".join(f"note: {note}" for note in diagnosis.notes)
-    return text
+    return printable(text)  # evidence quotes logs and events of the run directory (rundir/terminal.py)

@@ -6,10 +6,12 @@ message when the extra is not installed.
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from hpctrain.errors import ConfigError
+from hpctrain.rundir.safe_files import write_atomic
 
 if TYPE_CHECKING:  # pragma: no cover
     from hpctrain.diagnose.report import RunSummary, SweepRow
@@ -47,8 +49,10 @@ def pyplot() -> Any:
 
 def _save(fig: Any, path: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=DPI)
     pyplot().close(fig)
+    write_atomic(path, png.getvalue())  # the report folder is in the run directory: never through a link
     return path
 
 

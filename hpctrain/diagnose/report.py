@@ -19,6 +19,8 @@ from hpctrain.diagnose.rules_memory import measured_peak, state_bytes
 from hpctrain.diagnose.rundata import RunData, load_run
 from hpctrain.rundir.events import LAYOUT_CHANGED, STARTED
 from hpctrain.rundir.layouts import describe
+from hpctrain.rundir.safe_files import write_atomic
+from hpctrain.rundir.terminal import printable
 
 MEMORY_ROWS = ("weights", "grads", "optimizer", "activations + other", "total")
 
@@ -225,9 +227,10 @@ def write_report(target: str | Path, out_dir: Optional[str | Path] = None,
     else:
         summary = summarize(root)
         text = run_tables(summary)
+    text = printable(text)  # host names, paths and reasons come from the run directory (rundir/terminal.py)
     with writing_output("-o" if out_dir else "report folder", out):
         out.mkdir(parents=True, exist_ok=True)
-        (out / "report.txt").write_text(text + "\n", encoding="utf-8")
+        write_atomic(out / "report.txt", text + "\n")
         if plots:
             from hpctrain.diagnose import plots as plotting
 

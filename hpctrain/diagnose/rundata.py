@@ -19,11 +19,14 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from hpctrain.rundir.events import ENDED, FAILED, FINISHED, REQUEUED, STARTED, STOPPED, SUBMITTED, read_jsonl
-from hpctrain.rundir.layout import EVENTS_FILE, JOB_FILE, LOGS_DIR, METRICS_FILE, PLAN_FILE, RESOLVED_FILE
-from hpctrain.rundir.local_state import read_local_state
-from hpctrain.rundir.lock import pid_alive
+from hpctrain.rundir.layout import (
+    EVENTS_FILE, JOB_FILE, LOGS_DIR, METRICS_FILE, PLAN_FILE, RANKS_DIR, RESOLVED_FILE,
+)
+from hpctrain.rundir.local_state import local_state_path, read_local_state
+from hpctrain.rundir.process import is_recorded_process
 from hpctrain.rundir.ranks import RANK_LOG, read_rank_summaries
 from hpctrain.rundir.read import read_json, read_yaml_mapping
+from hpctrain.rundir.safe_files import check_inside
 from hpctrain.rundir.states import LIVE_SLURM_STATES
 
 LOG_NAME = RANK_LOG
@@ -178,7 +181,8 @@ def _scheduler_view(run_dir: Path, events: list[dict[str, Any]], query: Optional
     if local and local.get("state"):
         state, reason = str(local["state"]).upper(), local.get("reason")
         pid = local.get("pid")
-        if state in ("PENDING", "RUNNING") and isinstance(pid, int) and not pid_alive(pid):
+        if state in ("PENDING", "RUNNING") and isinstance(pid, int) and not is_recorded_process(
+                pid, run_dir, local.get("pid_start"), patience_s=0.2):
             state, reason = "FAILED", "the local supervisor process is gone"  # as `status` says (launch.local.executor)
         return {"state": state, "exit_codes": local.get("exit_codes") or [], "reason": reason,
                 "source": "local executor"}
@@ -202,6 +206,12 @@ def load_run(path: str | Path, *, scheduler_query: Optional[SchedulerQuery] = No
              now: Optional[float] = None) -> RunData:
     """Parse a run directory. `scheduler_query` (job id -> records) adds Slurm's state of the job."""
     run_dir = Path(path)
+    logs = _list_logs(run_dir)
+    # What the doctor and the report show comes from inside the run: a link out of it is refused (one line).
+    check_inside(run_dir, [*(run_dir / name for name in (EVENTS_FILE, METRICS_FILE, JOB_FILE, RESOLVED_FILE,
+                                                         PLAN_FILE)),
+                           local_state_path(run_dir), *sorted((run_dir / RANKS_DIR).glob("*.json")),
+                           *(log.path for log in logs)])
     events = [normalize_event(e) for e in read_jsonl(run_dir / EVENTS_FILE)]
     metrics_path = run_dir / METRICS_FILE
     metrics = [m for m in read_jsonl(metrics_path) if isinstance(m.get("step"), int)]
@@ -214,7 +224,7 @@ def load_run(path: str | Path, *, scheduler_query: Optional[SchedulerQuery] = No
         metrics=metrics,
         ranks=read_rank_summaries(run_dir),
         events=events,
-        logs=_list_logs(run_dir),
+        logs=logs,
         scheduler=_scheduler_view(run_dir, events, scheduler_query),
         metrics_mtime=metrics_path.stat().st_mtime if metrics_path.is_file() else None,
         now=time.time() if now is None else now,

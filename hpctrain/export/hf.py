@@ -7,7 +7,8 @@ from whatever shards the layout wrote), and `write_hf_folder` holds at most one 
 
 The folder: config.json (transformers 4 spelling, read by 4 and 5; the init_from folder's other keys,
 token ids etc., kept), generation_config.json, the init_from folder's tokenizer files when there was
-one, and model.safetensors, or model-0000i-of-0000n.safetensors plus model.safetensors.index.json when
+one, else the tokenizer the data was prepared with and its EOS id (export/data_tokenizer.py), and
+model.safetensors, or model-0000i-of-0000n.safetensors plus model.safetensors.index.json when
 the weights exceed the shard size (transformers' conventions). Written to DIR.partial, then renamed.
 
 Extending (LoRA's `--lora-format`): `export_checkpoint(..., tensors=...)` takes any iterator of
@@ -20,6 +21,7 @@ import json
 import os
 import re
 import shutil
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -28,6 +30,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from hpctrain.errors import ConfigError
+from hpctrain.export.data_tokenizer import DataTokenizer
 from hpctrain.runtime.checkpoint.safe_dcp import SafePlanner, SafeReader, UnsafeIndex, read_index
 from hpctrain.runtime.model.hf_weights import hf_config_dict, need_safetensors, read_base_config, to_hf_name
 from hpctrain.runtime.model.transformer import ModelArgs
@@ -82,8 +85,16 @@ def hf_tensors(checkpoint: str, model: ModelConfig,
             raise ConfigError(f"checkpoint {checkpoint}: has no tensor model.{name}; it was not written for this "
                               "job's model")
         state = {"model": {name: torch.empty(tuple(meta.size), dtype=meta.properties.dtype)}}
-        dcp.load(state, storage_reader=SafeReader(checkpoint), planner=SafePlanner())
+        load_without_process_group(state, checkpoint)
         yield to_hf_name(name), state["model"][name].to(dtype)
+
+
+def load_without_process_group(state: dict[str, Any], checkpoint: str) -> None:
+    """dcp.load in this one process, by design: torch's UserWarning that it "assumes the intent is to load
+    in a single process" (raised even with no_dist=True) is the intent here, so it is not shown."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"torch\.distributed is .*single process", category=UserWarning)
+        dcp.load(state, storage_reader=SafeReader(checkpoint), planner=SafePlanner(), no_dist=True)
 
 
 @dataclass
@@ -95,8 +106,10 @@ class ExportResult:
 
 
 def write_hf_folder(out: str, tensors: Iterator[tuple[str, torch.Tensor]], config: dict[str, Any],
-                    max_shard_bytes: int, copy_from: str | None = None) -> ExportResult:
-    """Write config.json, generation_config.json and the weights (sharded) to `out` (see the module doc)."""
+                    max_shard_bytes: int, copy_from: str | None = None,
+                    extra_files: dict[str, bytes] | None = None) -> ExportResult:
+    """Write config.json, generation_config.json and the weights (sharded) to `out` (see the module doc).
+    `extra_files` (name -> contents, the data's tokenizer) fill in what copy_from did not provide."""
     from safetensors.torch import save_file
 
     partial = out.rstrip("/") + ".partial"
@@ -126,6 +139,10 @@ def write_hf_folder(out: str, tensors: Iterator[tuple[str, torch.Tensor]], confi
     for name in COPIED_FILES:
         if copy_from and os.path.isfile(os.path.join(copy_from, name)):
             shutil.copy2(os.path.join(copy_from, name), os.path.join(partial, name))
+    has_tokenizer = any(os.path.exists(os.path.join(partial, n)) for n in ("tokenizer.json", "tokenizer.model"))
+    for name, contents in (extra_files or {}).items() if not has_tokenizer else ():
+        with open(os.path.join(partial, name), "wb") as handle:
+            handle.write(contents)
     if not os.path.exists(os.path.join(partial, "generation_config.json")):
         ids = ("bos_token_id", "eos_token_id", "pad_token_id")
         generation = {k: config[k] for k in ids if config.get(k) is not None}
@@ -160,12 +177,18 @@ def _write_json(path: str, data: dict[str, Any]) -> None:
 
 
 def export_checkpoint(checkpoint: str, model: ModelConfig, out: str, *, max_shard_bytes: int, dtype: str = "float32",
-                      tensors: Iterator[tuple[str, torch.Tensor]] | None = None) -> ExportResult:
-    """Export one checkpoint folder of a job whose `model:` section is `model` (pydantic or alike)."""
+                      tensors: Iterator[tuple[str, torch.Tensor]] | None = None,
+                      tokenizer: DataTokenizer | None = None) -> ExportResult:
+    """Export one checkpoint folder of a job whose `model:` section is `model` (pydantic or alike).
+    `tokenizer`: the one the training data was prepared with (its EOS id unless init_from's config
+    names one; its files unless init_from has a tokenizer)."""
     need_safetensors("hpctrain export")
     if dtype not in DTYPES:
         raise ConfigError(f"--dtype: got {dtype!r}; valid: {', '.join(DTYPES)}")
     base = read_base_config(model.init_from)
     config = hf_config_dict(model, torch_dtype=dtype, base=base)
+    if tokenizer is not None and config.get("eos_token_id") is None:
+        config["eos_token_id"] = tokenizer.eos_id
     pairs = tensors if tensors is not None else hf_tensors(checkpoint, model, DTYPES[dtype])
-    return write_hf_folder(out, pairs, config, max_shard_bytes, copy_from=model.init_from)
+    return write_hf_folder(out, pairs, config, max_shard_bytes, copy_from=model.init_from,
+                           extra_files=tokenizer.files if tokenizer is not None else None)

@@ -23,13 +23,12 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from hpctrain.config.lora import HF_NAMES
 from hpctrain.errors import ConfigError
-from hpctrain.export.hf import DTYPES, ExportResult, export_checkpoint, model_param_names
-from hpctrain.runtime.checkpoint.safe_dcp import SafePlanner, SafeReader, UnsafeIndex, read_index
+from hpctrain.export.hf import DTYPES, ExportResult, export_checkpoint, load_without_process_group, model_param_names
+from hpctrain.runtime.checkpoint.safe_dcp import UnsafeIndex, read_index
 from hpctrain.runtime.model.hf_weights import HfShardReader, to_hf_name
 from hpctrain.runtime.model.init import random_fill
 from hpctrain.runtime.model.transformer import ModelArgs, build_model
@@ -57,7 +56,7 @@ class CheckpointTensors:
             raise ConfigError(f"checkpoint {self.checkpoint}: has no tensor model.{name}; it was not written by "
                               "this LoRA job")
         state = {"model": {name: torch.empty(tuple(meta.size), dtype=meta.properties.dtype)}}
-        dcp.load(state, storage_reader=SafeReader(self.checkpoint), planner=SafePlanner())
+        load_without_process_group(state, self.checkpoint)
         return state["model"][name].float()
 
 

@@ -114,13 +114,14 @@ class Executor(abc.ABC):
         """ConfigError when the sweep's points (label, resolved job) cannot share one submission."""
 
     def prepare(self, run_dir: Path, resolved: Job, *, array: Optional[str] = None,
-                dry_run: bool = False) -> Prepared:
-        """The files the submission needs. A dry run shows what Slurm would get whatever the executor:
-        the sbatch script and the image recipe."""
+                dry_run: bool = False, into: Optional[Path] = None) -> Prepared:
+        """The files the submission of the job in run_dir needs, written under `into` (a scratch folder:
+        `resume --dry-run` writes nothing into the run) or run_dir. A dry run shows what Slurm would get
+        whatever the executor: the sbatch script and the image recipe."""
         if not dry_run:
             return Prepared()
-        _, script = write_script(run_dir, resolved, array)
-        return Prepared(script, write_recipe(run_dir, resolved))
+        _, script = write_script(run_dir, resolved, array, into)
+        return Prepared(script, write_recipe(run_dir, resolved, into))
 
     @abc.abstractmethod
     def submit(self, run_dir: Path, resolved: Job, tasks: list[TaskSpec], prepared: Prepared, *,

@@ -44,16 +44,18 @@ def write_job_files(run_dir: Path, job: Job, resolved: Job, plan: dict[str, Any]
         write_json(run_dir / PLAN_FILE, plan)
 
 
-def write_script(run_dir: Path, resolved: Job, array: Optional[str] = None) -> tuple[str, Path]:
-    """(text, path) of submit/job.sbatch, rendered by the render stage."""
+def write_script(run_dir: Path, resolved: Job, array: Optional[str] = None,
+                 into: Optional[Path] = None) -> tuple[str, Path]:
+    """(text, path) of submit/job.sbatch for the job in run_dir, rendered by the render stage, written under
+    `into` (a dry run's scratch folder) or run_dir."""
     script = stages.render_script(resolved, run_dir, array=array)
-    path = run_dir / SUBMIT_DIR / SCRIPT_NAME
-    with writing(run_dir):
+    path = (into or run_dir) / SUBMIT_DIR / SCRIPT_NAME
+    with writing(into or run_dir):
         write_text(path, script)
     return script, path
 
 
-def write_recipe(run_dir: Path, resolved: Job) -> Path:
-    path = run_dir / SUBMIT_DIR / RECIPE_NAME
+def write_recipe(run_dir: Path, resolved: Job, into: Optional[Path] = None) -> Path:
+    path = (into or run_dir) / SUBMIT_DIR / RECIPE_NAME
     write_text(path, stages.render_recipe(resolved))
     return path

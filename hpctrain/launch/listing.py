@@ -11,6 +11,7 @@ from typing import Any, Optional
 from hpctrain.errors import HpctrainError
 from hpctrain.launch.status import run_status
 from hpctrain.rundir.layout import is_run_dir
+from hpctrain.rundir.terminal import printable
 
 # create_run_dir names runs <slug>-YYYYmmdd-HHMMSS[-N] (local time): the creation time, without reading a file.
 _STAMP = re.compile(r"-(\d{8}-\d{6})(?:-\d+)?$")
@@ -72,7 +73,7 @@ def format_runs(rows: list[dict[str, Any]], runs_dir: str) -> str:
         else:
             step = f"-/{row.get('steps') or '?'}"
         table.append([row["name"], row["state"], step, row.get("restarts", 0), age_text(row["age_s"])])
-    return tabulate(table, headers=["run", "state", "step", "restarts", "age"], tablefmt="simple")
+    return printable(tabulate(table, headers=["run", "state", "step", "restarts", "age"], tablefmt="simple"))
 
 
 def hidden_note(dry_runs: int) -> str:

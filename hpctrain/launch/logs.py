@@ -21,6 +21,8 @@ from hpctrain.launch.executor import RemoteLogs, executor_of
 from hpctrain.launch.rundir import last_submission
 from hpctrain.rundir.layout import LOGS_DIR
 from hpctrain.rundir.ranks import TASK_LOG, rank_order_of, slot_of
+from hpctrain.rundir.safe_files import check_inside
+from hpctrain.rundir.terminal import printable
 
 _RANK = re.compile(r"rank[-_.]?(\d+)")
 _ATTEMPT = re.compile(r"attempt[-_.]?(\d+)")
@@ -53,6 +55,7 @@ def log_files(run_dir: Path) -> list[LogFile]:
     folder = run_dir / LOGS_DIR
     paths = [p for p in folder.iterdir() if p.is_file()] if folder.is_dir() else []
     paths += sorted(run_dir.glob("slurm-*.out"))
+    check_inside(run_dir, paths)  # `logs` prints them: never a file that a link outside the run names
     files = [LogFile(p, *parse_log_name(p.name)) for p in paths]
     return sorted(files, key=lambda f: (f.attempt, f.path.stat().st_mtime, f.path.name))
 
@@ -158,7 +161,7 @@ def _print_new(path: Path, offsets: dict[Path, int], out: BinaryIO, shown: Optio
     if not chunk:
         return shown if shown is not None else path
     if shown != path:
-        out.write(f"==> {path} <==\n".encode())
+        out.write(f"==> {printable(str(path))} <==\n".encode())
     out.write(chunk)
     offsets[path] = start + len(chunk)
     return path

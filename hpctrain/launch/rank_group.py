@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Optional
 
 from hpctrain.rundir.ranks import ATTEMPT_ENV, LOG_DIR_ENV, task_log_name
+from hpctrain.rundir.safe_files import open_append
 
 KILL_WAIT_S = 10.0  # between SIGTERM and SIGKILL, as Slurm's KillWait
 POLL_S = 0.05
@@ -122,7 +123,7 @@ class RankGroup:
     def start(self, slot: int, env: Mapping[str, str]) -> subprocess.Popen[bytes]:
         """Start the rank in `slot`, its output appended to logs/task-SLOT.attempt-A.log."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.log_dir / task_log_name(slot, self.attempt), "ab") as log:
+        with open(open_append(self.log_dir / task_log_name(slot, self.attempt)), "ab") as log:
             proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                     env=dict(env), cwd=self.cwd, pass_fds=self.pass_fds, preexec_fn=self._preexec)
         self.procs.append(proc)

@@ -81,15 +81,16 @@ def newest_complete_checkpoint(checkpoint_dir: Path) -> tuple[Optional[Path], li
     return (Path(found.newest[1]) if found.newest else None), rejected
 
 
-def check_checkpoint_dir(checkpoint_dir: Path, run_dir: Optional[Path], adopt: bool) -> None:
+def check_checkpoint_dir(checkpoint_dir: Path, run_dir: Optional[Path], adopt: bool, probe: bool = True) -> None:
     """ConfigError (exit 2, at submit or resume rather than at the first save) when the checkpoint
     directory cannot be written or holds another run's checkpoints (`run_dir` None: a new run, which
-    owns nothing yet) and `checkpoint.adopt` is not set."""
+    owns nothing yet) and `checkpoint.adopt` is not set. `probe` False (a dry run, which writes nothing
+    into a run): the ownership check only, without the write probe."""
     from hpctrain.errors import ConfigError
     from hpctrain.rundir.checkpoints import InvalidCheckpoint, foreign_owner, ownership_error, run_identity
     from hpctrain.rundir.checkpoints import writable_problem
 
-    problem = writable_problem(str(checkpoint_dir))
+    problem = writable_problem(str(checkpoint_dir)) if probe else None
     if problem:
         raise ConfigError(f"checkpoint.dir {checkpoint_dir}: {problem}; the run could not save a checkpoint: "
                           "choose a writable checkpoint.dir")

@@ -23,6 +23,7 @@ from hpctrain.rundir.layout import RESOLVED_FILE
 from hpctrain.rundir.metrics import last_metrics, last_value
 from hpctrain.rundir.read import read_yaml_mapping
 from hpctrain.rundir.sweep_file import read_sweep
+from hpctrain.rundir.terminal import printable
 
 ACTIVE = ACTIVE_STATES  # in Slurm's words; an executor may have its own (Executor.active_states)
 # Events shown as the restart history (written by the launcher and the runtime).
@@ -212,7 +213,7 @@ def format_table(status: dict[str, Any]) -> str:
         for event in status.get("history", []):
             extra = {k: v for k, v in event.items() if k not in ("time", "event")}
             lines.append(f"  {_clock(event.get('time'))} {event['event']} {json.dumps(extra) if extra else ''}".rstrip())
-    return "\n".join(lines)
+    return printable("\n".join(lines))  # reasons and names come from the run directory (rundir/terminal.py)
 
 
 def _clock(stamp: Any) -> str:

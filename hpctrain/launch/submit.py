@@ -39,6 +39,8 @@ class Submission:
     array: Optional[str] = None
     process: Optional[subprocess.Popen[bytes]] = field(default=None, repr=False)  # local supervisor
     artefact: str = "script"  # what script_path is, in the dry run's words (Executor.artefact)
+    scratch: Optional[Path] = None  # `resume --dry-run`: where the new job files went (the run is untouched)
+    changes: list[str] = field(default_factory=list)  # `resume --dry-run`: "key: old -> new" of the resolved job
 
 
 def submit_job(job: Job, *, dry_run: bool = False, env: Optional[Mapping[str, str]] = None) -> Submission:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import shutil
 from collections.abc import Mapping
 from typing import Any, Optional, Sequence
@@ -17,6 +18,7 @@ from hpctrain.config import Job, job_from_dict
 from hpctrain.config.data_files import data_problems
 from hpctrain.config.grid import base_data, check_grid, point_overrides
 from hpctrain.config.overrides import parse_override
+from hpctrain.config.paths import grid_path
 from hpctrain.errors import ConfigError
 from hpctrain.launch import stages
 from hpctrain.launch.executor import TaskSpec, choose
@@ -45,7 +47,7 @@ def grid_of(job: Job, grid_options: Sequence[str]) -> dict[str, list[Any]]:
     grid: dict[str, list[Any]] = dict(job.sweep.grid) if job.sweep else {}
     for text in grid_options:
         key, values = parse_grid_option(text)
-        grid[key] = values
+        grid[key] = [grid_path(tuple(key.split(".")), v, os.getcwd()) for v in values]  # typed here: from here
     if not grid:
         raise ConfigError("sweep: no grid; add a `sweep: grid:` section to the job or pass --grid KEY=V1,V2,...")
     for key, values in grid.items():

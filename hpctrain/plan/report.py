@@ -64,6 +64,59 @@ def memory_table(lay: Layout) -> str:
                     tablefmt="simple", disable_numparse=True)
 
 
+# TFLOP/s counts the FLOPs the GPUs run (plan.model_stats.flops_per_token(model, ac)), recomputation
+# included; MFU counts the model's FLOPs only (ac none). Said wherever the figure is printed.
+_RECOMPUTE = {"none": "", "selective": " (attention recomputation included)", "full": " (recomputed forward included)"}
+TFLOPS_NOTE = ("TFLOP/s/GPU counts the FLOPs the GPUs run, activation recomputation (ac) included; MFU counts the "
+               "model's FLOPs only")
+CPU = "cpu"  # the catalog's entry for a local CPU process (plan/hardware.py)
+
+
+def machines(hw: Any) -> str:
+    """The header's "(nodes x GPUs, ...)": NVLink islands and the fabric for GPUs; for CPU processes
+    neither (gloo over shared memory on one node; the fabric only as the cost model's stand-in between nodes)."""
+    if hw.gpu.name == CPU:
+        between = f"; between nodes modelled as {hw.fabric.name}" if hw.nodes > 1 else ""
+        return f"{hw.nodes} nodes x {hw.gpus_per_node} CPU processes, gloo{between}"
+    return f"{hw.nodes} nodes x {hw.gpus_per_node}, NVLink islands of {hw.nvlink_island_gpus}, {hw.fabric.name}"
+
+
+def stages_text(stage_layers: list[Any], limit: int = 8) -> str:
+    """The placement's [first, end) layer range per stage; above `limit` stages, runs of equal size
+    (`96 stages over layers 0-95: 96 x 1 layer`) instead of every range."""
+    ranges = [tuple(r) for r in stage_layers]
+    if len(ranges) <= limit:
+        return str([list(r) for r in ranges])
+    runs: list[list[int]] = []  # [size, count]
+    for first, end in ranges:
+        if runs and runs[-1][0] == end - first:
+            runs[-1][1] += 1
+        else:
+            runs.append([end - first, 1])
+    sizes = ", ".join(f"{count} x {size} layer{'s' if size != 1 else ''}" for size, count in runs)
+    return f"{len(ranges)} stages over layers {ranges[0][0]}-{ranges[-1][1] - 1}: {sizes}"
+
+
+def runner_up(result: PlanResult) -> list[str]:
+    """Why the top layout beats the second: the step-time part where #2 loses most, and #2's memory."""
+    if len(result.layouts) < 2:
+        return []
+    a, b = result.layouts[0], result.layouts[1]
+    parts = {"compute": lambda c: c.compute_s, "TP communication": lambda c: c.tp_comm_s,
+             "PP communication": lambda c: c.pp_comm_s, "pipeline bubble": lambda c: c.bubble_s,
+             "exposed DP communication": lambda c: c.dp_comm_exposed_s, "optimizer step": lambda c: c.optimizer_s}
+    changes = sorted(((part(b.cost) - part(a.cost), name) for name, part in parts.items()), key=lambda x: -abs(x[0]))
+    shown = [f"{name} {delta:+.3f} s" for delta, name in changes[:3] if abs(delta) >= 0.0005]
+    memory = (f"#2 needs {b.memory.total / GIB:.1f} GiB on pp rank {b.peak_rank} (#1 {a.memory.total / GIB:.1f} GiB "
+              f"of {result.budget_bytes / GIB:.1f})")
+    if b.cost.tokens_per_s >= a.cost.tokens_per_s:  # a tie on throughput: the search's next keys decided
+        return [f"#1 over #2 ({b.label()}): the same tokens/s; #1 is first by activation checkpointing, then memory; "
+                f"{memory}"]
+    return [f"#1 over #2 ({b.label()}): #2 reaches {b.cost.tokens_per_s / a.cost.tokens_per_s:.2%} of #1's tokens/s, "
+            f"its step {b.cost.step_time_s - a.cost.step_time_s:.3f} s longer"
+            + (f" ({', '.join(shown)})" if shown else "") + f"; {memory}"]
+
+
 def three_walls(result: PlanResult, lay: Layout) -> list[str]:
     """One line each on the memory, compute and communication walls of a layout (issue 8 item 4)."""
     m, c = lay.memory, lay.cost
@@ -73,7 +126,7 @@ def three_walls(result: PlanResult, lay: Layout) -> list[str]:
     budget = result.budget_bytes
     memory = (f"memory wall: {m.total / GIB:.1f} of {budget / GIB:.1f} GiB ({m.total / budget:.0%}) on pp rank "
               f"{lay.peak_rank}; {dominant} dominate ({parts[dominant] / m.total:.0%})")
-    compute = (f"compute wall: {c.tflops_per_gpu:.0f} TFLOP/s per GPU, MFU {c.mfu:.1%}; compute is "
+    compute = (f"compute wall: {c.tflops_per_gpu:.0f} TFLOP/s per GPU{_RECOMPUTE[lay.ac]}, MFU {c.mfu:.1%}; compute is "
                f"{c.compute_s / c.step_time_s:.0%} of the {c.step_time_s:.3f} s step, pipeline bubble "
                f"{c.bubble_share:.1%}")
     comms = {"TP": c.tp_comm_s, "PP": c.pp_comm_s, "DP (exposed)": c.dp_comm_exposed_s}
@@ -114,15 +167,17 @@ def alternatives(result: PlanResult, top: int) -> list[str]:
 def render_text(result: PlanResult, top: int) -> str:
     """The `hpctrain plan` report."""
     hw, best = result.hardware, result.best
-    out = [f"{result.job_name}: {hw.world_size} x {hw.gpu.name} ({hw.nodes} nodes x {hw.gpus_per_node}, NVLink islands "
-           f"of {hw.nvlink_island_gpus}, {hw.fabric.name}); {len(result.layouts)} of {result.evaluated} candidates fit "
-           f"in {result.budget_bytes / GIB:.1f} GiB ({result.rejected.counts.get('memory_over_budget', 0)} over it); "
+    out = [f"{result.job_name}: {hw.world_size} x {hw.gpu.name} ({machines(hw)}); {len(result.layouts)} of "
+           f"{result.evaluated} candidates fit in {result.budget_bytes / GIB:.1f} GiB "
+           f"({result.rejected.counts.get('memory_over_budget', 0)} over it); "
            f"searched in {result.elapsed_s * 1000:.0f} ms", "",
-           layouts_table(result, top), "", memory_table(best), ""]
+           layouts_table(result, top), TFLOPS_NOTE, "", memory_table(best), ""]
     out += three_walls(result, best)
+    out += runner_up(result)
     placement = result.placement()
     out.append("")
-    out.append(f"placement: stages {placement.stage_layers if best.pp > 1 else 'all layers on one stage'}; rank order "
+    out.append(f"placement: stages {stages_text(placement.stage_layers) if best.pp > 1 else 'all layers on one stage'}; "
+               f"rank order "
                f"{'identity' if placement.rank_order is None else 'permuted (tp inside islands, then pp, then dp)'}; "
                f"--switches {placement.switches if placement.switches else 'not requested'}")
     if result.rejected.counts:

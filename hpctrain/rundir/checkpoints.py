@@ -9,8 +9,9 @@ all of that. `step-N.partial/` is a save in progress (or one that was killed).
 Two levels of checking, because reading every byte is not free:
 - `read_metadata` / `scan` (cheap: metadata checksum, every listed file present with its size) is what
   the login path uses (`hpctrain resume`), and what pruning and discovery use;
-- `verify_files` (reads and hashes the files) is what the ranks run, each on a share of the files,
-  before loading: a checkpoint whose data is damaged is skipped and the next older one is used.
+- `verify_checkpoint` (reads and hashes the files) is what the ranks run, each on a share of the files,
+  before loading: a checkpoint whose data is damaged is skipped and the next older one is used; and
+  what `hpctrain export` runs on the whole folder before it reads a tensor.
 
 Ownership (issue 18 finding 2): a run has an identity, a random id written once into its run
 directory (`run_id`, so requeues and `hpctrain resume`, onto any layout, keep it); every checkpoint
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
 from hpctrain.rundir.layout import CHECKPOINTS_DIR, RUN_ID_FILE  # noqa: F401 - CHECKPOINTS_DIR: for the runtime
+from hpctrain.rundir.safe_files import create_exclusive, write_atomic
 
 FORMAT = 2  # 1: no file manifest, no run id, pickled RNG files
 METADATA_FILE = "metadata.json"
@@ -51,12 +53,8 @@ def checksum(body: dict[str, Any]) -> str:
 
 
 def write_metadata(folder: str, body: dict[str, Any]) -> None:
-    path = os.path.join(folder, METADATA_FILE)
-    with open(path + ".tmp", "w", encoding="utf-8") as handle:
-        json.dump({**body, "sha256": checksum(body)}, handle, indent=1, sort_keys=True)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(path + ".tmp", path)
+    text = json.dumps({**body, "sha256": checksum(body)}, indent=1, sort_keys=True)
+    write_atomic(os.path.join(folder, METADATA_FILE), text, fsync=True)  # the .tmp name: data_files skips it
 
 
 def read_metadata(folder: str) -> dict[str, Any]:
@@ -161,6 +159,19 @@ def verify_files(folder: str, files: dict[str, Any], names: Iterable[str]) -> li
     return problems
 
 
+def verify_checkpoint(folder: str, rank: int = 0, world_size: int = 1) -> list[str]:
+    """Why folder is not an intact checkpoint (empty: intact): the cheap checks of read_metadata, then the
+    sha256 of this rank's share of its files against the manifest (all of them with one rank). What the
+    ranks run before loading (runtime/checkpoint/checkpointer.py) and what `hpctrain export` runs."""
+    try:
+        files = read_metadata(folder).get("files")
+    except InvalidCheckpoint as exc:
+        return [str(exc)]
+    if not isinstance(files, dict):  # format 1: no manifest, the cheap checks are all
+        return []
+    return verify_files(folder, files, share(files, rank, world_size))
+
+
 # -- discovery --------------------------------------------------------------------------------
 @dataclass
 class Scan:
@@ -208,7 +219,7 @@ def run_identity(run_dir: str) -> str:
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except FileExistsError:
-        if not os.path.isfile(path):
+        if os.path.islink(path) or not os.path.isfile(path):  # a link: its target is not shown, nor read
             raise InvalidCheckpoint(f"{path} is not a regular file") from None
         with open(path, encoding="utf-8", errors="replace") as handle:
             text = handle.read(200).strip()
@@ -271,12 +282,7 @@ def claim(folder: str, run_id: str, run_dir: str) -> None:
     (a read-only or full file system: the caller turns that into a one-line error at start)."""
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, OWNER_FILE)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(run_record(run_id, run_dir), handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(run_record(run_id, run_dir)), tmp=f"{path}.{os.getpid()}.tmp", fsync=True)
 
 
 def writable_problem(folder: str) -> Optional[str]:
@@ -292,8 +298,7 @@ def writable_problem(folder: str) -> Optional[str]:
         probe_dir = parent
     probe = os.path.join(probe_dir, f".hpctrain-write-probe-{os.getpid()}")
     try:
-        with open(probe, "w", encoding="utf-8") as handle:
-            handle.write("probe\n")
+        os.close(create_exclusive(probe))
         os.remove(probe)
     except OSError as exc:
         return f"{probe_dir} is not writable ({exc.strerror or errno.errorcode.get(exc.errno or 0, exc)})"

@@ -26,6 +26,7 @@ from hpctrain.config.data_files import SYNTHETIC, eval_file, sidecar_path
 from hpctrain.errors import ConfigError
 from hpctrain.rundir.layout import DATA_IDENTITY_FILE
 from hpctrain.rundir.read import read_json_object
+from hpctrain.rundir.safe_files import write_atomic
 
 if TYPE_CHECKING:
     from hpctrain.config import Job
@@ -107,7 +108,5 @@ def check_and_record(job: Job, run_dir: str | Path, write: bool) -> None:
     if problems:
         raise ConfigError(problems)
     merged = {**recorded, **{found["path"]: {**found, "field": name} for name, found in now.items()}}
-    if write and merged != recorded:
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(merged, indent=1) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
+    if write and merged != recorded:  # no symbolic link followed at either name (rundir/safe_files.py)
+        write_atomic(path, json.dumps(merged, indent=1) + "\n")

@@ -18,6 +18,7 @@ from typing import Any
 
 from hpctrain.rundir.layout import EVENTS_FILE
 from hpctrain.rundir.read import RunDirError, damaged, decode
+from hpctrain.rundir.safe_files import append
 
 # Every event name, as written in the `event` field (docs/architecture.md section 3). Writers and readers
 # name events through these constants; `hpctrain doctor` also reads older spellings (diagnose/rundata.py).
@@ -63,13 +64,9 @@ def now_iso() -> str:
 
 
 def append_line(path: str | os.PathLike[str], record: dict[str, Any]) -> None:
-    """One JSON line, written with a single O_APPEND write (no torn lines from concurrent writers)."""
-    data = (json.dumps(record, separators=(",", ":"), default=str) + "\n").encode("utf-8")
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
+    """One JSON line, written with a single O_APPEND write (no torn lines from concurrent writers), never
+    through a symbolic link (rundir/safe_files.py)."""
+    append(path, (json.dumps(record, separators=(",", ":"), default=str) + "\n").encode("utf-8"))
 
 
 def append_event(run_dir: str | os.PathLike[str], event: str, **fields: Any) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hpctrain.errors import ConfigError
+from hpctrain.rundir.safe_files import write_atomic
 
 JOB_FILE = "job.yaml"  # what the user submitted (after overrides)
 RESOLVED_FILE = "job.resolved.yaml"  # the planned job: the only input of render and the runtime
@@ -75,10 +76,8 @@ def init_run_dir(path: Path) -> None:
 
 
 def write_text(path: Path, text: str) -> None:
-    """Write a file atomically (readers never see half of it)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    """Write a file atomically (readers never see half of it), never through a symbolic link."""
+    write_atomic(path, text, tmp=str(path.with_name(f".{path.name}.tmp")))
 
 
 def write_json(path: Path, data: Any) -> None:

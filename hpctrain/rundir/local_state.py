@@ -14,7 +14,7 @@ from hpctrain.rundir.read import field, int_list, read_json_object
 
 _FIELDS: dict[str, tuple[type, ...]] = {
     "state": (str,), "reason": (str,), "pid": (int,), "attempt": (int,), "task_id": (int,),
-    "start_time": (int, float), "end_time": (int, float), "hosts": (list,),
+    "start_time": (int, float), "end_time": (int, float), "hosts": (list,), "pid_start": (int,),
 }
 
 

@@ -9,7 +9,8 @@ where `flock` works. Where it does not (some NFS/Lustre mounts answer ENOLCK/EOP
 written in the file decides: a dead pid on this host is taken over, a live one (or another host's)
 refuses.
 
-The file holds one JSON object: host, pid (the supervisor), job_id, since (epoch s), ranks (pids).
+The file holds one JSON object: host, pid (the supervisor), job_id, since (epoch s), ranks (pids), starts
+(pid -> start time, so that a pid reused by another process does not keep the lock alive).
 Torch-free: the login path (resume, status) reads it.
 """
 
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hpctrain.errors import ConfigError
+from hpctrain.rundir.process import start_ticks
 
 LOCK_NAME = "ranks.lock"  # in the run directory's submit/ folder
 _BUSY = (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK)
@@ -45,6 +47,13 @@ class Owner:
     job_id: Optional[str] = None
     since: Optional[float] = None
     ranks: tuple[int, ...] = ()
+    starts: tuple[tuple[int, int], ...] = ()  # (pid, start ticks) of the owner and the ranks (rundir/process.py)
+
+    def is_live_here(self) -> bool:
+        """A process with one of the recorded pids lives on this host, started when recorded (a pid that
+        another process has now does not count)."""
+        started = dict(self.starts)
+        return any(pid_alive(pid) and started.get(pid) in (None, start_ticks(pid)) for pid in (self.pid, *self.ranks))
 
     def describe(self) -> str:
         job = f"job {self.job_id}, " if self.job_id else ""
@@ -67,7 +76,8 @@ def read_owner(path: Path) -> Optional[Owner]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         ranks = tuple(int(p) for p in data.get("ranks") or ())
-        return Owner(str(data["host"]), int(data["pid"]), data.get("job_id"), data.get("since"), ranks)
+        starts = tuple((int(p), int(t)) for p, t in (data.get("starts") or {}).items() if t is not None)
+        return Owner(str(data["host"]), int(data["pid"]), data.get("job_id"), data.get("since"), ranks, starts)
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
 
@@ -93,7 +103,7 @@ def _owner_is_live(owner: Optional[Owner]) -> bool:
         return False
     if owner.host != socket.gethostname():
         return True  # cannot look at another host's processes: refuse rather than train twice
-    return any(pid_alive(pid) for pid in (owner.pid, *owner.ranks))
+    return owner.is_live_here()
 
 
 class RunLock:
@@ -106,7 +116,9 @@ class RunLock:
         """Rewrite the owner record in place (the same file: a new one would not be the locked one)."""
         data = {"host": self.owner.host, "pid": self.owner.pid, "job_id": self.owner.job_id,
                 "since": self.owner.since, "ranks": list(self.owner.ranks), **fields}
-        self.owner = Owner(data["host"], data["pid"], data["job_id"], data["since"], tuple(data["ranks"]))
+        data["starts"] = {str(pid): start_ticks(pid) for pid in (data["pid"], *data["ranks"])}
+        self.owner = Owner(data["host"], data["pid"], data["job_id"], data["since"], tuple(data["ranks"]),
+                           tuple((int(p), t) for p, t in data["starts"].items() if t is not None))
         text = (json.dumps(data) + "\n").encode("utf-8")
         try:
             os.ftruncate(self.fd, 0)
@@ -128,7 +140,7 @@ def acquire(run_dir: Path, job_id: Optional[str] = None) -> RunLock:
     """
     path = lock_path(run_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)  # update() truncates it
     deadline = time.monotonic() + _PROBE_PATIENCE_S
     while True:
         try:
@@ -159,7 +171,7 @@ def live_owner(run_dir: Path) -> Optional[Owner]:
     """The owner of a live set of ranks in run_dir, or None when no process holds the lock."""
     path = lock_path(run_dir)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     except OSError:
         return None
     try:

@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 from hpctrain.rundir.events import append_line, read_jsonl
 from hpctrain.rundir.layout import METRICS_FILE
+from hpctrain.rundir.safe_files import read_bytes, write_atomic
 
 __all__ = ["append_line", "truncate_metrics", "last_metrics", "read_metrics", "METRICS_FILE"]
 
@@ -24,9 +25,10 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def truncate_metrics(path: str | os.PathLike[str], step: int) -> int:
-    """Keep only the lines of steps <= `step` (dropping torn or damaged lines); return lines kept."""
+    """Keep only the lines of steps <= `step` (dropping torn or damaged lines); return lines kept. Neither
+    the file nor its temporary is followed when it is a symbolic link (rundir/safe_files.py)."""
     try:
-        data = Path(path).read_bytes()
+        data = read_bytes(path)
     except FileNotFoundError:
         return 0
     kept = []
@@ -37,10 +39,7 @@ def truncate_metrics(path: str | os.PathLike[str], step: int) -> int:
             continue
         if isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] <= step:
             kept.append(json.dumps(record, separators=(",", ":")) + "\n")
-    tmp = f"{os.fspath(path)}.tmp"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.writelines(kept)
-    os.replace(tmp, path)
+    write_atomic(path, "".join(kept))
     return len(kept)
 
 

@@ -28,6 +28,7 @@ from hpctrain.config.infra import RestartConfig
 from hpctrain.rundir.events import WHY_NOT_REQUEUED
 from hpctrain.rundir.layout import FAILED_STEP_FILE
 from hpctrain.rundir.metrics import last_metrics
+from hpctrain.rundir.safe_files import write_atomic
 
 BAD_INPUT_EXIT = 2  # docs/architecture: exit 2 = the user's input is wrong
 # What ended the attempt (an event's `reason`): the causes a restart is asked for, and the others.
@@ -171,13 +172,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     failed_path = args.run_dir / FAILED_STEP_FILE
     decision = decide(args.exit_code, markers, step, read_failed_step(failed_path), args.attempt, policy)
     if decision.cause == RANK_CRASHED and decision.reason != "same-step":
-        failed_path.write_text(f"{step_key(step)}\n", encoding="utf-8")  # where this crash happened
+        write_atomic(failed_path, f"{step_key(step)}\n")  # where this crash happened
     for stream, line in message(decision, args.exit_code, step, args.attempt, policy, markers, args.job_id):
         print(line, file=sys.stdout if stream == 1 else sys.stderr, flush=True)
     verdict = "requeue" if decision.requeue else ("done" if decision.cause == FINISHED else "stop")
     answer = (f"{verdict} {decision.cause} {decision.why_not or '-'} {'null' if step is None else step} "
               f"{exit_code_after(decision, args.exit_code)}")
-    args.answer.write_text(answer + "\n", encoding="utf-8")  # fixed words and digits: the shell `read`s them
+    write_atomic(args.answer, answer + "\n")  # fixed words and digits: the shell `read`s them
     return 0
 
 

@@ -77,9 +77,9 @@ def _write_resolved(job: Job, run_dir: str) -> None:
     if not os.path.exists(path):
         from hpctrain.config import dump_job
 
-        with open(path + ".tmp", "w", encoding="utf-8") as handle:
-            handle.write(dump_job(job))
-        os.replace(path + ".tmp", path)
+        from hpctrain.rundir.safe_files import write_atomic
+
+        write_atomic(path, dump_job(job))
 
 
 def _hosts() -> list[str]:
@@ -133,7 +133,8 @@ def _to_rank_log(rank: int, slot: int, world_size: int) -> None:
         attempt = 0
     try:
         os.makedirs(folder, exist_ok=True)
-        fd = os.open(os.path.join(folder, rank_log_name(rank, attempt)), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        fd = os.open(os.path.join(folder, rank_log_name(rank, attempt)),
+                     os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)  # a planted link: refused
     except OSError as exc:  # keep writing to the launcher's capture rather than fail the rank
         print(f"{PROG} [rank {rank}]: cannot open its log in {folder} ({exc.strerror}); output stays in the "
               "launcher's task log", file=sys.stderr, flush=True)
@@ -161,10 +162,12 @@ def _user_error(exc: Exception, rank: int) -> int:
     marker = os.environ.get(BAD_INPUT_MARKER_ENV)
     if marker:
         first = (str(exc).splitlines() or ["bad input"])[0][:300]
+        from hpctrain.rundir.read import RunDirError
+        from hpctrain.rundir.safe_files import append
+
         try:
-            with open(marker, "a", encoding="utf-8") as handle:
-                handle.write(f"rank {rank}: {first}\n")
-        except OSError:
+            append(marker, f"rank {rank}: {first}\n".encode("utf-8"))
+        except (OSError, RunDirError):
             pass  # the exit code 2 still says it; the marker only spares the requeue
     return 2
 

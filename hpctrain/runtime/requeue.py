@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from hpctrain.config.infra import RestartConfig
 from hpctrain.rundir.events import NOT_REQUEUED, REQUEUE_REQUESTED, REQUEUED, SIGNAL, TIME_LIMIT_NEAR
 from hpctrain.rundir.restart import Markers, decide
+from hpctrain.rundir.safe_files import write_atomic
 
 if TYPE_CHECKING:
     from hpctrain.config import Job
@@ -340,9 +341,4 @@ def write_marker(path: str, reason: str) -> None:
     """One line, the reason, written whole (the batch script reads it after srun)."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(" ".join(reason.split()) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    write_atomic(path, " ".join(reason.split()) + "\n", fsync=True)

@@ -187,6 +187,7 @@ def test_resume_local_onto_another_layout(tmp_path: Path) -> None:
     assert first.returncode == 0, f"{first.stderr}\n{log_tail(run_dir)}"
     before = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     shutil.rmtree(run_dir / "checkpoints" / "step-4")  # as if stopped before its last save: steps 3-4 run again
+    _dry_runs_leave_the_run_as_it_is(tmp_path, env, run_dir, job)
     again = run_cli(["resume", str(run_dir), "--set", "train.steps=5", "--set", "cluster.gpus_per_node=1"],
                     cwd=tmp_path, env=env, timeout_s=120)
     assert again.returncode == 0, again.stderr
@@ -199,6 +200,34 @@ def test_resume_local_onto_another_layout(tmp_path: Path) -> None:
         assert abs(new["loss"] - old["loss"]) <= 1e-5, (old["step"], old["loss"], new["loss"])
     assert yaml.safe_load((run_dir / "job.resolved.yaml").read_text())["parallel"]["dp"] == 1
     assert (run_dir / "submit" / "previous-1" / "job.resolved.yaml").is_file()  # the first layout is kept
+
+
+def _tree(folder: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file and folder under folder: its path -> (contents, mtime in ns)."""
+    return {str(p.relative_to(folder)): (p.read_bytes() if p.is_file() else b"", p.stat().st_mtime_ns)
+            for p in [folder, *sorted(folder.rglob("*"))]}
+
+
+def _dry_runs_leave_the_run_as_it_is(tmp_path: Path, env: dict[str, str], run_dir: Path, job: dict[str, Any]) -> None:
+    """`resume --dry-run` with another layout renders into a scratch folder and says what would change;
+    `submit --dry-run` and `sweep --dry-run` of the same job into the same runs_dir make runs of their own:
+    nothing under run_dir changes (paths, contents, mtimes)."""
+    before = _tree(run_dir)
+    dry = run_cli(["resume", str(run_dir), "--set", "train.steps=5", "--set", "cluster.gpus_per_node=1",
+                   "--dry-run"], cwd=tmp_path, env=env, timeout_s=60)
+    assert dry.returncode == 0, dry.stderr
+    scratch = Path(dry.stdout.split("new job files in ", 1)[1].splitlines()[0])
+    assert not scratch.is_relative_to(run_dir) and (scratch / "submit" / "job.sbatch").is_file()
+    assert yaml.safe_load((scratch / "job.resolved.yaml").read_text())["parallel"]["dp"] == 1
+    assert f"RUN_DIR={run_dir}\n" in (scratch / "submit" / "job.sbatch").read_text()  # the script the run would get
+    assert "would change parallel.dp: 2 -> 1" in dry.stdout and "would change train.steps: 4 -> 5" in dry.stdout
+    assert f"would resume from {run_dir / 'checkpoints' / 'step-2'}" in dry.stdout
+    path = write_job(tmp_path, {**job, "sweep": {"grid": {"train.seed": [1, 2]}}})
+    for command in ("submit", "sweep"):
+        other = run_cli([command, str(path), "--dry-run"], cwd=tmp_path, env=env, timeout_s=60)
+        assert other.returncode == 0 and run_dir_of(other) != run_dir, other.stderr
+    assert _tree(run_dir) == before
+    assert status_json(run_dir, env)["state"] == "COMPLETED"
 
 
 @pytest.mark.slurm

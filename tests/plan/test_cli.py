@@ -114,3 +114,38 @@ def test_planner_never_imports_torch():
 def test_top_must_be_positive(bad, capsys):
     code, _, err = run(["plan", str(ROOT / "examples" / "quickstart.yaml"), "--top", bad], capsys)
     assert code == 2 and "--top" in err
+
+
+def test_plan_explains_the_runner_up_and_labels_what_it_counts(capsys):
+    """issue 29: the report says why #1 beats #2 (the step-time parts that differ) and #2's memory, says
+    that TFLOP/s counts recomputation, and abbreviates a many-stage placement."""
+    import re
+
+    code, out, err = run(["plan", str(ROOT / "examples" / "gpt3-175b.yaml"), "--json"], capsys)
+    layouts = json.loads(out)["layouts"]
+    code, out, err = run(["plan", str(ROOT / "examples" / "gpt3-175b.yaml")], capsys)
+    assert code == 0, err
+    second = layouts[1]
+    why = re.search(r"^#1 over #2 \((tp=\d+ pp=\d+ dp=\d+ [^)]*)\): #2 reaches ([\d.]+)% of #1's tokens/s, its step "
+                    r"([\d.]+) s longer \(([^)]+)\); #2 needs ([\d.]+) GiB on pp rank \d+ \(#1 ([\d.]+) GiB of 80.0\)$",
+                    out, re.M)
+    assert why, out
+    assert why.group(1).startswith(f"tp={second['tp']} pp={second['pp']} dp={second['dp']} mb={second['micro_batch']}")
+    assert float(why.group(2)) == pytest.approx(100 * second["tokens_per_s"] / layouts[0]["tokens_per_s"], abs=0.006)
+    assert float(why.group(5)) == pytest.approx(second["memory_gib"]["total"], abs=0.06)
+    assert float(why.group(6)) == pytest.approx(layouts[0]["memory_gib"]["total"], abs=0.06)
+    assert "TFLOP/s/GPU counts the FLOPs the GPUs run, activation recomputation (ac) included" in out
+    stages = len(layouts[0]["stage_layers"])
+    assert stages > 8 and f"placement: stages {stages} stages over layers 0-95: " in out and "[[0, 1]" not in out
+    code, out, err = run(["plan", str(ROOT / "examples" / "llama3-8b-sweep.yaml")], capsys)
+    assert "TFLOP/s per GPU (attention recomputation included)" in out  # its layout recomputes (ac selective)
+
+
+def test_plan_on_cpu_claims_no_nvlink_and_no_fabric(capsys):
+    code, out, err = run(["plan", str(ROOT / "examples" / "quickstart.yaml")], capsys)
+    assert code == 0, err
+    header = out.splitlines()[0]
+    assert "(1 nodes x 2 CPU processes, gloo)" in header and "NVLink" not in header and "ib-" not in header
+    code, out, err = run(["plan", str(ROOT / "examples" / "quickstart.yaml"), "--set", "cluster.nodes=2",
+                          "--set", "parallel.dp=auto"], capsys)
+    assert "(2 nodes x 2 CPU processes, gloo; between nodes modelled as ib-hdr200)" in out.splitlines()[0]

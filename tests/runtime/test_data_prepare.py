@@ -151,3 +151,34 @@ def test_cli_tokenizer_train_then_prepare_without_torch(corpus, tmp_path, capsys
     assert proc.returncode == 0, proc.stderr
     assert "(uint16, vocab 300)" in proc.stdout and "validation tokens" in proc.stdout
     assert os.path.getsize(validation_path(out)) > 0
+
+
+def test_cli_tokenizer_train_reads_the_field_it_is_told(corpus, tmp_path, capsys) -> None:
+    """A corpus whose text is not in `text` (a Parquet column `body`, a JSON lines field `body`): the
+    error names --field, and --field trains on that field, as in `data prepare`."""
+    parquet = os.path.join(corpus["root"], "all.parquet")
+    jsonl = tmp_path / "body.jsonl"
+    jsonl.write_text("".join(json.dumps({"body": doc}) + "\n" for doc in json.loads(corpus["docs"])), encoding="utf-8")
+    tok = str(tmp_path / "tok.json")
+    assert main(["data", "tokenizer-train", parquet, "-o", tok, "--vocab-size", "300"]) == 2
+    assert "choose the column with --field" in capsys.readouterr().err
+    for source in (parquet, str(jsonl)):
+        assert main(["data", "tokenizer-train", source, "-o", tok, "--vocab-size", "300", "--field", "body"]) == 0
+        assert "vocab 300, end-of-text '<|endoftext|>' = id 0" in capsys.readouterr().out
+        merged = tokenizers.Tokenizer.from_file(tok).encode("the planner").ids
+        assert len(merged) < len("the planner")  # merges learnt from the field's text, not bytes only
+
+
+def test_prepare_defaults_to_the_usable_cores(corpus, tmp_path) -> None:
+    """Without --workers, `data prepare` runs one tokenizer process per CPU core it may use (its affinity
+    mask, set here for real with taskset's system call), not one."""
+    code = ("import os, sys\nos.sched_setaffinity(0, {min(os.sched_getaffinity(0))} if sys.argv[1] == 'one' "
+            "else os.sched_getaffinity(0))\nfrom hpctrain.cli import main\nsys.exit(main(sys.argv[2:]))\n")
+    cores = min(len(os.sched_getaffinity(0)), data_prepare.MAX_DEFAULT_WORKERS)
+    for mask, expected in (("one", 1), ("all", cores)):
+        out = str(tmp_path / f"{mask}.bin")
+        proc = subprocess.run([sys.executable, "-c", code, mask, "data", "prepare",
+                               os.path.join(corpus["root"], "a.jsonl"), "-o", out, "--tokenizer", corpus["tok"]],
+                              capture_output=True, text=True, cwd=REPO, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert f"tokens/s with {expected} worker(s)" in proc.stdout, proc.stdout

@@ -129,3 +129,55 @@ def test_login_path_stays_torch_free(trained, tmp_path) -> None:
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stderr
     assert "valid (job 'hf-test'" in proc.stdout
+
+
+def test_export_of_a_run_from_scratch_carries_the_data_tokenizer_and_eos(tmp_path) -> None:
+    """issue 29: a tokenizer trained by `data tokenizer-train` on local text, data prepared with it, a short
+    local run (`submit --wait`, from another folder than the job file's, which names the data relative to
+    itself), `export`: the folder loads in transformers with that tokenizer and its EOS id, and export's
+    stderr carries no torch UserWarning."""
+    import tokenizers
+    import transformers
+    import yaml
+
+    proj, elsewhere, out = tmp_path / "proj", tmp_path / "elsewhere", tmp_path / "hf"
+    (proj / "data").mkdir(parents=True)
+    elsewhere.mkdir()
+    texts = [os.path.join(REPO, "README.md"), os.path.join(REPO, "docs", "architecture.md")]
+    tok = str(proj / "tok.json")
+    assert cli_main(["data", "tokenizer-train", *texts, "-o", tok, "--vocab-size", "320"]) == 0
+    assert cli_main(["data", "prepare", *texts, "-o", str(proj / "data" / "d.bin"), "--tokenizer", tok]) == 0
+    eos_id = json.loads((proj / "data" / "d.bin.json").read_text())["eos_id"]
+    job = {"name": "scratch", "model": {"preset": "tiny", "vocab": 320},
+           "train": {"data": "data/d.bin", "global_batch": 2, "micro_batch": 1, "steps": 2, "precision": "fp32",
+                     "activation_checkpointing": "none", "lr_schedule": {"warmup_steps": 0}},
+           "parallel": {"tp": 1, "pp": 1},
+           "cluster": {"executor": "local", "nodes": 1, "gpus_per_node": 1, "gpu": "cpu", "fabric": "ethernet"},
+           "checkpoint": {"every_steps": 2}}
+    (proj / "job.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env.update(PATH=os.path.dirname(sys.executable), OMP_NUM_THREADS="1")
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "hpctrain", *args], cwd=elsewhere, env=env, capture_output=True,
+                              text=True, timeout=180)
+
+    run = cli("submit", str(proj / "job.yaml"), "--wait", "--timeout", "150")
+    assert run.returncode == 0, run.stdout + run.stderr
+    run_dir = next((elsewhere / "runs").iterdir())
+    assert yaml.safe_load((run_dir / "job.resolved.yaml").read_text())["train"]["data"] == str(proj / "data" / "d.bin")
+    exported = cli("export", str(run_dir), "-o", str(out))
+    assert exported.returncode == 0, exported.stderr
+    assert "UserWarning" not in exported.stderr and "Warning" not in exported.stderr, exported.stderr
+    assert {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"} <= set(os.listdir(out))
+    assert json.loads((out / "config.json").read_text())["eos_token_id"] == eos_id
+    assert json.loads((out / "generation_config.json").read_text())["eos_token_id"] == eos_id
+    loaded = transformers.AutoTokenizer.from_pretrained(str(out))
+    text = "hpctrain plans the layout, renders the script and submits it."
+    assert loaded.eos_token_id == eos_id and loaded.eos_token == "<|endoftext|>"
+    assert loaded(text)["input_ids"] == tokenizers.Tokenizer.from_file(tok).encode(text).ids
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(out))
+    assert model.config.eos_token_id == model.generation_config.eos_token_id == eos_id
+    with torch.no_grad():
+        logits = model(torch.tensor([loaded(text)["input_ids"]])).logits
+    assert logits.shape[-1] == 320 and torch.isfinite(logits).all()

@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
@@ -25,6 +24,8 @@ from hpctrain.launch.stages import runtime_argv
 from hpctrain.rundir.layout import SUBMIT_DIR
 from hpctrain.rundir.local_state import local_state_path, read_local_state
 from hpctrain.rundir.lock import RunLock, acquire
+from hpctrain.rundir.process import command_line, is_recorded_process, start_ticks
+from hpctrain.rundir.safe_files import open_append
 
 if TYPE_CHECKING:  # annotations only: `status` of a local run does not build the schema
     from hpctrain.config import Job
@@ -54,19 +55,22 @@ class LocalExecutor(Executor):
     def submit(self, run_dir: Path, resolved: Job, tasks: list[TaskSpec], prepared: Prepared, *,
                array: Optional[str] = None, max_parallel: int = 1) -> Handle:
         job_id, proc = self.start(run_dir, tasks, max_parallel)
-        return Handle(job_id, process=proc)
+        # Who the supervisor is, beyond its pid (which another process may have later): `cancel` checks both.
+        facts = {"supervisor_start": start_ticks(proc.pid),
+                 "supervisor_spec": str(run_dir / SUBMIT_DIR / sup.SPEC_FILE)}
+        return Handle(job_id, facts=facts, process=proc)
 
     def state(self, submitted: Mapping[str, Any], jobs: Sequence[tuple[str, Path]]) -> dict[str, SchedulerState]:
         out = {}
         for job_id, run_dir in jobs:
-            record = task_record(run_dir, job_id)
+            record = task_record(run_dir, job_id, submitted)
             out[job_id] = SchedulerState(str(record.get("state", "UNKNOWN")), record.get("reason"))
         return out
 
     def cancel(self, submitted: Mapping[str, Any], job_id: str, task_id: Optional[int] = None) -> bool:
         if task_id is not None:
             raise ConfigError("--task: the local executor cancels a whole sweep; drop --task")
-        return cancel(job_id)
+        return cancel(job_id, submitted)
 
     def start(self, root: Path, tasks: list[TaskSpec], max_parallel: int = 1) -> tuple[str, subprocess.Popen[bytes]]:
         """Start the supervisor for `tasks` (task id, run dir holding job.resolved.yaml, that job); return
@@ -96,7 +100,7 @@ class LocalExecutor(Executor):
             write_json(spec_path, spec)
             for _, path, _ in tasks:
                 write_json(local_state_path(path), {"state": "PENDING"})
-            log = open(root / SUBMIT_DIR / "supervisor.log", "ab")
+            log = open(open_append(root / SUBMIT_DIR / "supervisor.log"), "ab")
         with log:
             proc = subprocess.Popen([self.python, "-m", SUPERVISOR_MODULE, str(spec_path)], stdin=subprocess.DEVNULL,
                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
@@ -116,39 +120,38 @@ def supervisor_pid(job_id: str) -> Optional[int]:
     return int(head[len("local-"):]) if head.startswith("local-") and head[len("local-"):].isdigit() else None
 
 
-def _is_our_supervisor(pid: int, patience_s: float = 2.0) -> bool:
-    """Alive (not a zombie: PID 1 may not reap orphans) and running our supervisor module.
-
-    Right after the fork the command line can still be empty (seen under gVisor): wait for it.
-    """
-    deadline = time.monotonic() + patience_s
-    while True:
-        try:
-            status = Path(f"/proc/{pid}/status").read_text()
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-        except OSError:
-            return False
-        state = next((line.split()[1] for line in status.splitlines() if line.startswith("State:")), "")
-        if state == "Z":
-            return False
-        if cmdline or time.monotonic() > deadline:
-            return SUPERVISOR_MODULE in cmdline
-        time.sleep(0.01)
+def _recorded_start(value: Any) -> Optional[int]:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def task_record(run_dir: Path, job_id: str) -> dict[str, Any]:
-    """{state, attempt, exit_codes, reason, ...} of one local job or task, from its state file."""
+def task_record(run_dir: Path, job_id: str, submitted: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
+    """{state, attempt, exit_codes, reason, ...} of one local job or task, from its state file. A live
+    state counts only while its supervisor lives: the recorded pid, started when recorded, running our
+    supervisor module for this run (rundir/process.py); a pid that another process has now does not."""
     data = read_local_state(run_dir) or {"state": "UNKNOWN"}
-    pid = data.get("pid") or supervisor_pid(job_id)
-    if data.get("state") in ("PENDING", "RUNNING") and (pid is None or not _is_our_supervisor(pid)):
+    if data.get("pid"):
+        pid, start = data["pid"], _recorded_start(data.get("pid_start"))
+    else:  # PENDING: the supervisor has not written its record yet; the client recorded its start
+        pid, start = supervisor_pid(job_id), _recorded_start((submitted or {}).get("supervisor_start"))
+    if data.get("state") in ("PENDING", "RUNNING") and (
+            pid is None or not is_recorded_process(pid, run_dir, start, needs=SUPERVISOR_MODULE)):
         data = {**data, "state": "FAILED", "reason": "the local supervisor process is gone"}
     return data
 
 
-def cancel(job_id: str) -> bool:
-    """SIGTERM the supervisor (it stops the ranks, then marks the tasks CANCELLED). False if it had ended."""
+def cancel(job_id: str, submitted: Optional[Mapping[str, Any]] = None) -> bool:
+    """SIGTERM the supervisor (it stops the ranks, then marks the tasks CANCELLED). False if it had ended,
+    or if its pid now belongs to another process (nothing is signalled then)."""
     pid = supervisor_pid(job_id)
-    if pid is None or not _is_our_supervisor(pid):
+    spec = (submitted or {}).get("supervisor_spec")
+    if pid is None:
+        return False
+    if isinstance(spec, str):
+        ours = is_recorded_process(pid, Path(spec).parent.parent, _recorded_start((submitted or {}).get(
+            "supervisor_start")), needs=SUPERVISOR_MODULE)
+    else:  # a run submitted before the supervisor's identity was recorded: its program is all there is to check
+        ours = SUPERVISOR_MODULE in (command_line(pid) or [])
+    if not ours:
         return False
     os.kill(pid, signal.SIGTERM)
     return True

@@ -28,6 +28,7 @@ from hpctrain.rundir.events import ENDED, FAILED, FINISHED, NOT_REQUEUED, SIGNAL
 from hpctrain.rundir.layout import LOGS_DIR
 from hpctrain.rundir.local_state import local_state_path
 from hpctrain.rundir.lock import RunLock, RunLockedError, acquire, adopt
+from hpctrain.rundir.process import start_ticks
 from hpctrain.rundir.ranks import global_rank, next_attempt, rank_order_of
 
 SPEC_FILE = "local-spec.json"
@@ -59,13 +60,15 @@ class Task:
     def save(self, **extra: Any) -> None:
         path = local_state_path(self.run_dir)
         data = read_json(path) or {}
-        data.update(state=self.state, pid=os.getpid(), attempt=self.attempt, task_id=self.task_id, **extra)
+        data.update(state=self.state, pid=os.getpid(), pid_start=start_ticks(os.getpid()), attempt=self.attempt,
+                    task_id=self.task_id, **extra)
         try:
             write_json(path, data)
         except OSError:
             # A full disk refuses the atomic write's new file; overwriting in place frees the old blocks first,
             # so the outcome is still recorded (a reader may see a torn file for a moment: status checks the pid).
-            with open(path, "r+b") as handle:
+            fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW)  # the file itself, never what a link names
+            with os.fdopen(fd, "wb") as handle:
                 handle.truncate(0)
                 handle.write((json.dumps(data, default=str) + "\n").encode("utf-8"))
 

@@ -35,6 +35,7 @@ from hpctrain.rundir.layout import BAD_INPUT_MARKER, REQUEUE_MARKER, RESOLVED_FI
 from hpctrain.rundir.metrics import last_metrics
 from hpctrain.rundir.ranks import next_attempt
 from hpctrain.rundir.restart import FINISHED, RANK_CRASHED, FailedStep, Markers, decide, read_marker, step_key
+from hpctrain.rundir.safe_files import append
 
 POLL_S = 0.5
 STOP_GRACE_S = 2.0  # Ray's stop_job escalates to SIGKILL after a few seconds: stop the ranks within them
@@ -147,8 +148,7 @@ class Driver:
         """A line in Ray's job log and in logs/ray-driver.log (what `hpctrain logs` shows beside the ranks')."""
         line = f"hpctrain: {text}"
         print(line, flush=True)
-        with open(self.run_dir / "logs" / DRIVER_LOG, "a", encoding="utf-8") as log:
-            log.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}\n")
+        append(self.run_dir / "logs" / DRIVER_LOG, f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}\n".encode())
 
     def on_sigterm(self, *_: Any) -> None:
         self.cancelled = True

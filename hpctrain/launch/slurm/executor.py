@@ -69,9 +69,9 @@ class SlurmExecutor(Executor):
                                   "one script; sweep those keys in separate submissions")
 
     def prepare(self, run_dir: Path, resolved: Job, *, array: Optional[str] = None,
-                dry_run: bool = False) -> Prepared:
-        _, script = write_script(run_dir, resolved, array)
-        return Prepared(script, write_recipe(run_dir, resolved) if dry_run else None)
+                dry_run: bool = False, into: Optional[Path] = None) -> Prepared:
+        _, script = write_script(run_dir, resolved, array, into)
+        return Prepared(script, write_recipe(run_dir, resolved, into) if dry_run else None)
 
     def submit(self, run_dir: Path, resolved: Job, tasks: list[TaskSpec], prepared: Prepared, *,
                array: Optional[str] = None, max_parallel: int = 1) -> Handle:

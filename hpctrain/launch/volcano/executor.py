@@ -51,9 +51,9 @@ class VolcanoExecutor(Executor):
                               "slurm or local")
 
     def prepare(self, run_dir: Path, resolved: Job, *, array: Optional[str] = None,
-                dry_run: bool = False) -> Prepared:
+                dry_run: bool = False, into: Optional[Path] = None) -> Prepared:
         self.check(resolved, array=array)
-        path = run_dir / SUBMIT_DIR / VCJOB_FILE
+        path = (into or run_dir) / SUBMIT_DIR / VCJOB_FILE
         write_text(path, render_vcjob(resolved, run_dir=pod_run_dir(resolved, run_dir)))
         return Prepared(path)
 

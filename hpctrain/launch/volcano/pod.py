@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hpctrain.errors import ConfigError
+from hpctrain.rundir.safe_files import write_atomic
 from hpctrain.launch.rank_group import RankGroup, block_place, rank_env
 from hpctrain.rundir.layout import LOGS_DIR, RESOLVED_FILE
 from hpctrain.rundir.volcano import JOB_TEXT_ENV, PodRendezvous, pod_attempt, pod_rendezvous
@@ -56,9 +57,7 @@ def write_job_text(run_dir: Path, text: Optional[str]) -> None:
         return
     if path.is_file() and path.read_text(encoding="utf-8") == text:
         return
-    tmp = path.with_name(f".{RESOLVED_FILE}.{os.getpid()}.{os.uname().nodename}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(path, text, tmp=str(path.with_name(f".{RESOLVED_FILE}.{os.getpid()}.{os.uname().nodename}.tmp")))
 
 
 class Pod:

@@ -66,7 +66,7 @@ from hpctrain.runtime.distributed import barrier
 from hpctrain.rundir.checkpoints import (  # noqa: F401 - re-exported: the runtime's names for them
     CHECKPOINTS_DIR, FORMAT, METADATA_FILE, PARTIAL_DIR, STEP_DIR, InvalidCheckpoint, Scan, checksum, claim,
     data_files, foreign_owner, hash_files, ownership_error, read_metadata, run_identity, run_record, scan, share,
-    verify_files, write_metadata)
+    verify_checkpoint, verify_files, write_metadata)
 from hpctrain.rundir.events import (
     CHECKPOINT_ADOPTED, CHECKPOINT_FAILED, CHECKPOINT_SAVED, CHECKPOINT_SKIPPED, CHECKPOINT_SUPERSEDED,
 )
@@ -441,9 +441,7 @@ class Checkpointer:
     def _verify_share(self, path: str) -> list[str]:
         """Every rank hashes its share of path's files; the problems of all ranks (a collective)."""
         try:
-            files = read_metadata(path).get("files")
-            problems = ([] if not isinstance(files, dict)  # format 1: no manifest, the cheap checks are all
-                        else verify_files(path, files, share(files, self.rank, self.world_size)))
+            problems = verify_checkpoint(path, self.rank, self.world_size)
             if self.rank == 0 and not problems:
                 read_index(path)  # refuses an index that would run code when DCP unpickles it
         except (InvalidCheckpoint, UnsafeIndex) as exc:

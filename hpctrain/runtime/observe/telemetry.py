@@ -39,6 +39,7 @@ from hpctrain.rundir.events import append_line, now_iso as _now
 from hpctrain.rundir.layout import EVENTS_FILE, METRICS_FILE, RANKS_DIR
 from hpctrain.rundir.metrics import truncate_metrics
 from hpctrain.rundir.ranks import summary_path
+from hpctrain.rundir.safe_files import write_atomic
 
 if TYPE_CHECKING:
     from hpctrain.config import Job
@@ -230,9 +231,7 @@ class Telemetry:
         }
         path = str(summary_path(self.run_dir, self.rank))
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path + ".tmp", "w", encoding="utf-8") as handle:
-            json.dump(summary, handle, indent=1)
-        os.replace(path + ".tmp", path)
+        write_atomic(path, json.dumps(summary, indent=1))
 
     def close(self) -> None:
         self.timer.uninstall()

@@ -23,6 +23,8 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
+from hpctrain.rundir.safe_files import write_atomic
+
 if TYPE_CHECKING:
     from hpctrain.config import Job
 
@@ -138,9 +140,7 @@ class Trackers:
             return {}
 
     def _write_state(self) -> None:
-        with open(self.path + ".tmp", "w", encoding="utf-8") as handle:
-            json.dump(self.state, handle)
-        os.replace(self.path + ".tmp", self.path)
+        write_atomic(self.path, json.dumps(self.state))  # never through a link planted at either name
 
     @staticmethod
     def _warn(name: str, what: str, exc: BaseException) -> None:
