@@ -216,7 +216,9 @@ def _run(job: Job, env: Any, args: argparse.Namespace) -> int:
             return 1
         return 0
     except ConfigError as exc:
-        event(FAILED, reason=str(exc).splitlines()[0], exit_code=2)
+        # Every rank that refuses says so: the first to exit 2 gets the others killed (srun --kill-on-bad-exit,
+        # the rank group), so rank 0 may never reach this line.
+        event(FAILED, every_rank=True, reason=str(exc).splitlines()[0], rank=env.rank, exit_code=2)
         return _user_error(exc, env.rank)
     except CheckpointSaveError as exc:  # e.g. a full disk: what it is, in one line, no traceback
         print(f"{PROG} [rank {env.rank}]: failed: {exc}", file=sys.stderr, flush=True)
