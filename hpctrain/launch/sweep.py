@@ -100,6 +100,7 @@ def submit_sweep(job: Job, grid_options: Sequence[str] = (), *, max_parallel: Op
         problems = [f"{point_label(p)}: {line}" for p, _, resolved, _ in feasible for line in data_problems(resolved)]
         if problems:
             raise ConfigError(problems)
+    if not dry_run:  # a dry run writes nothing, not even a probe
         stages.check_sweep_checkpoint_dirs([(point_label(p), resolved) for p, _, resolved, _ in feasible])
     parallel = max_parallel or (job.sweep.max_parallel if job.sweep else 4)
     array = f"0-{len(feasible) - 1}%{min(parallel, len(feasible))}"
