@@ -84,3 +84,15 @@ def test_local_dry_run_refuses_a_token_file_that_is_not_there(tmp_path: Path, no
         f"{field}: no such file (got {str(tmp_path / 'missing.bin')!r}); make it with "
         "`hpctrain data prepare INPUTS -o FILE`, or use 'synthetic'"]
     assert not (tmp_path / "runs").exists()  # nothing written
+
+
+def test_local_sweep_dry_run_refuses_a_token_file_that_is_not_there(tmp_path: Path,
+                                                                    no_sbatch_env: dict[str, str]) -> None:
+    missing = tmp_path / "missing.bin"
+    result = run_cli(["sweep", str(REPO / "examples" / "quickstart.yaml"), "--grid", "train.seed=1,2",
+                      "--set", f"train.data={missing}", "--dry-run"], cwd=tmp_path, env=no_sbatch_env, timeout_s=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 2 and all(f"train.data: no such file (got {str(missing)!r})" in line for line in lines)
+    assert lines[0].startswith("train.seed=1: ") and lines[1].startswith("train.seed=2: ")
+    assert not (tmp_path / "runs").exists()
