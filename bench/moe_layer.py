@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from hpctrain.runtime.model.moe import MoE, MoEArgs
-from hpctrain.runtime.model.transformer import FeedForward
+from hpctrain.runtime.model.feed_forward import FeedForward
 
 
 def per_expert_loop(layer: MoE, x: torch.Tensor) -> torch.Tensor:

@@ -39,6 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hpctrain.runtime.model.feed_forward import FeedForward
+
 
 @dataclass(frozen=True)
 class MoEArgs:
@@ -175,8 +177,6 @@ class MoE(nn.Module):
 
     def __init__(self, hidden: int, args: MoEArgs) -> None:
         super().__init__()
-        from hpctrain.runtime.model.transformer import FeedForward  # the dense SwiGLU, for shared experts
-
         self.args = args
         self.router = Router(hidden, args)
         self.experts = GroupedExperts(hidden, args.expert_ffn_hidden, args.experts)

@@ -26,6 +26,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from hpctrain.errors import ConfigError
+from hpctrain.runtime.model.feed_forward import FeedForward
 from hpctrain.runtime.model.init import init_parameters, random_fill
 from hpctrain.runtime.model.moe import MoE, MoEArgs
 from hpctrain.runtime.model.norm import RMSNorm
@@ -173,20 +174,6 @@ class Attention(nn.Module):
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
         )
         return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
-
-
-class FeedForward(nn.Module):
-    def __init__(self, hidden: int, ffn_hidden: int, swiglu: bool) -> None:
-        super().__init__()
-        self.swiglu = swiglu
-        self.w1 = nn.Linear(hidden, ffn_hidden, bias=False)
-        self.w2 = nn.Linear(ffn_hidden, hidden, bias=False)
-        self.w3 = nn.Linear(hidden, ffn_hidden, bias=False) if self.swiglu else None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.w3 is not None:
-            return self.w2(F.silu(self.w1(x)) * self.w3(x))
-        return self.w2(F.gelu(self.w1(x), approximate="tanh"))
 
 
 class TransformerBlock(nn.Module):
