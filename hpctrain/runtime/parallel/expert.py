@@ -1,0 +1,137 @@
+"""Expert parallelism (`parallel.ep`): the routed experts split over ep of the data-parallel ranks.
+
+The mesh (torchtitan's `ParallelDims` does the same, torchtitan/distributed/parallel_dims.py): the dense
+part of the model sees ("pp", "dp", "tp"); the routed experts see the same ranks with dp unflattened into
+("efsdp", "ep"), ep innermost, so one ep group is ep neighbouring dp ranks:
+
+    dp rank d = efsdp index * ep + ep index        (dp4 ep2: ep groups {0, 1}, {2, 3}; efsdp {0, 2}, {1, 3})
+
+Parameters: ep rank r holds experts [r*E/ep, (r+1)*E/ep) of `experts.w1/w2/w3` as DTensors Shard(0) over
+the "ep" mesh (so the names and global shapes are those of one process: DCP saves global tensors, and
+sharded initialisation and Hugging Face reading fill each rank's box of experts). FSDP then shards each
+MoE block's experts over "efsdp" as a unit of its own (the rest of the block over "dp" as before). An
+expert's gradient sums its tokens from the ep group (the all-to-all's backward brings them); the
+reduce-scatter over efsdp sums the rest of the dp ranks, and the divide factor dp (not efsdp) makes it the
+global-batch mean, the same as one process (torchtitan's moe_sharding: `set_gradient_divide_factor`).
+
+Dispatch, per MoE layer and micro-batch (after routing, capacity and the sort by expert, moe.py):
+  1. the per-expert counts [E] go to their owners (all_to_all_single of counts: ep x E/ep each way),
+  2. the sorted token rows go to the ranks that own their experts (all_to_all_single, autograd: its
+     backward is the reverse all-to-all), arriving ordered by source rank then local expert,
+  3. they are regrouped by local expert (a stable sort) for the grouped GEMM over the local experts,
+  4. put back in arrival order and returned by the reverse all-to-all, in the order they were sent;
+the weighted scatter-add and the shared experts run as without ep. The counts cross to the host once (the
+splits of the all-to-all), as in torchtitan's token dispatcher (torchtitan/overrides/moe_token_dispatcher.py).
+The router, shared experts and dense blocks are untouched; tensor parallelism of experts is not built
+(config/job.py refuses tp > 1 with model.moe).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hpctrain.runtime.model.moe import GroupedExperts, MoE
+
+EXPERT_WEIGHTS = ("w1", "w2", "w3")
+
+
+@dataclass
+class ExpertGroup:
+    """The ep process group of this rank and its share of the experts."""
+
+    group: Any  # ProcessGroup
+    size: int
+    rank: int
+    local_experts: int
+
+
+def sparse_mesh(mesh: Any, ep: int) -> Any:
+    """The experts' mesh ("pp", "efsdp", "ep", "tp") over the same ranks as the dense ("pp", "dp", "tp")."""
+    dp = mesh["dp"].size()
+    return mesh._unflatten("dp", (dp // ep, ep), ("efsdp", "ep"))
+
+
+def apply_ep(modules: Iterable[nn.Module], ep_mesh: Any) -> None:
+    """Make each MoE layer's routed experts DTensors Shard(0) over `ep_mesh` (on meta, before FSDP and
+    materialisation) and give the layer its ep group."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    size, rank = ep_mesh.size(), ep_mesh.get_local_rank()
+    for module in modules:
+        for moe in (m for m in module.modules() if isinstance(m, MoE)):
+            experts: GroupedExperts = moe.experts
+            total = moe.args.experts
+            if total % size:
+                raise ValueError(f"model.moe.experts={total} does not split over parallel.ep={size}")
+            local = total // size
+            for name in EXPERT_WEIGHTS:
+                full = getattr(experts, name)
+                piece = full.detach()[rank * local:(rank + 1) * local]
+                sharded = DTensor.from_local(piece, ep_mesh, [Shard(0)], run_check=False,
+                                             shape=full.shape, stride=full.stride())
+                setattr(experts, name, nn.Parameter(sharded, requires_grad=full.requires_grad))
+            moe.ep = ExpertGroup(ep_mesh.get_group(), size, rank, local)
+
+
+def shard_experts(block: nn.Module, efsdp_mesh: Any, dp: int, **fsdp_kwargs: Any) -> None:
+    """FSDP-shard a block's routed experts over efsdp as their own unit, gradients divided by dp (module
+    docstring); the caller then shards the block over dp, which leaves these parameters to this unit."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Shard
+
+    for moe in (m for m in block.modules() if isinstance(m, MoE) and m.ep is not None):
+        assert moe.ep is not None
+        local, shards = moe.ep.local_experts, efsdp_mesh.size()
+        # Experts per rank that do not split evenly over efsdp: shard the rows instead (torchtitan does too).
+        dim = 0 if local % shards == 0 else 1
+        fully_shard(moe.experts, mesh=efsdp_mesh, shard_placement_fn=lambda _p, d=dim: Shard(d), **fsdp_kwargs)
+        state: Any = moe.experts
+        state.set_gradient_divide_factor(float(dp))
+        if shards > 1:
+            # SUM and a division after it: gloo has no PREMUL_SUM. Not on one rank: there torch 2.13's
+            # foreach_reduce divides by the factor when it copies, and then again after (divided twice).
+            state.set_force_sum_reduction_for_comms(True)
+
+
+class _AllToAll(torch.autograd.Function):
+    """all_to_all_single whose backward is the reverse all-to-all (as torch's functional collectives'
+    all_to_all_single_autograd, torch/distributed/_functional_collectives.py; written on the plain
+    c10d call so it runs on every backend, gloo included)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, out_splits: list[int], in_splits: list[int], group: Any) -> torch.Tensor:
+        ctx.splits, ctx.group = (out_splits, in_splits), group
+        out = x.new_empty((sum(out_splits), *x.shape[1:]))
+        dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        out_splits, in_splits = ctx.splits
+        back = grad.new_empty((sum(in_splits), *grad.shape[1:]))
+        dist.all_to_all_single(back, grad.contiguous(), in_splits, out_splits, group=ctx.group)
+        return back, None, None, None
+
+
+def run_experts(moe: MoE, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """x [R, h] sorted by global expert, counts [E] -> the experts' outputs for those rows, in that order,
+    the experts running on the ranks that own them (module docstring, steps 1-4)."""
+    ep = moe.ep
+    assert ep is not None
+    send = counts.to(torch.int64).reshape(ep.size, ep.local_experts)  # [owner rank, its local expert]
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=ep.group)  # recv [source rank, my local expert]
+    in_splits, out_splits = send.sum(1).tolist(), recv.sum(1).tolist()
+    arrived = _AllToAll.apply(x, out_splits, in_splits, ep.group)
+    local_ids = torch.arange(ep.local_experts, device=x.device).repeat(ep.size)
+    expert_of_row = torch.repeat_interleave(local_ids, recv.reshape(-1).to(x.device))
+    perm = torch.argsort(expert_of_row, stable=True)
+    out = moe.experts(arrived[perm], recv.sum(0).to(x.device))
+    back = out[torch.argsort(perm)]
+    return _AllToAll.apply(back, in_splits, out_splits, ep.group)
