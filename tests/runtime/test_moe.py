@@ -3,7 +3,8 @@
 The layer is checked against a per-token reference written here from the definitions (each token: the
 top-k experts' SwiGLU outputs weighted by their scores, plus the shared experts), the grouped GEMM
 against the per-expert loop, the balancing loss's injected gradient against an explicit `loss + c * aux`,
-and whole models on dp2 (zero 3) and pp2 against one process with the same micro-batches.
+and whole models on dp2 (zero 3), pp2 and expert parallelism (ep2, ep2 x dp2, ep2 x pp2, ep4) against one
+process with the same micro-batches.
 """
 
 from __future__ import annotations
@@ -173,7 +174,18 @@ MOE_LAYOUTS: list[tuple[str, dict[str, Any]]] = [
     ("dp2 zero2 sigmoid+bias+capacity ac-full", dict(dp=2, zero=2, micro_batch=2, moe=SIGMOID, ac="full")),
     ("pp2 1f1b softmax+aux ac-selective", dict(pp=2, micro_batch=2, moe=SOFTMAX, ac="selective")),
     ("pp2 gpipe sigmoid+bias+capacity", dict(pp=2, schedule="gpipe", micro_batch=2, moe=SIGMOID)),
+    # Expert parallelism (runtime/parallel/expert.py): ep borrows its ranks from dp.
+    ("ep2 (dp2) softmax+aux", dict(dp=2, ep=2, zero=1, micro_batch=2, moe=SOFTMAX)),
+    ("ep2 (dp2) zero3 sigmoid+bias+capacity ac-full", dict(dp=2, ep=2, zero=3, micro_batch=2, moe=SIGMOID, ac="full")),
 ]
+# On four processes: experts over efsdp x ep = 2 x 2, with pipelining, and one expert per rank.
+EP_LAYOUTS_4: list[tuple[str, dict[str, Any]]] = [
+    ("ep2 x dp2 (dp4) zero3 softmax+aux", dict(dp=4, ep=2, zero=3, micro_batch=2, moe=SOFTMAX)),
+    ("ep2 x dp2 (dp4) zero2 sigmoid+bias+capacity", dict(dp=4, ep=2, zero=2, micro_batch=1, moe=SIGMOID)),
+    ("ep2 x pp2 (pp2 dp2) 1f1b sigmoid+bias+capacity", dict(pp=2, dp=2, ep=2, zero=1, micro_batch=2, moe=SIGMOID)),
+    ("ep4 (dp4) softmax+aux ac-selective", dict(dp=4, ep=4, zero=3, micro_batch=2, moe=SOFTMAX, ac="selective")),
+]
+PARITY: dict[str, tuple[float, float]] = {}  # layout -> (max |dloss|, max rel dnorm), printed with -s
 
 
 def _train(kwargs: dict[str, Any], distributed: bool) -> dict[str, Any]:
@@ -205,7 +217,18 @@ def _group(layouts: list[dict[str, Any]]) -> list[dict[str, Any]]:
 @pytest.mark.dist
 def test_moe_layouts_match_one_process() -> None:
     results = run_distributed(_group, 2, [kw for _, kw in MOE_LAYOUTS], timeout_s=240)
-    for i, (name, kwargs) in enumerate(MOE_LAYOUTS):
+    _check_against_one_process(MOE_LAYOUTS, results)
+
+
+@pytest.mark.dist
+def test_expert_parallel_layouts_on_four_processes_match_one_process() -> None:
+    results = run_distributed(_group, 4, [kw for _, kw in EP_LAYOUTS_4], timeout_s=240)
+    _check_against_one_process(EP_LAYOUTS_4, results)
+    print({name: f"dloss {a:.1e} dnorm {b:.1e}" for name, (a, b) in PARITY.items()})
+
+
+def _check_against_one_process(layouts: list[tuple[str, dict[str, Any]]], results: list[list[dict[str, Any]]]) -> None:
+    for i, (name, kwargs) in enumerate(layouts):
         single = {k: v for k, v in kwargs.items() if k in ("moe", "micro_batch", "ac")}
         ref = _train(single, False)
         assert all(n > MAX_NORM for n in ref["norms"]), "clipping must be active to be tested"
@@ -214,6 +237,8 @@ def test_moe_layouts_match_one_process() -> None:
             r = per_rank[i]
             loss_diff = max(abs(a - b) for a, b in zip(r["losses"], ref["losses"]))
             norm_diff = max(abs(a - b) / b for a, b in zip(r["norms"], ref["norms"]))
+            worst = PARITY.get(name, (0.0, 0.0))
+            PARITY[name] = (max(worst[0], loss_diff), max(worst[1], norm_diff))
             assert loss_diff <= 1e-5, f"{name}: loss differs by {loss_diff:.2e}"
             assert norm_diff <= 1e-5, f"{name}: grad norm differs by {norm_diff:.2e}"
             for got, want in zip(r["stats"], ref["stats"]):

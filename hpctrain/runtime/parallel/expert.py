@@ -22,6 +22,9 @@ Dispatch, per MoE layer and micro-batch (after routing, capacity and the sort by
   4. put back in arrival order and returned by the reverse all-to-all, in the order they were sent;
 the weighted scatter-add and the shared experts run as without ep. The counts cross to the host once (the
 splits of the all-to-all), as in torchtitan's token dispatcher (torchtitan/overrides/moe_token_dispatcher.py).
+The exchanges are torch's functional collectives (`all_to_all_single_autograd` for the rows: its backward
+is the reverse all-to-all): selective activation checkpointing saves their outputs (activation_checkpoint.py)
+instead of communicating again, and ranks never recompute a different routing.
 The router, shared experts and dense blocks are untouched; tensor parallelism of experts is not built
 (config/job.py refuses tp > 1 with model.moe).
 """
@@ -33,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 from torch import nn
 
 from hpctrain.runtime.model.moe import GroupedExperts, MoE
@@ -99,39 +102,18 @@ def shard_experts(block: nn.Module, efsdp_mesh: Any, dp: int, **fsdp_kwargs: Any
             state.set_force_sum_reduction_for_comms(True)
 
 
-class _AllToAll(torch.autograd.Function):
-    """all_to_all_single whose backward is the reverse all-to-all (as torch's functional collectives'
-    all_to_all_single_autograd, torch/distributed/_functional_collectives.py; written on the plain
-    c10d call so it runs on every backend, gloo included)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, out_splits: list[int], in_splits: list[int], group: Any) -> torch.Tensor:
-        ctx.splits, ctx.group = (out_splits, in_splits), group
-        out = x.new_empty((sum(out_splits), *x.shape[1:]))
-        dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
-        return out
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
-        out_splits, in_splits = ctx.splits
-        back = grad.new_empty((sum(in_splits), *grad.shape[1:]))
-        dist.all_to_all_single(back, grad.contiguous(), in_splits, out_splits, group=ctx.group)
-        return back, None, None, None
-
-
 def run_experts(moe: MoE, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     """x [R, h] sorted by global expert, counts [E] -> the experts' outputs for those rows, in that order,
     the experts running on the ranks that own them (module docstring, steps 1-4)."""
     ep = moe.ep
     assert ep is not None
     send = counts.to(torch.int64).reshape(ep.size, ep.local_experts)  # [owner rank, its local expert]
-    recv = torch.empty_like(send)
-    dist.all_to_all_single(recv, send, group=ep.group)  # recv [source rank, my local expert]
+    recv = funcol.all_to_all_single(send, None, None, group=ep.group).wait()  # [source rank, my local expert]
     in_splits, out_splits = send.sum(1).tolist(), recv.sum(1).tolist()
-    arrived = _AllToAll.apply(x, out_splits, in_splits, ep.group)
+    arrived = funcol.all_to_all_single_autograd(x, out_splits, in_splits, group=ep.group).wait()
     local_ids = torch.arange(ep.local_experts, device=x.device).repeat(ep.size)
     expert_of_row = torch.repeat_interleave(local_ids, recv.reshape(-1).to(x.device))
     perm = torch.argsort(expert_of_row, stable=True)
     out = moe.experts(arrived[perm], recv.sum(0).to(x.device))
     back = out[torch.argsort(perm)]
-    return _AllToAll.apply(back, in_splits, out_splits, ep.group)
+    return funcol.all_to_all_single_autograd(back, in_splits, out_splits, group=ep.group).wait()
