@@ -251,3 +251,30 @@ def _check_against_one_process(layouts: list[tuple[str, dict[str, Any]]], result
             assert any(b.abs().sum() > 0 for step in ref["biases"] for b in step.values())
         if "aux_loss_coeff" in str(kwargs):
             assert all(s["aux_loss"] >= 1.0 - 1e-6 for s in ref["stats"])
+
+
+@pytest.mark.dist
+def test_checkpoint_from_ep2_x_dp2_resumes_onto_ep4_and_onto_ep1_x_dp2(tmp_path: Any) -> None:
+    """DCP holds the experts as global tensors: a checkpoint of dp4 ep2 (each rank a quarter of the expert
+    weights and their AdamW moments) resumes onto dp4 ep4 and onto dp2 ep1, and the next step is the one the
+    saving layout ran (loss, gradient norm and the routing, which the restored router.expert_bias steers)."""
+    import os
+
+    from ._entry import make_job, metrics, run_entry
+
+    moe = {**MOE, "router": {"score": "sigmoid", "bias_update_rate": 0.05, "capacity_factor": 1.0}}
+    base = {"model": {"layers": 2, "moe": moe}, "train": {"steps": 4, "micro_batch": 1},
+            "checkpoint": {"every_steps": 3, "keep_last": 3}}
+    saver = make_job(dp=4, parallel={"ep": 2, "zero": 3}, **base)
+    full = str(tmp_path / "ep2xdp2")
+    assert run_entry(saver, full) == [0] * 4
+    want = metrics(full)[3]
+    checkpoint = os.path.join(full, "checkpoints", "step-3")
+    for name, dp, ep in (("ep4", 4, 4), ("ep1xdp2", 2, 1)):
+        run = str(tmp_path / name)
+        job = make_job(dp=dp, parallel={"ep": ep, "zero": 3}, **base)
+        assert run_entry(job, run, None, "--resume-from", checkpoint) == [0] * dp, name
+        got = metrics(run)
+        assert [m["step"] for m in got] == [4], name
+        for key in ("loss", "grad_norm", "expert_load_max_over_mean", "tokens_dropped"):
+            assert math.isclose(got[0][key], want[key], rel_tol=1e-5, abs_tol=1e-5), (name, key, got[0][key], want[key])
