@@ -93,7 +93,8 @@ def shard_experts(block: nn.Module, efsdp_mesh: Any, dp: int, **fsdp_kwargs: Any
         local, shards = moe.ep.local_experts, efsdp_mesh.size()
         # Experts per rank that do not split evenly over efsdp: shard the rows instead (torchtitan does too).
         dim = 0 if local % shards == 0 else 1
-        fully_shard(moe.experts, mesh=efsdp_mesh, shard_placement_fn=lambda _p, d=dim: Shard(d), **fsdp_kwargs)
+        placement = Shard(dim)
+        fully_shard(moe.experts, mesh=efsdp_mesh, shard_placement_fn=lambda _p: placement, **fsdp_kwargs)
         state: Any = moe.experts
         state.set_gradient_divide_factor(float(dp))
         if shards > 1:
@@ -108,12 +109,12 @@ def run_experts(moe: MoE, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor
     ep = moe.ep
     assert ep is not None
     send = counts.to(torch.int64).reshape(ep.size, ep.local_experts)  # [owner rank, its local expert]
-    recv = funcol.all_to_all_single(send, None, None, group=ep.group).wait()  # [source rank, my local expert]
+    recv = funcol.wait_tensor(funcol.all_to_all_single(send, None, None, group=ep.group))  # [source, my expert]
     in_splits, out_splits = send.sum(1).tolist(), recv.sum(1).tolist()
-    arrived = funcol.all_to_all_single_autograd(x, out_splits, in_splits, group=ep.group).wait()
+    arrived = funcol.wait_tensor(funcol.all_to_all_single_autograd(x, out_splits, in_splits, group=ep.group))
     local_ids = torch.arange(ep.local_experts, device=x.device).repeat(ep.size)
     expert_of_row = torch.repeat_interleave(local_ids, recv.reshape(-1).to(x.device))
     perm = torch.argsort(expert_of_row, stable=True)
     out = moe.experts(arrived[perm], recv.sum(0).to(x.device))
     back = out[torch.argsort(perm)]
-    return funcol.all_to_all_single_autograd(back, in_splits, out_splits, group=ep.group).wait()
+    return funcol.wait_tensor(funcol.all_to_all_single_autograd(back, in_splits, out_splits, group=ep.group))
