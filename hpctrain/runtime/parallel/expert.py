@@ -22,9 +22,11 @@ Dispatch, per MoE layer and micro-batch (after routing, capacity and the sort by
   4. put back in arrival order and returned by the reverse all-to-all, in the order they were sent;
 the weighted scatter-add and the shared experts run as without ep. The counts cross to the host once (the
 splits of the all-to-all), as in torchtitan's token dispatcher (torchtitan/overrides/moe_token_dispatcher.py).
-The exchanges are torch's functional collectives (`all_to_all_single_autograd` for the rows: its backward
-is the reverse all-to-all): selective activation checkpointing saves their outputs (activation_checkpoint.py)
-instead of communicating again, and ranks never recompute a different routing.
+The exchanges are torch's functional collectives (`all_to_all_single`; for the rows inside `_AllToAll`, whose
+backward is the reverse all-to-all, as torch's `all_to_all_single_autograd`): selective activation
+checkpointing saves their outputs (activation_checkpoint.py) instead of communicating again, and ranks never
+recompute a different routing. Every exchange waits through `wait_all_to_all`, which the communication timer
+times as all-to-all (runtime/observe/comm_timing.py: `time_all_to_all_s` in metrics.jsonl).
 The router, shared experts and dense blocks are untouched; tensor parallelism of experts is not built
 (config/job.py refuses tp > 1 with model.moe).
 """
@@ -103,18 +105,44 @@ def shard_experts(block: nn.Module, efsdp_mesh: Any, dp: int, **fsdp_kwargs: Any
             state.set_force_sum_reduction_for_comms(True)
 
 
+def wait_all_to_all(tensor: torch.Tensor) -> torch.Tensor:
+    """Wait for an expert-parallel all-to-all (the communication timer wraps this function by name)."""
+    return funcol.wait_tensor(tensor)
+
+
+def _exchange(x: torch.Tensor, out_splits: list[int], in_splits: list[int], group: Any) -> torch.Tensor:
+    return wait_all_to_all(funcol.all_to_all_single(x.contiguous(), out_splits, in_splits, group=group))
+
+
+class _AllToAll(torch.autograd.Function):
+    """The rows to their owners; backward: their gradients back by the reverse all-to-all (torch's
+    `all_to_all_single_autograd`, torch/distributed/_functional_collectives.py, with a timed wait)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, out_splits: list[int], in_splits: list[int], group: Any) -> torch.Tensor:
+        ctx.splits, ctx.group = (out_splits, in_splits), group
+        return _exchange(x, out_splits, in_splits, group)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        out_splits, in_splits = ctx.splits
+        return _exchange(grad, in_splits, out_splits, ctx.group), None, None, None
+
+
 def run_experts(moe: MoE, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     """x [R, h] sorted by global expert, counts [E] -> the experts' outputs for those rows, in that order,
     the experts running on the ranks that own them (module docstring, steps 1-4)."""
     ep = moe.ep
     assert ep is not None
     send = counts.to(torch.int64).reshape(ep.size, ep.local_experts)  # [owner rank, its local expert]
-    recv = funcol.wait_tensor(funcol.all_to_all_single(send, None, None, group=ep.group))  # [source, my expert]
+    even = [ep.local_experts] * ep.size
+    recv = _exchange(send.reshape(-1), even, even, ep.group).reshape(ep.size, ep.local_experts)  # [source, mine]
     in_splits, out_splits = send.sum(1).tolist(), recv.sum(1).tolist()
-    arrived = funcol.wait_tensor(funcol.all_to_all_single_autograd(x, out_splits, in_splits, group=ep.group))
+    arrived: torch.Tensor = _AllToAll.apply(x, out_splits, in_splits, ep.group)
     local_ids = torch.arange(ep.local_experts, device=x.device).repeat(ep.size)
     expert_of_row = torch.repeat_interleave(local_ids, recv.reshape(-1).to(x.device))
     perm = torch.argsort(expert_of_row, stable=True)
     out = moe.experts(arrived[perm], recv.sum(0).to(x.device))
     back = out[torch.argsort(perm)]
-    return funcol.wait_tensor(funcol.all_to_all_single_autograd(back, in_splits, out_splits, group=ep.group))
+    returned: torch.Tensor = _AllToAll.apply(back, in_splits, out_splits, ep.group)
+    return returned
