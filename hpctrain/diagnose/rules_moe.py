@@ -79,7 +79,7 @@ def all_to_all_rule(ctx: Context) -> list[Finding]:
                 f"parallel.ep={ep}: every MoE layer sends each routed token to its expert's rank and back, in "
                 "forward and again in backward"]
     fixes: list[Fix] = []
-    options = [(f"fewer expert-parallel ranks (ep {ep} -> {ep // 2}): fewer tokens leave their rank, each rank "
+    options: list[tuple[str, tuple[str, ...]]] = [(f"fewer expert-parallel ranks (ep {ep} -> {ep // 2}): fewer tokens leave their rank, each rank "
                 "holds twice the experts", (f"parallel.ep={ep // 2}",))] if ep > 1 else []
     options += [(c.why, c.sets) for c in cand.larger_micro_batch(ctx.run.layout)]
     for why, sets in options:
