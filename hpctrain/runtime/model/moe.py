@@ -221,9 +221,7 @@ class MoE(nn.Module):
         if self.ep is None:
             routed = self.experts(flat[token_of], kept_counts)
         else:  # the experts live on the ep ranks that own them
-            from hpctrain.runtime.parallel.expert import run_experts
-
-            routed = run_experts(self, flat[token_of], kept_counts)
+            routed = self.ep.run(self, flat[token_of], kept_counts)
         gate = weights.reshape(-1)[order].to(routed.dtype)
         out = torch.zeros(tokens, hidden, dtype=routed.dtype, device=x.device)
         out = out.index_add(0, token_of, routed * gate[:, None])

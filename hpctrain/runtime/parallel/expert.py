@@ -55,6 +55,10 @@ class ExpertGroup:
     rank: int
     local_experts: int
 
+    def run(self, moe: MoE, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """MoE.forward's call (moe.py imports nothing from here): `run_experts`."""
+        return run_experts(moe, x, counts)
+
 
 def sparse_mesh(mesh: Any, ep: int) -> Any:
     """The experts' mesh ("pp", "efsdp", "ep", "tp") over the same ranks as the dense ("pp", "dp", "tp")."""
