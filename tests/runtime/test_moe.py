@@ -165,6 +165,15 @@ def test_model_parameter_count_matches_the_planner() -> None:
     assert model.layers["1"].attention.wq.weight.shape == (4 * 16, 32)  # heads x head_dim, not hidden
 
 
+def test_a_torch_without_the_mesh_unflattening_is_one_clear_error() -> None:
+    from hpctrain.errors import ConfigError
+    from hpctrain.runtime.parallel.expert import sparse_mesh
+
+    # A stand-in for an older torch's DeviceMesh, which has no _unflatten (this torch cannot produce the fault).
+    with pytest.raises(ConfigError, match=r"parallel.ep: got 2; this torch .* lacks _unflatten.*set parallel.ep: 1"):
+        sparse_mesh(object(), 2)
+
+
 STEPS = 6
 MAX_NORM = 0.05
 # name, tiny_job kwargs. The reference runs one process with the same micro-batch size, so the

@@ -41,6 +41,7 @@ import torch
 import torch.distributed._functional_collectives as funcol
 from torch import nn
 
+from hpctrain.errors import ConfigError
 from hpctrain.runtime.model.moe import GroupedExperts, MoE
 
 EXPERT_WEIGHTS = ("w1", "w2", "w3")
@@ -62,6 +63,13 @@ class ExpertGroup:
 
 def sparse_mesh(mesh: Any, ep: int) -> Any:
     """The experts' mesh ("pp", "efsdp", "ep", "tp") over the same ranks as the dense ("pp", "dp", "tp")."""
+    from torch.distributed.fsdp import FSDPModule
+
+    missing = [name for owner, name in ((mesh, "_unflatten"), (FSDPModule, "set_force_sum_reduction_for_comms"))
+               if not hasattr(owner, name)]
+    if missing:  # torch's own versions of both: expert parallelism is built and tested on torch 2.13
+        raise ConfigError(f"parallel.ep: got {ep}; this torch ({torch.__version__}) lacks {', '.join(missing)}, "
+                          "which expert parallelism needs; set parallel.ep: 1, or use torch 2.13")
     dp = mesh["dp"].size()
     return mesh._unflatten("dp", (dp // ep, ep), ("efsdp", "ep"))
 
