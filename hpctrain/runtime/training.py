@@ -98,8 +98,9 @@ class Training:
         return sum(local_tensor(p).numel() for p in self.parameters())
 
     def param_count_before_dp(self) -> int:
-        """Elements this rank holds after TP (and EP: its routed experts) sharding but before FSDP
-        sharding: the planner's per-rank count (`hpctrain.plan.model_stats.stage_param_count`)."""
+        """Elements this rank holds after TP sharding but before FSDP sharding: the planner's
+        per-rank count (`hpctrain.plan.model_stats.stage_param_count`). Expert parallelism splits
+        over ranks borrowed from dp, so its split of the routed experts is not undone here either."""
         from torch.distributed.tensor import DTensor
 
         total = 0
@@ -108,7 +109,7 @@ class Training:
             if isinstance(p, DTensor):
                 names = p.device_mesh.mesh_dim_names or ()
                 for i, placement in enumerate(p.placements):
-                    if i < len(names) and names[i] in ("tp", "ep") and is_sharded(placement):
+                    if i < len(names) and names[i] == "tp" and is_sharded(placement):
                         dim, size = getattr(placement, "dim") % len(shape), p.device_mesh.size(i)
                         chunk = -(-shape[dim] // size)  # torch.chunk: the last shards may be short
                         rank = p.device_mesh.get_local_rank(i)
