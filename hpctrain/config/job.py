@@ -155,12 +155,31 @@ def _parallel_problems(job: Job) -> list[Problem]:
                            "set parallel.virtual_stages=2 (or auto), or use 1f1b"))
     if p.sequence_parallel and tp == 1:
         out.append(Problem("parallel.sequence_parallel", "needs tp > 1", True, "set parallel.tp >= 2 or disable it"))
+    out += _ep_problems(job, dp)
     if m.moe is not None and tp is not None and tp > 1:
         out.append(Problem("parallel.tp", "does not combine with model.moe yet (experts are not tensor-parallel)",
                            tp, "set parallel.tp: 1 (use dp/pp with MoE)"))
     if t.compile and tp is not None and tp > 1:
         out.append(Problem("train.compile", f"does not combine with tensor parallel yet (parallel.tp={tp}): "
                            "its blocks do not compile", True, "set train.compile: false, or parallel.tp: 1"))
+    return out
+
+
+def _ep_problems(job: Job, dp: int | None) -> list[Problem]:
+    """parallel.ep: experts split over ep of the dp ranks (runtime/parallel/expert.py)."""
+    ep, moe = job.parallel.ep, job.model.moe
+    if ep == 1:
+        return []
+    if moe is None:
+        return [Problem("parallel.ep", "> 1 needs model.moe (expert parallelism splits routed experts)", ep,
+                        "set parallel.ep: 1, or give the model experts (model.moe)")]
+    out = []
+    if moe.experts % ep:
+        out.append(Problem("parallel.ep", f"must divide model.moe.experts={moe.experts}", ep,
+                           "use a divisor of the expert count"))
+    if dp is not None and dp % ep:
+        out.append(Problem("parallel.ep", f"must divide parallel.dp={dp} (ep borrows its ranks from dp)", ep,
+                           f"use a divisor of dp, or set parallel.dp to a multiple of {ep} (or auto)"))
     return out
 
 

@@ -35,6 +35,7 @@ RULES: tuple[Rule, ...] = (
     rules_eval.training_divergence_rule,
     rules_eval.validation_rule,
     rules_moe.router_collapse_rule,
+    rules_moe.all_to_all_rule,
     rules_perf.comm_rule,
     rules_perf.imbalance_rule,
     rules_perf.bubble_rule,

@@ -127,6 +127,9 @@ def search(model: Any, hw: Hardware, choices: Choices, settings: SearchSettings)
             if pp > model.layers:
                 rejected.add("pp_exceeds_layers", f"{tag}: {model.layers} layers", family)
                 continue
+            if dp % choices.ep:
+                rejected.add("ep_does_not_divide_dp", f"{tag}: ep={choices.ep}", family)
+                continue
             if settings.global_batch % dp:
                 rejected.add("global_batch_not_divisible", f"{tag}: global_batch={settings.global_batch}", family)
                 continue

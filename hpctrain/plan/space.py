@@ -27,6 +27,7 @@ REASONS: dict[str, str] = {
     "stages_imbalanced": f"layers not splittable into balanced stages (compute imbalance > "
                          f"{MAX_STAGE_IMBALANCE:.0%}, embedding and head counted)",
     "global_batch_not_divisible": "global batch not divisible by dp",
+    "ep_does_not_divide_dp": "parallel.ep does not divide dp (expert parallelism borrows its ranks from dp)",
     "local_batch_not_divisible": "local batch (global_batch / dp) not divisible by micro_batch",
     "too_few_micro_batches": "fewer micro-batches than pipeline stages (or not a multiple of pp for interleaving)",
     "memory_over_budget": "memory over budget on the most loaded rank",
@@ -42,6 +43,7 @@ REASON_UNITS: dict[str, str] = {
     "tp_does_not_divide_model": "(tp, pp) families",
     "pp_exceeds_layers": "(tp, pp) families",
     "global_batch_not_divisible": "(tp, pp) families",
+    "ep_does_not_divide_dp": "(tp, pp) families",
     "stages_imbalanced": "pipeline splits",
     "local_batch_not_divisible": "micro-batch sizes",
     "too_few_micro_batches": "micro-batch sizes",
@@ -73,6 +75,7 @@ class Choices:
     zero: int | None
     offload: tuple[bool, ...]
     sequence_parallel: bool
+    ep: int = 1  # parallel.ep, never searched: only dp that it divides are tried
 
     @classmethod
     def from_job(cls, job: Job) -> Choices:
@@ -92,6 +95,7 @@ class Choices:
             zero=_fixed(par.zero),
             offload=(False, True) if offload == AUTO else (bool(offload),),
             sequence_parallel=bool(par.sequence_parallel),
+            ep=par.ep,
         )
 
     def micro_batches(self, local_batch: int) -> list[int]:

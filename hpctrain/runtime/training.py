@@ -99,7 +99,8 @@ class Training:
 
     def param_count_before_dp(self) -> int:
         """Elements this rank holds after TP sharding but before FSDP sharding: the planner's
-        per-rank count (`hpctrain.plan.model_stats.stage_param_count`)."""
+        per-rank count (`hpctrain.plan.model_stats.stage_param_count`). Expert parallelism splits
+        over ranks borrowed from dp, so its split of the routed experts is not undone here either."""
         from torch.distributed.tensor import DTensor
 
         total = 0

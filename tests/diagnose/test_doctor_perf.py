@@ -117,3 +117,23 @@ def test_a_gpu_job_that_ran_on_the_cpu_is_flagged_by_its_throughput(tmp_path):
     cpu = gpu_job(cluster={"gpu": "cpu", "node": None, "fabric": "ethernet"})
     run = make_run(tmp_path, cpu, metrics=metrics, ranks=ranks, events=[event("started", 1.0, **started)], name="cpu")
     assert "throughput" not in [f.family for f in diagnose_run(run).findings]
+
+
+def _moe_run(tmp_path, all_to_all_s, name="run"):
+    """An 8-expert model at dp8 ep4 whose steps spend `all_to_all_s` of 2.0 s in the dispatch's all-to-all."""
+    job = gpu_job(model={"preset": "llama3-1b", "seq_len": 4096, "moe": {"experts": 8, "top_k": 2}},
+                  parallel={"tp": 1, "dp": 8, "ep": 4, "zero": 3})
+    metrics = metrics_lines(20, 2.0, comm_s=all_to_all_s + 0.1, mfu=0.42, tflops=135.0)
+    for line in metrics:
+        line["time_all_to_all_s"] = all_to_all_s
+    return make_run(tmp_path, job, metrics=metrics, name=name)
+
+
+def test_an_all_to_all_above_the_communication_threshold_is_a_finding_with_fewer_ep(tmp_path):
+    findings = diagnose_run(_moe_run(tmp_path, 1.0)).findings
+    finding = next(f for f in findings if f.family == "all_to_all")
+    assert finding.title == "the expert-parallel all-to-all takes 50 % of each step"
+    assert "threshold 40 % (the communication rule's)" in "\n".join(finding.evidence)
+    assert [fix.sets for fix in finding.fixes] == [("parallel.ep=2",), ("train.micro_batch=4",)]
+    quiet = diagnose_run(_moe_run(tmp_path, 0.5, name="quiet")).findings  # 25 %: below the threshold
+    assert "all_to_all" not in [f.family for f in quiet]

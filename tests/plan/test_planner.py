@@ -90,3 +90,12 @@ def test_sequence_parallel_dropped_when_tp_is_one():
     resolved, result = resolve_job(job(model={"preset": "tiny"}, parallel={"tp": 1, "sequence_parallel": False},
                                        cluster={"nodes": 1, "gpus_per_node": 2, "node": None}))
     assert resolved.parallel.sequence_parallel is False
+
+
+def test_expert_parallel_degree_limits_dp_and_passes_through():
+    """parallel.ep is never searched: only layouts whose dp it divides are tried, and the resolved job keeps it."""
+    moe_job = job(model={"preset": "mixtral-8x7b"}, parallel={"ep": 8}, train={"global_batch": 64})
+    resolved, result = resolve_job(moe_job)
+    assert result.layouts and all(lay.dp % 8 == 0 for lay in result.layouts)
+    assert result.rejected.counts.get("ep_does_not_divide_dp", 0) > 0  # dp 4, 2, 1 of the 16 GPUs
+    assert resolved.parallel.ep == 8 and resolved.parallel.dp % 8 == 0

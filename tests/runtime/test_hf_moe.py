@@ -1,7 +1,8 @@
 """Mixtral and Qwen3-MoE in and out: tiny random models saved by the real transformers (offline).
 
 `init_from` fills model.moe, head_dim and qk_norm from config.json, and the runtime's logits equal
-transformers' (fp32) on one process and on pp2; a short run from the folder, exported, loads back in
+transformers' (fp32) on one process, on pp2 and under expert parallelism (each rank reading only its
+experts); a short run from the folder, exported, loads back in
 transformers with the runtime's logits.
 """
 
@@ -120,6 +121,47 @@ def test_pp2_logits_match_transformers(folders) -> None:
         got = ranks[1][i]  # the last stage holds the logits
         assert ranks[0][i] is None and got is not None
         assert (got - _hf_logits(folder, batch)).abs().max().item() <= LOGIT_TOL, folder
+
+
+def _ep_cases(cases: list[tuple[str, dict[str, int]]], batch: torch.Tensor) -> list[dict[str, Any]]:
+    from hpctrain.runtime.model.hf_weights import load_init_from
+    from hpctrain.runtime.parallel.build import build_training
+
+    from ._hf import local_bytes
+
+    out = []
+    for folder, layout in cases:
+        job = _job(folder, pp=layout["pp"])
+        job["parallel"].update(dp=layout["dp"], ep=layout["ep"])
+        job["train"]["micro_batch"] = 1
+        job["cluster"]["gpus_per_node"] = layout["pp"] * layout["dp"]
+        training = build_training(job_from_dict(job), torch.device("cpu"), initialise=False)
+        read = load_init_from(training)
+        held = local_bytes(training)  # before the forward (FSDP's root keeps its parameters gathered after it)
+        experts = {name: tuple(p.to_local().shape) for part in training.model_parts
+                   for name, p in part.named_parameters() if name.endswith("experts.w1")}
+        out.append({"logits": runtime_logits(training, batch), "read": read["bytes_read"], "held": held,
+                    "experts": experts})
+    return out
+
+
+@pytest.mark.dist
+def test_expert_parallel_init_from_matches_transformers_and_reads_only_its_experts(folders) -> None:
+    """ep2 (over dp4: 2 experts per ep rank, each sharded again over efsdp 2) and ep2 x pp2 (dp2 ep2): logits
+    equal transformers', and each rank reads from the folder exactly the bytes of the shards it holds."""
+    batch = tokens()
+    # Mixtral over dp4 ep2; Qwen3-MoE (its first block dense, head_dim apart from hidden/heads) over pp2 dp2 ep2.
+    cases = [(folders["mixtral"], {"pp": 1, "dp": 4, "ep": 2}), (folders["qwen3_moe"], {"pp": 2, "dp": 2, "ep": 2})]
+    ranks = run_distributed(_ep_cases, 4, cases, batch, timeout_s=240)
+    for i, (folder, layout) in enumerate(cases):
+        want = _hf_logits(folder, batch)
+        last = [r[i] for rank, r in enumerate(ranks) if rank // (4 // layout["pp"]) == layout["pp"] - 1]
+        for r in last:
+            assert r["logits"] is not None and (r["logits"] - want).abs().max().item() <= LOGIT_TOL, (folder, layout)
+        for rank, r in enumerate(ranks):
+            assert r[i]["read"] == r[i]["held"] > 0, (folder, layout, rank)
+            # 4 experts over ep2, then over efsdp = dp/ep
+            assert all(shape[0] == 4 // layout["dp"] for shape in r[i]["experts"].values()), r[i]["experts"]
 
 
 @pytest.mark.slow

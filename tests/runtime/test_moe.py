@@ -3,7 +3,8 @@
 The layer is checked against a per-token reference written here from the definitions (each token: the
 top-k experts' SwiGLU outputs weighted by their scores, plus the shared experts), the grouped GEMM
 against the per-expert loop, the balancing loss's injected gradient against an explicit `loss + c * aux`,
-and whole models on dp2 (zero 3) and pp2 against one process with the same micro-batches.
+and whole models on dp2 (zero 3), pp2 and expert parallelism (ep2, ep2 x dp2, ep2 x pp2, ep4) against one
+process with the same micro-batches.
 """
 
 from __future__ import annotations
@@ -164,6 +165,15 @@ def test_model_parameter_count_matches_the_planner() -> None:
     assert model.layers["1"].attention.wq.weight.shape == (4 * 16, 32)  # heads x head_dim, not hidden
 
 
+def test_a_torch_without_the_mesh_unflattening_is_one_clear_error() -> None:
+    from hpctrain.errors import ConfigError
+    from hpctrain.runtime.parallel.expert import sparse_mesh
+
+    # A stand-in for an older torch's DeviceMesh, which has no _unflatten (this torch cannot produce the fault).
+    with pytest.raises(ConfigError, match=r"parallel.ep: got 2; this torch .* lacks _unflatten.*set parallel.ep: 1"):
+        sparse_mesh(object(), 2)
+
+
 STEPS = 6
 MAX_NORM = 0.05
 # name, tiny_job kwargs. The reference runs one process with the same micro-batch size, so the
@@ -173,7 +183,18 @@ MOE_LAYOUTS: list[tuple[str, dict[str, Any]]] = [
     ("dp2 zero2 sigmoid+bias+capacity ac-full", dict(dp=2, zero=2, micro_batch=2, moe=SIGMOID, ac="full")),
     ("pp2 1f1b softmax+aux ac-selective", dict(pp=2, micro_batch=2, moe=SOFTMAX, ac="selective")),
     ("pp2 gpipe sigmoid+bias+capacity", dict(pp=2, schedule="gpipe", micro_batch=2, moe=SIGMOID)),
+    # Expert parallelism (runtime/parallel/expert.py): ep borrows its ranks from dp.
+    ("ep2 (dp2) softmax+aux", dict(dp=2, ep=2, zero=1, micro_batch=2, moe=SOFTMAX)),
+    ("ep2 (dp2) zero3 sigmoid+bias+capacity ac-full", dict(dp=2, ep=2, zero=3, micro_batch=2, moe=SIGMOID, ac="full")),
 ]
+# On four processes: experts over efsdp x ep = 2 x 2, with pipelining, and one expert per rank.
+EP_LAYOUTS_4: list[tuple[str, dict[str, Any]]] = [
+    ("ep2 x dp2 (dp4) zero3 softmax+aux", dict(dp=4, ep=2, zero=3, micro_batch=2, moe=SOFTMAX)),
+    ("ep2 x dp2 (dp4) zero2 sigmoid+bias+capacity", dict(dp=4, ep=2, zero=2, micro_batch=1, moe=SIGMOID)),
+    ("ep2 x pp2 (pp2 dp2) 1f1b sigmoid+bias+capacity", dict(pp=2, dp=2, ep=2, zero=1, micro_batch=2, moe=SIGMOID)),
+    ("ep4 (dp4) softmax+aux ac-selective", dict(dp=4, ep=4, zero=3, micro_batch=2, moe=SOFTMAX, ac="selective")),
+]
+PARITY: dict[str, tuple[float, float]] = {}  # layout -> (max |dloss|, max rel dnorm), printed with -s
 
 
 def _train(kwargs: dict[str, Any], distributed: bool) -> dict[str, Any]:
@@ -210,7 +231,18 @@ def _group(layouts: list[dict[str, Any]]) -> list[dict[str, Any]]:
 @pytest.mark.dist
 def test_moe_layouts_match_one_process() -> None:
     results = run_distributed(_group, 2, [kw for _, kw in MOE_LAYOUTS], timeout_s=240)
-    for i, (name, kwargs) in enumerate(MOE_LAYOUTS):
+    _check_against_one_process(MOE_LAYOUTS, results)
+
+
+@pytest.mark.dist
+def test_expert_parallel_layouts_on_four_processes_match_one_process() -> None:
+    results = run_distributed(_group, 4, [kw for _, kw in EP_LAYOUTS_4], timeout_s=240)
+    _check_against_one_process(EP_LAYOUTS_4, results)
+    print({name: f"dloss {a:.1e} dnorm {b:.1e}" for name, (a, b) in PARITY.items()})
+
+
+def _check_against_one_process(layouts: list[tuple[str, dict[str, Any]]], results: list[list[dict[str, Any]]]) -> None:
+    for i, (name, kwargs) in enumerate(layouts):
         single = {k: v for k, v in kwargs.items() if k in ("moe", "micro_batch", "ac")}
         ref = _train(single, False)
         assert all(n > MAX_NORM for n in ref["norms"]), "clipping must be active to be tested"
@@ -219,6 +251,8 @@ def test_moe_layouts_match_one_process() -> None:
             r = per_rank[i]
             loss_diff = max(abs(a - b) for a, b in zip(r["losses"], ref["losses"]))
             norm_diff = max(abs(a - b) / b for a, b in zip(r["norms"], ref["norms"]))
+            worst = PARITY.get(name, (0.0, 0.0))
+            PARITY[name] = (max(worst[0], loss_diff), max(worst[1], norm_diff))
             assert loss_diff <= 1e-5, f"{name}: loss differs by {loss_diff:.2e}"
             assert norm_diff <= 1e-5, f"{name}: grad norm differs by {norm_diff:.2e}"
             for got, want in zip(r["stats"], ref["stats"]):
@@ -236,3 +270,34 @@ def test_moe_layouts_match_one_process() -> None:
             assert any(b.abs().sum() > 0 for step in ref["biases"] for b in step.values())
         if "aux_loss_coeff" in str(kwargs):
             assert all(s["aux_loss"] >= 1.0 - 1e-6 for s in ref["stats"])
+
+
+@pytest.mark.dist
+def test_checkpoint_from_ep2_x_dp2_resumes_onto_ep4_and_onto_ep1_x_dp2(tmp_path: Any) -> None:
+    """DCP holds the experts as global tensors: a checkpoint of dp4 ep2 (each rank a quarter of the expert
+    weights and their AdamW moments) resumes onto dp4 ep4 and onto dp2 ep1, and the next step is the one the
+    saving layout ran (loss, gradient norm and the routing, which the restored router.expert_bias steers)."""
+    import os
+
+    from ._entry import make_job, metrics, run_entry
+
+    moe = {**MOE, "router": {"score": "sigmoid", "bias_update_rate": 0.05, "capacity_factor": 1.0}}
+    base = {"model": {"layers": 2, "moe": moe}, "train": {"steps": 4, "micro_batch": 1},
+            "checkpoint": {"every_steps": 3, "keep_last": 3}}
+    saver = make_job(dp=4, parallel={"ep": 2, "zero": 3}, **base)
+    full = str(tmp_path / "ep2xdp2")
+    assert run_entry(saver, full) == [0] * 4
+    lines = metrics(full)
+    want = lines[3]
+    # the dispatch's waits, timed on their own and counted in the exposed communication
+    assert all(0 < m["time_all_to_all_s"] <= m["time_comm_exposed_s"] for m in lines), lines
+    checkpoint = os.path.join(full, "checkpoints", "step-3")
+    for name, dp, ep in (("ep4", 4, 4), ("ep1xdp2", 2, 1)):
+        run = str(tmp_path / name)
+        job = make_job(dp=dp, parallel={"ep": ep, "zero": 3}, **base)
+        assert run_entry(job, run, None, "--resume-from", checkpoint) == [0] * dp, name
+        got = metrics(run)
+        assert [m["step"] for m in got] == [4], name
+        for key in ("loss", "grad_norm", "expert_load_max_over_mean", "tokens_dropped"):
+            assert math.isclose(got[0][key], want[key], rel_tol=1e-5, abs_tol=1e-5), (name, key, got[0][key], want[key])
+        assert ("time_all_to_all_s" in got[0]) == (ep > 1), name  # only a run with all-to-alls reports them

@@ -26,6 +26,8 @@ def test_enabled_flags_and_coords() -> None:
         (dict(pp=0, dp=1, tp=1, world_size=0), "parallel.pp: got 0"),
         (dict(pp=1, dp="auto", tp=1, world_size=1), "parallel.dp: got 'auto'"),
         (dict(pp=1, dp=1, tp=True, world_size=1), "parallel.tp: got True"),
+        (dict(pp=1, dp=6, tp=1, world_size=6, ep=4), "parallel.ep: got 4; must divide parallel.dp=6"),
+        (dict(pp=1, dp=2, tp=1, world_size=2, ep=0), "parallel.ep: got 0"),
     ],
 )
 def test_bad_degrees(kwargs: dict, match: str) -> None:
@@ -42,3 +44,9 @@ def test_model_divisibility() -> None:
     assert any("model.kv_heads" in p for p in err.value.problems)
     with pytest.raises(ConfigError, match="model.layers"):
         ParallelDims(pp=2, dp=1, tp=1, world_size=2).validate_model(model, virtual_stages=2)
+
+
+def test_expert_parallel_borrows_from_dp() -> None:
+    dims = ParallelDims(pp=2, dp=4, tp=1, world_size=8, ep=2)
+    assert dims.ep_enabled and dims.efsdp == 2
+    assert not ParallelDims(pp=1, dp=4, tp=1, world_size=4).ep_enabled

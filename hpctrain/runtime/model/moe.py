@@ -25,6 +25,10 @@ the activations, and `loss` stays the language-model loss. The trainer sets `bac
 Per-step statistics (tokens per expert, dropped tokens, the balancing loss) accumulate on the module
 during forward, never during the recomputation activation checkpointing runs inside backward, and the
 trainer collects and clears them after each step (`take_stats`).
+
+Under expert parallelism (`parallel.ep`, runtime/parallel/expert.py) `experts` holds this rank's slice of
+the experts and the sorted rows travel to their owners and back by all-to-all; routing, capacity, the
+statistics (of this rank's tokens) and the scatter-add are the same.
 """
 
 from __future__ import annotations
@@ -145,12 +149,19 @@ def grouped_linear(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor,
     """Rows of x grouped by expert (counts[e] rows for expert e, in order) times weight[e].T.
 
     x [R, in], weight [E, out, in] (nn.Linear layout per expert) -> [R, out]."""
-    if x.shape[0] == 0:
-        return x.new_zeros(0, weight.shape[1])
+    if x.shape[0] == 0:  # still a function of weight: a rank with no rows gives it a (zero) gradient too
+        return x @ weight[0].transpose(0, 1)
     if use_grouped_mm(x, weight):
         return torch._grouped_mm(x, weight.transpose(-2, -1), offs=offsets)
     pieces = torch.split(x, counts.tolist())
     return torch.cat([piece @ weight[e].transpose(0, 1) for e, piece in enumerate(pieces)])
+
+
+def _local(weight: torch.Tensor) -> torch.Tensor:
+    """This rank's experts of a weight: all of them, or its Shard(0) slice under expert parallelism."""
+    from torch.distributed.tensor import DTensor
+
+    return weight.to_local() if isinstance(weight, DTensor) else weight
 
 
 class GroupedExperts(nn.Module):
@@ -166,7 +177,7 @@ class GroupedExperts(nn.Module):
         """x [R, h] sorted by expert, counts [E] -> [R, h]."""
         dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
         x = x.to(dtype)
-        w1, w2, w3 = (w.to(dtype) for w in (self.w1, self.w2, self.w3))
+        w1, w2, w3 = (_local(w).to(dtype) for w in (self.w1, self.w2, self.w3))
         offsets = torch.cumsum(counts, dim=0, dtype=torch.int32)
         h = F.silu(grouped_linear(x, w1, counts, offsets)) * grouped_linear(x, w3, counts, offsets)
         return grouped_linear(h, w2, counts, offsets)
@@ -182,6 +193,7 @@ class MoE(nn.Module):
         self.experts = GroupedExperts(hidden, args.expert_ffn_hidden, args.experts)
         self.shared = FeedForward(hidden, args.shared_ffn_hidden, swiglu=True) if args.shared_ffn_hidden else None
         self.backward_scale = 0.0  # set by the trainer before each step (module docstring)
+        self.ep: Any = None  # runtime/parallel/expert.py's ExpertGroup under expert parallelism
         self.clear_stats()
 
     def clear_stats(self) -> None:
@@ -208,7 +220,10 @@ class MoE(nn.Module):
             order = order[keep]
             kept_counts = counts.clamp(max=capacity)
         token_of = order // k
-        routed = self.experts(flat[token_of], kept_counts)
+        if self.ep is None:
+            routed = self.experts(flat[token_of], kept_counts)
+        else:  # the experts live on the ep ranks that own them
+            routed = self.ep.run(self, flat[token_of], kept_counts)
         gate = weights.reshape(-1)[order].to(routed.dtype)
         out = torch.zeros(tokens, hidden, dtype=routed.dtype, device=x.device)
         out = out.index_add(0, token_of, routed * gate[:, None])

@@ -11,6 +11,10 @@ which `CommTimer.install()` wraps with a clock:
 - `torch.distributed.pipelining.schedules._wait_batch_p2p` — the pipeline schedule waiting for a
   neighbouring stage's activations or gradients.
 
+Expert parallelism's all-to-alls (runtime/parallel/expert.py) wait through a fourth,
+`expert.wait_all_to_all`, timed as **all-to-all**: exposed communication too, also reported on its
+own (`time_all_to_all_s`), forward and backward (the dispatch's backward exchanges wait through it as well).
+
 Waits inside `_wait_batch_p2p` count as **pipeline wait** (reported as `time_bubble_s`: the bubble
 plus the point-to-point transfer time that is not hidden); all other waits count as **exposed
 communication**. Nested waits are counted once, by the outermost wrapper. Only time inside an
@@ -43,6 +47,7 @@ from typing import Any, Callable
 
 COLLECTIVE = "collective"
 P2P = "p2p"
+ALL_TO_ALL = "all_to_all"  # expert parallelism's dispatch; part of the exposed communication
 
 
 HOST = "host"
@@ -86,7 +91,7 @@ class EventClock:
         """Seconds per kind since the last collect. On CUDA this waits for the last event, which
         the step's own host synchronisation has already passed (finish_step)."""
         pairs, self._pairs = self._pairs, []
-        out = {COLLECTIVE: 0.0, P2P: 0.0}
+        out = {COLLECTIVE: 0.0, P2P: 0.0, ALL_TO_ALL: 0.0}
         if pairs:
             pairs[-1][2].synchronize()
         for kind, start, end in pairs:
@@ -151,7 +156,10 @@ class CommTimer:
         import torch.distributed._functional_collectives as funcol
         from torch._C._distributed_c10d import Work
 
-        targets: list[tuple[Any, str, str | None]] = [(Work, "wait", None), (funcol, "wait_tensor", None)]
+        from hpctrain.runtime.parallel import expert
+
+        targets: list[tuple[Any, str, str | None]] = [(Work, "wait", None), (funcol, "wait_tensor", None),
+                                                      (expert, "wait_all_to_all", ALL_TO_ALL)]
         try:
             from torch.distributed.pipelining import schedules
 

@@ -18,6 +18,7 @@ Fields of a metrics line, and where each comes from:
 | peak_memory_bytes | CUDA: torch.cuda.max_memory_allocated; CPU: peak RSS minus the RSS before the model was built |
 | time_comm_exposed_s, time_bubble_s | measured waits (comm_timing.py), mean per step: host-blocked time on CPU, the compute stream's stall between CUDA events on a GPU |
 | time_compute_s | derived: step_time_s - time_comm_exposed_s - time_bubble_s |
+| time_all_to_all_s | parallel.ep > 1 only: the expert-parallel all-to-alls' waits, mean per step (a part of time_comm_exposed_s) |
 | attempt | the start's attempt as the launcher counted it from the run directory (HPCTRAIN_ATTEMPT; the logs are named by it), else SLURM_RESTART_COUNT |
 | time | Unix time when the line was written (wall-clock progress, gaps between attempts) |
 """
@@ -33,7 +34,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from hpctrain.runtime.observe.comm_timing import COLLECTIVE, CUDA_EVENTS, HOST, P2P, CommTimer, clock_for
+from hpctrain.runtime.observe.comm_timing import ALL_TO_ALL, COLLECTIVE, CUDA_EVENTS, HOST, P2P, CommTimer, clock_for
 
 from hpctrain.rundir.events import append_line, now_iso as _now
 from hpctrain.rundir.layout import EVENTS_FILE, METRICS_FILE, RANKS_DIR
@@ -134,12 +135,14 @@ class StepTimes:
     step_s: float = 0.0
     comm_s: float = 0.0
     bubble_s: float = 0.0
+    all_to_all_s: float = 0.0  # included in comm_s
 
-    def add(self, step_s: float, comm_s: float, bubble_s: float) -> None:
+    def add(self, step_s: float, comm_s: float, bubble_s: float, all_to_all_s: float = 0.0) -> None:
         self.steps += 1
         self.step_s += step_s
         self.comm_s += comm_s
         self.bubble_s += bubble_s
+        self.all_to_all_s += all_to_all_s
 
 
 @dataclass
@@ -159,6 +162,7 @@ class Telemetry:
     totals: StepTimes = field(default_factory=StepTimes)  # all steps but the first of this attempt
     extra: dict[str, Any] = field(default_factory=dict)  # static facts for the rank summary
     steps_this_attempt: int = 0
+    all_to_all: bool = False  # expert parallelism: log time_all_to_all_s
 
     def __post_init__(self) -> None:
         if self.timer.method == HOST:  # the default clock: CUDA events when the device is a GPU
@@ -186,10 +190,11 @@ class Telemetry:
     def end_step(self, step_s: float) -> None:
         self.timer.active = False
         waits = self.timer.reset()
-        self.interval.add(step_s, waits[COLLECTIVE], waits[P2P])
+        comm = waits[COLLECTIVE] + waits[ALL_TO_ALL]
+        self.interval.add(step_s, comm, waits[P2P], waits[ALL_TO_ALL])
         self.steps_this_attempt += 1
         if self.steps_this_attempt > 1:  # the first step of an attempt warms up (allocations, plans)
-            self.totals.add(step_s, waits[COLLECTIVE], waits[P2P])
+            self.totals.add(step_s, comm, waits[P2P], waits[ALL_TO_ALL])
 
     def log(self, step: int, loss: float, lr: float, grad_norm: float, tokens: int, **extra: Any) -> dict[str, Any]:
         """Build the metrics line for `step` from the interval since the last one; rank 0 appends it."""
@@ -204,6 +209,7 @@ class Telemetry:
             "peak_memory_bytes": self.memory.peak_bytes(),
             "time_compute_s": max(0.0, step_s - comm_s - bubble_s),
             "time_comm_exposed_s": comm_s, "time_bubble_s": bubble_s,
+            **({"time_all_to_all_s": t.all_to_all_s / n} if self.all_to_all else {}),
             "attempt": self.attempt, "time": time.time(), **extra,
         }
         self.interval = StepTimes()
@@ -223,6 +229,7 @@ class Telemetry:
             "time_compute_s": max(0.0, (t.step_s - t.comm_s - t.bubble_s) / n),
             "time_comm_exposed_s": t.comm_s / n,
             "time_bubble_s": t.bubble_s / n,
+            **({"time_all_to_all_s": t.all_to_all_s / n} if self.all_to_all else {}),
             "timing_method": TIMING_METHODS[self.timer.method],
             "peak_memory_bytes": self.memory.peak_bytes(),
             "peak_memory_source": self.memory.source,

@@ -89,7 +89,24 @@ def _policy(saved: set[Any], ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Ch
     return CheckpointPolicy.PREFER_RECOMPUTE
 
 
+def _ignore_profiler_ranges() -> None:
+    """Let selective checkpointing run profiler ranges instead of counting them as ops.
+
+    Under expert parallelism the routed experts are an FSDP unit inside the checkpointed block
+    (expert.py): FSDP's hooks open `record_function` ranges, a different number of them in the
+    recomputation than in forward (nothing to all-gather again), and torch's SAC counts each range as a
+    dispatched op and fails on the mismatch. The ranges have no tensor outputs to save or recompute;
+    `SAC_IGNORED_OPS` (public in torch.utils.checkpoint) is torch's own list of such ops."""
+    from torch.utils import checkpoint as ckpt
+
+    profiler = torch.ops.profiler
+    for op in (profiler._record_function_enter.default, profiler._record_function_enter_new.default,
+               profiler._record_function_exit._RecordFunction):
+        ckpt.SAC_IGNORED_OPS.add(op)
+
+
 def _selective_context() -> Any:
+    _ignore_profiler_ranges()
     return create_selective_checkpoint_contexts(partial(_policy, _saved_ops()))
 
 

@@ -6,14 +6,15 @@ Every rank builds its share of the model in torchtitan's order; each step is one
     1. meta     the full model on the meta device (no memory)                    model/transformer.py
     2. PP       cut this rank's pipeline stages out of it                        pipeline.py
     3. TP       tensor parallel (+ sequence parallel, vocab-parallel embedding)  tensor.py
+    3b. EP      routed experts split over ep of the dp ranks (Shard(0) DTensors)  expert.py
     4. LoRA     adapters, after TP (they take the base's placements), before FSDP  model/lora.py
     5. AC       activation checkpointing                                         activation_checkpoint.py
     6. compile  torch.compile per block (`train.compile`), after TP and AC       compile.py
-    7. FSDP2    shard over dp (ZeRO 1-3, optimizer offload)                      fsdp.py
+    7. FSDP2    shard over dp (ZeRO 1-3, optimizer offload); EP's experts over efsdp fsdp.py
     8. init     materialise (`to_empty`), build the pipeline schedule over the stages, and fill each
                 rank's shards from the seed (model/init.py; not when a checkpoint will be loaded)
 
-Expert and context parallelism (expert.py, context.py) take their place in this list when they come.
+Context parallelism (context.py) takes its place in this list when it comes.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from hpctrain.runtime.model.transformer import ModelArgs, Transformer, build_mod
 from hpctrain.runtime.parallel.activation_checkpoint import apply_ac
 from hpctrain.runtime.parallel.compile import apply_compile
 from hpctrain.runtime.parallel.dims import ParallelDims
+from hpctrain.runtime.parallel.expert import apply_ep, sparse_mesh
 from hpctrain.runtime.parallel.fsdp import apply_fsdp, zero_stage
 from hpctrain.runtime.parallel.grad_norm import norm_weights
 from hpctrain.runtime.parallel.pipeline import apply_pp, split_model, stage_layer_ranges
@@ -56,6 +58,7 @@ def build_training(job: Job, device: torch.device, initialise: bool = True) -> T
     modules = [module for _, module in parts]
     for module in modules:
         _tensor_parallel(job.parallel, layout, module)                  # 3. TP
+        _expert_parallel(layout, module)                                # 3b. EP
         _lora(job.train, layout, module)                                # 4. LoRA
         apply_ac(module, job.train.activation_checkpointing)            # 5. AC
         if job.train.compile:                                           # 6. compile
@@ -79,6 +82,7 @@ class _Layout:
     virtual: int  # pipeline stages per pp rank
     n_microbatches: int
     fsdp: bool
+    experts_mesh: Any = None  # ("pp", "efsdp", "ep", "tp") over the same ranks when parallel.ep > 1
 
 
 def _layout(job: Job, device: torch.device) -> _Layout:
@@ -102,7 +106,8 @@ def _layout(job: Job, device: torch.device) -> _Layout:
     mesh = dims.build_mesh(device.type) if initialised else None
     if dims.world_size > 1 or fsdp:
         assert mesh is not None  # world_size > 1 implies an initialised group; fsdp checked above
-    return _Layout(args, dims, mesh, rank, virtual, n_micro, fsdp)
+    experts_mesh = sparse_mesh(mesh, dims.ep) if dims.ep_enabled and mesh is not None else None
+    return _Layout(args, dims, mesh, rank, virtual, n_micro, fsdp, experts_mesh)
 
 
 def _micro_batches(train: TrainConfig, dims: ParallelDims) -> int:
@@ -136,6 +141,11 @@ def _tensor_parallel(parallel: ParallelConfig, layout: _Layout, module: Transfor
                  loss_parallel=True)
 
 
+def _expert_parallel(layout: _Layout, module: Transformer) -> None:
+    if layout.experts_mesh is not None:  # after TP, before FSDP (runtime/parallel/expert.py)
+        apply_ep([module], layout.experts_mesh["ep"])
+
+
 def _lora(train: TrainConfig, layout: _Layout, module: Transformer) -> None:
     if train.lora is not None:  # after TP (the adapters take the base's placements), before FSDP
         tp_mesh = layout.mesh["tp"] if layout.dims.tp_enabled and layout.mesh is not None else None
@@ -152,6 +162,7 @@ def _fsdp(job: Job, layout: _Layout, modules: list[Transformer]) -> None:
             precision=job.train.precision,
             offload_optimizer=bool(job.parallel.offload_optimizer),
             pipelined=layout.dims.pp_enabled,
+            experts_mesh=layout.experts_mesh["efsdp"] if layout.experts_mesh is not None else None,
         )
 
 

@@ -41,11 +41,15 @@ class ParallelDims:
     dp: int
     tp: int
     world_size: int
+    ep: int = 1  # expert parallelism borrows its ranks from dp: dp = efsdp x ep (runtime/parallel/expert.py)
 
     def __post_init__(self) -> None:
-        problems = _degree_problems({name: getattr(self, name) for name in ("pp", "dp", "tp", "world_size")})
+        problems = _degree_problems({name: getattr(self, name) for name in ("pp", "dp", "tp", "world_size", "ep")})
         if problems:
             raise ConfigError(problems)
+        if self.dp % self.ep:
+            raise ConfigError(f"parallel.ep: got {self.ep}; must divide parallel.dp={self.dp} "
+                              "(expert parallelism borrows its ranks from dp)")
         if self.pp * self.dp * self.tp != self.world_size:
             raise ConfigError(
                 f"parallel: pp={self.pp} x dp={self.dp} x tp={self.tp} = "
@@ -60,7 +64,7 @@ class ParallelDims:
         pp, dp, tp = job.parallel.pp, job.parallel.dp, job.parallel.tp
         if not (isinstance(pp, int) and isinstance(dp, int) and isinstance(tp, int)):  # 'auto' left
             raise ConfigError(_degree_problems({"pp": pp, "dp": dp, "tp": tp, "world_size": world_size}))
-        return cls(pp=pp, dp=dp, tp=tp, world_size=world_size)
+        return cls(pp=pp, dp=dp, tp=tp, world_size=world_size, ep=job.parallel.ep)
 
     def validate_model(self, model_cfg: Any, virtual_stages: int = 1) -> None:
         """Check the degrees against a model shape; raises ConfigError naming each problem."""
@@ -93,6 +97,15 @@ class ParallelDims:
     @property
     def tp_enabled(self) -> bool:
         return self.tp > 1
+
+    @property
+    def ep_enabled(self) -> bool:
+        return self.ep > 1
+
+    @property
+    def efsdp(self) -> int:
+        """The data-parallel degree of the routed experts: dp / ep (each expert shard's FSDP group)."""
+        return self.dp // self.ep
 
     def coords(self, rank: int) -> dict[str, int]:
         """A rank's (pp, dp, tp) coordinates in the grid `arange(world).view(pp, dp, tp)`."""

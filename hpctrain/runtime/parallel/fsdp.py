@@ -40,6 +40,9 @@ Under pipelining nothing reshards after forward, so zero 3 all-gathers each unit
 
 Precision: parameters stay fp32 (the master weights the optimizer updates); the mixed-precision
 policy casts them to bf16/fp16 for forward and backward and reduces gradients in fp32.
+Expert parallelism (`experts_mesh`, runtime/parallel/expert.py): each MoE block's routed experts are a
+unit of their own over "efsdp" (dp / ep ranks), their gradients divided by dp; the rest of the block as above.
+
 `offload_optimizer` keeps the sharded parameters, gradients and optimizer step on the CPU
 (`CPUOffloadPolicy`); it needs FSDP, so it is applied even when dp == 1.
 """
@@ -55,6 +58,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, Offlo
 
 from hpctrain.errors import ConfigError
 from hpctrain.runtime.model.transformer import Transformer
+from hpctrain.runtime.parallel.expert import shard_experts
 
 if TYPE_CHECKING:
     from hpctrain.config.training import ParallelConfig
@@ -90,6 +94,7 @@ def apply_fsdp(
     precision: str,
     offload_optimizer: bool,
     pipelined: bool = False,
+    experts_mesh: DeviceMesh | None = None,
 ) -> None:
     """Shard each model part over `dp_mesh` as FSDP units (the table in the module docstring)."""
     if precision not in PARAM_DTYPES:
@@ -107,6 +112,9 @@ def apply_fsdp(
                         offload_policy=offload)
         blocks = list(part.layers.values())
         for i, block in enumerate(blocks):
+            if experts_mesh is not None:  # expert parallelism: the routed experts over efsdp, a unit each
+                shard_experts(block, experts_mesh, dp_mesh.size(), reshard_after_forward=reshard and i < len(blocks) - 1,
+                              mp_policy=mp_policy, offload_policy=offload)
             # The last block's backward starts right after its forward: keeping it unsharded
             # saves one all-gather per step at no memory cost (torchtitan does the same).
             fully_shard(
