@@ -9,6 +9,7 @@ import json
 import os
 from typing import TYPE_CHECKING, Any, Optional
 
+from hpctrain.config import limits as L
 from hpctrain.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -17,6 +18,9 @@ if TYPE_CHECKING:
 
 SYNTHETIC = "synthetic"
 ITEMSIZE = {"uint16": 2, "uint32": 4}
+# The sidecar's numbers and their bounds (the schema's: model.vocab is 2..MAX_VOCAB); others are not read.
+SIDECAR_NUMBERS = {"vocab": (2, L.MAX_VOCAB), "eos_id": (0, L.MAX_VOCAB - 1), "tokens": (0, 1 << 62),
+                   "documents": (0, 1 << 62)}
 PREPARE = "`hpctrain data prepare INPUTS -o FILE`"
 
 
@@ -36,9 +40,18 @@ def read_sidecar(token_file: str, field: str = "train.data") -> Optional[dict[st
         body = json.loads(read_regular_file(side, 1 << 20, field).decode("utf-8"))
         if not isinstance(body, dict):
             raise ValueError("not a JSON object")
-        return body
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{field}: the description {side} is unreadable ({exc}); re-run {PREPARE}") from None
+    except (OSError, ValueError, RecursionError) as exc:
+        reason = "nested too deep" if isinstance(exc, RecursionError) else str(exc)[:200]
+        raise ConfigError(f"{field}: the description {side} is unreadable ({reason}); re-run {PREPARE}") from None
+    for key, (low, high) in SIDECAR_NUMBERS.items():
+        value = body.get(key)
+        if value is None:
+            continue
+        whole = isinstance(value, int) and not isinstance(value, bool)
+        if not whole or not low <= value <= high:
+            raise ConfigError(f"{field}: the description {side} has {key} {value!r:.60}; expected a whole number "
+                              f"from {low} to {high}; re-run {PREPARE}")
+    return body
 
 
 def eval_file(train: TrainConfig) -> Optional[str]:

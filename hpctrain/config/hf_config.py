@@ -28,6 +28,7 @@ INDEX_FILE = "model.safetensors.index.json"
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen3", "mixtral", "qwen3_moe")
 QK_NORM_TYPES = ("qwen3", "qwen3_moe")
 MOE_TYPES = ("mixtral", "qwen3_moe")
+MAX_CONFIG_BYTES = 16 << 20  # published config.json files are under 10 kB
 _ROPE_SCALING_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
@@ -90,11 +91,16 @@ def read_hf_config(folder: str) -> HfModel:
         raise HfConfigProblem(f"no {CONFIG_FILE} in the folder")
     if not (os.path.isfile(os.path.join(folder, WEIGHTS_FILE)) or os.path.isfile(os.path.join(folder, INDEX_FILE))):
         raise HfConfigProblem(f"no {WEIGHTS_FILE} or {INDEX_FILE} in the folder (only safetensors weights are read)")
-    try:
-        with open(path, encoding="utf-8") as handle:
-            cfg = json.load(handle)
-    except (OSError, ValueError) as exc:
-        raise HfConfigProblem(f"{CONFIG_FILE} is unreadable ({exc})") from None
+    from hpctrain.errors import ConfigError
+    from hpctrain.userfiles import read_regular_file
+
+    try:  # bounded and regular files only; a config.json is a few kB
+        cfg = json.loads(read_regular_file(path, MAX_CONFIG_BYTES, CONFIG_FILE).decode("utf-8"))
+    except ConfigError as exc:
+        raise HfConfigProblem(str(exc).split(": ", 1)[-1]) from None
+    except (ValueError, RecursionError) as exc:  # RecursionError: JSON nested thousands deep
+        reason = "nested too deep" if isinstance(exc, RecursionError) else str(exc)[:200]
+        raise HfConfigProblem(f"{CONFIG_FILE} is unreadable ({reason})") from None
     if not isinstance(cfg, dict):
         raise HfConfigProblem(f"{CONFIG_FILE} is not a JSON object")
     model_type = cfg.get("model_type")
@@ -116,7 +122,7 @@ def read_hf_config(folder: str) -> HfModel:
         "layers": _number(cfg, "num_hidden_layers"),
         "hidden": hidden,
         "heads": heads,
-        "kv_heads": int(cfg.get("num_key_value_heads") or heads),
+        "kv_heads": _number(cfg, "num_key_value_heads") if cfg.get("num_key_value_heads") is not None else heads,
         "ffn_hidden": _number(cfg, "intermediate_size"),
         "vocab": _number(cfg, "vocab_size"),
         "activation": "swiglu",
