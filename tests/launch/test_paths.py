@@ -33,7 +33,7 @@ def project(tmp_path: Path) -> Path:
     (proj / "data" / "t.bin").write_bytes(bytes(64))
     (proj / "data" / "v.bin").write_bytes(bytes(64))
     (proj / "hf" / "config.json").write_text(json.dumps(HF_CONFIG))
-    (proj / "hf" / "model.safetensors").write_bytes(b"")
+    (proj / "hf" / "model.safetensors").write_bytes((2).to_bytes(8, "little") + b"{}")  # a valid, empty file
     shutil.copy(TOPO / "pcie-nvlink-pairs.txt", proj / "topo.txt")
     (tmp_path / "other").mkdir()
     job = {"name": "rel", "template_dir": "templates",
