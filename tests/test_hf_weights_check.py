@@ -123,3 +123,18 @@ def test_weights_damaged_after_submit_are_bad_input_on_the_rank(tmp_path) -> Non
     _escaping_index(folder)
     with pytest.raises(ConfigError, match=r"model\.init_from: model\.safetensors\.index\.json maps .* outside"):
         HfShardReader(str(folder))
+
+
+def test_weights_that_are_not_finite_are_bad_input_on_the_rank(tmp_path) -> None:
+    """Issue 30 Why 9: NaN weights trained into a NaN loss (and the doctor's learning-rate advice)."""
+    pytest.importorskip("torch")
+    from hpctrain.errors import ConfigError
+    from hpctrain.runtime.model.hf_weights import HfShardReader
+
+    tensors = _tensors()
+    tensors["lm_head.weight"][3, 4] = np.nan
+    reader = HfShardReader(str(_folder(tmp_path, tensors)))
+    with pytest.raises(ConfigError, match=r"model\.init_from: lm_head\.weight in .* holds values that are not "
+                                          r"finite \(NaN or inf\): the weights are damaged"):
+        reader("output.weight", (32, 16), (slice(0, 32), slice(0, 16)))
+    assert reader("tok_embeddings.weight", (32, 16), (slice(0, 32), slice(0, 16))).shape == (32, 16)

@@ -90,6 +90,7 @@ def diagnose_run(path: str | Path, *, thresholds: Thresholds = Thresholds(),
     findings: list[Finding] = []
     for rule in RULES:
         findings += rule(ctx)
+    findings = rules_health.failed_rule(ctx, findings) + findings  # the reason the run recorded, first
     notes = []
     if ctx.prediction is None and ctx.prediction_problem:
         notes.append(f"no planner prediction: {ctx.prediction_problem}")

@@ -72,3 +72,19 @@ def test_sidecar_numbers_are_bounded(tokens, tmp_path, capsys, key, value) -> No
     assert code == 2 and len(lines) == 1, lines
     assert f"tokens.bin.json has {key} {value!r}; expected a whole number from" in lines[0]
     assert not (tmp_path / "runs").exists()
+
+
+def test_an_empty_token_file_is_refused_before_any_rank_starts(tmp_path, capsys) -> None:
+    """Issue 30 Why 9: an empty token file reached the ranks, where a peer's DistNetworkError could be what
+    the run reported; the login node (and the runtime's check before any process group) refuses it now."""
+    from hpctrain.cli.main import main
+
+    (tmp_path / "empty.bin").write_bytes(b"")
+    job = {"name": "empty", "model": {"preset": "tiny"},
+           "train": {"global_batch": 8, "steps": 3, "data": str(tmp_path / "empty.bin")},
+           "cluster": {"executor": "local", "nodes": 1, "gpus_per_node": 2}, "runs_dir": str(tmp_path / "runs")}
+    code = main(["submit", "--dry-run", str(write_job(tmp_path, job))])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and lines == [f"train.data: {tmp_path / 'empty.bin'} holds 0 tokens, fewer than seq_len + 1 = "
+                                   "129; prepare more text or lower model.seq_len"]
+    assert not (tmp_path / "runs").exists()

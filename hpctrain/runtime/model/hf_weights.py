@@ -199,6 +199,9 @@ class HfShardReader:
         except Exception as exc:  # a file truncated or rewritten since the check
             raise ConfigError(f"model.init_from: cannot read {hf_name} from {self.files[hf_name]} "
                               f"({type(exc).__name__}: {str(exc)[:200]}); re-download or re-save the folder") from None
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise ConfigError(f"model.init_from: {hf_name} in {self.files[hf_name]} holds values that are not finite "
+                              "(NaN or inf): the weights are damaged; re-download or re-save the folder")
         self.bytes_read += tensor.numel() * tensor.element_size()
         return tensor.to(self.dtype)
 
