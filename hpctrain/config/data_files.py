@@ -86,8 +86,8 @@ def _file_problems(path: str, field: str, train: TrainConfig, vocab: Optional[in
         return _too_short(path, field, guess, seq_len), None
     out = []
     dtype = side.get("dtype")
-    if dtype not in ITEMSIZE:
-        return [f"{field}: {sidecar_path(path)} names dtype {dtype!r}, not uint16/uint32; re-run {PREPARE}"], side
+    if not isinstance(dtype, str) or dtype not in ITEMSIZE:
+        return [f"{field}: {sidecar_path(path)} names dtype {dtype!r:.60}, not uint16/uint32; re-run {PREPARE}"], side
     if train.data_dtype not in ("auto", dtype):
         out.append(f"train.data_dtype: got {train.data_dtype} but {path} holds {dtype} (its sidecar says so); "
                    "set train.data_dtype: auto")

@@ -48,10 +48,18 @@ class HfConfigProblem(Exception):
 def _number(cfg: dict[str, Any], key: str, kind: type = int) -> Any:
     value = cfg.get(key)
     if kind is int and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-        raise HfConfigProblem(f"{CONFIG_FILE} has no positive integer {key} (got {value!r})")
+        raise HfConfigProblem(f"{CONFIG_FILE} has no positive integer {key} (got {value!r:.80})")
     if kind is float and (not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0):
-        raise HfConfigProblem(f"{CONFIG_FILE} has no positive number {key} (got {value!r})")
-    return kind(value)
+        raise HfConfigProblem(f"{CONFIG_FILE} has no positive number {key} (got {value!r:.80})")
+    return _float(value, key) if kind is float else int(value)
+
+
+def _float(value: Any, key: str) -> float:
+    """A JSON number as a float; an integer too large for one (10**400) is one problem, not OverflowError."""
+    try:
+        return float(value)
+    except OverflowError:
+        raise HfConfigProblem(f"{CONFIG_FILE} has {key} {value!r:.40}...; expected a number a float can hold") from None
 
 
 def _rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
@@ -66,8 +74,11 @@ def _rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     theta = 10000.0 if theta is None else theta  # transformers' default_theta for Llama
     if not isinstance(theta, (int, float)) or isinstance(theta, bool) or not theta > 0:
         raise HfConfigProblem(f"{CONFIG_FILE} has rope_theta {theta!r}; expected a positive number")
+    theta = _float(theta, "rope_theta")
     if not scaling:
-        return float(theta), None
+        return theta, None
+    if not isinstance(scaling, dict):
+        raise HfConfigProblem(f"{CONFIG_FILE} has rope_scaling {scaling!r:.80}; expected an object or null")
     kind = scaling.get("rope_type", scaling.get("type"))
     if kind == "default":
         return float(theta), None
@@ -78,8 +89,8 @@ def _rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
         value = scaling.get(key, cfg.get("max_position_embeddings") if key.startswith("original") else None)
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             raise HfConfigProblem(f"{CONFIG_FILE} rope scaling has no number {key} (got {value!r})")
-        out[key] = int(value) if key.startswith("original") else float(value)
-    return float(theta), out
+        out[key] = int(value) if key.startswith("original") else _float(value, key)
+    return theta, out
 
 
 def read_hf_config(folder: str) -> HfModel:

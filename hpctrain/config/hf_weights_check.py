@@ -88,7 +88,7 @@ def _tensors(path: str) -> dict[str, list[int]]:
         if not isinstance(entry, dict):
             raise WeightsProblem(f"{label} has no dtype/shape/data_offsets entry: the file is damaged")
         dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-        if dtype not in ITEMSIZE:
+        if not isinstance(dtype, str) or dtype not in ITEMSIZE:
             raise WeightsProblem(f"{label} has dtype {dtype!r:.40}; readable: {', '.join(ITEMSIZE)}")
         if (not isinstance(shape, list) or len(shape) > 8
                 or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):

@@ -294,7 +294,8 @@ def checkpoint_failed_rule(ctx: Context) -> list[Finding]:
 def failed_rule(ctx: Context, others: list[Finding]) -> list[Finding]:
     """The run ended failed and a rank recorded why (a `failed` event): that reason, first. Bad input (exit 2:
     a token file, a config.json, damaged weights) is always reported, since no other rule knows of it; another
-    failure only when no other rule explained it with an error of its own."""
+    failure only when no other rule found anything (the doctor never says "no problems found" of a failed run
+    that recorded why)."""
     run = ctx.run
     kinds = (STARTED, STOPPED, FINISHED, FAILED, CANCELLED, REQUEUED)
     ends = [e for e in map(lifecycle, run.events) if e["event"] in kinds]
@@ -308,7 +309,7 @@ def failed_rule(ctx: Context, others: list[Finding]) -> list[Finding]:
     # the rank that refused its input, not a peer that then lost its connection (DistNetworkError)
     bad_input = [e for e in recorded if e.get("exit_code") == 2]
     first = (bad_input or recorded)[0]
-    if not bad_input and any(f.severity == ERROR for f in others):
+    if not bad_input and others:
         return []
     reason = str(first["reason"]).splitlines()[0]
     ranks: list[int] = sorted({int(e["rank"]) for e in recorded if str(e.get("reason")).splitlines()[0] == reason
