@@ -51,7 +51,7 @@ def _number(cfg: dict[str, Any], key: str, kind: type = int) -> Any:
         raise HfConfigProblem(f"{CONFIG_FILE} has no positive integer {key} (got {value!r:.80})")
     if kind is float and (not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0):
         raise HfConfigProblem(f"{CONFIG_FILE} has no positive number {key} (got {value!r:.80})")
-    return _float(value, key) if kind is float else int(value)
+    return _float(value, key) if kind is float else value
 
 
 def _float(value: Any, key: str) -> float:
