@@ -116,3 +116,40 @@ def test_preset_is_checked_field_by_field(tmp_path) -> None:
     assert lines[0].startswith("<dict>:1: model.layers: differs from init_from's config.json (2) (got 16)")
     assert any(line.startswith("<dict>:1: model.hidden: differs") for line in lines)
     assert not any("model.tie_embeddings" in line or "rope_theta" in line for line in lines)  # those agree
+
+
+def _cli(args: list[str], capsys) -> tuple[int, list[str]]:
+    from hpctrain.cli.main import main
+
+    code = main(args)
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+BOUNDS = [  # (config.json change, the words of the one line): the schema's bounds hold for config.json too
+    ({"num_hidden_layers": 10**12}, "config.json's num_hidden_layers (model.layers) must be at most 4096 "
+     "(got 1000000000000)"),
+    ({"vocab_size": 10**18}, "config.json's vocab_size (model.vocab) must be at most 16777216"),
+    ({"intermediate_size": 2**63}, "config.json's intermediate_size (model.ffn_hidden) must be at most 1048576"),
+    ({"rope_theta": float("inf")}, "config.json's rope_theta (model.rope_theta) is not a finite number"),
+    ({"num_key_value_heads": "4"}, "config.json has no positive integer num_key_value_heads (got '4')"),
+    ({"rope_scaling": {**LLAMA31_V4["rope_scaling"], "factor": 1e300}},
+     "config.json's rope_scaling.factor (model.rope_scaling.factor) must be at most 1000000.0"),
+]
+
+
+@pytest.mark.parametrize("change, words", BOUNDS, ids=[next(iter(c)) for c, _ in BOUNDS])
+def test_config_json_numbers_meet_the_schema_bounds(tmp_path, capsys, change, words) -> None:
+    """Issue 30 Why 5: config.json's numbers bypassed the bounds (10**12 layers hung `plan`)."""
+    _folder(tmp_path, {**LLAMA31_V4, **change})
+    (tmp_path / "job.yaml").write_text("name: x\nmodel:\n  init_from: hf\n  seq_len: 16\n")
+    for command in ("validate", "plan"):
+        code, lines = _cli([command, "job.yaml"], capsys)
+        assert code == 2 and len(lines) == 1 and words in lines[0], (command, lines)
+
+
+def test_config_json_nested_deep_is_one_line(tmp_path, capsys) -> None:
+    folder = tmp_path / _folder(tmp_path, LLAMA31_V4)
+    (folder / "config.json").write_text('{"a":' * 100_000 + "1" + "}" * 100_000)
+    (tmp_path / "job.yaml").write_text("name: x\nmodel:\n  init_from: hf\n  seq_len: 16\n")
+    code, lines = _cli(["validate", "job.yaml"], capsys)
+    assert code == 2 and len(lines) == 1 and "config.json is unreadable (nested too deep)" in lines[0], lines

@@ -37,6 +37,10 @@ def run_validate(args: argparse.Namespace) -> int:
             job, source = load_job_with_source(path, args.overrides)
             found = [locate_problem(line, source) for line in _catalog_problems(job)]
             found += [locate_problem(line, source) for line in _render_problems(job)]
+            if not found:  # init_from's safetensors headers (config/hf_weights_check.py), when config.json is fine
+                from hpctrain.config.hf_weights_check import weights_problems
+
+                found += [locate_problem(line, source) for line in weights_problems(job.model)]
             if job.sweep is not None:  # the grid as `hpctrain sweep` reads it (config/grid.py)
                 from hpctrain.config.grid import grid_problems
 

@@ -9,6 +9,7 @@ import json
 import os
 from typing import TYPE_CHECKING, Any, Optional
 
+from hpctrain.config import limits as L
 from hpctrain.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -17,6 +18,9 @@ if TYPE_CHECKING:
 
 SYNTHETIC = "synthetic"
 ITEMSIZE = {"uint16": 2, "uint32": 4}
+# The sidecar's numbers and their bounds (the schema's: model.vocab is 2..MAX_VOCAB); others are not read.
+SIDECAR_NUMBERS = {"vocab": (2, L.MAX_VOCAB), "eos_id": (0, L.MAX_VOCAB - 1), "tokens": (0, 1 << 62),
+                   "documents": (0, 1 << 62)}
 PREPARE = "`hpctrain data prepare INPUTS -o FILE`"
 
 
@@ -36,9 +40,18 @@ def read_sidecar(token_file: str, field: str = "train.data") -> Optional[dict[st
         body = json.loads(read_regular_file(side, 1 << 20, field).decode("utf-8"))
         if not isinstance(body, dict):
             raise ValueError("not a JSON object")
-        return body
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{field}: the description {side} is unreadable ({exc}); re-run {PREPARE}") from None
+    except (OSError, ValueError, RecursionError) as exc:
+        reason = "nested too deep" if isinstance(exc, RecursionError) else str(exc)[:200]
+        raise ConfigError(f"{field}: the description {side} is unreadable ({reason}); re-run {PREPARE}") from None
+    for key, (low, high) in SIDECAR_NUMBERS.items():
+        value = body.get(key)
+        if value is None:
+            continue
+        whole = isinstance(value, int) and not isinstance(value, bool)
+        if not whole or not low <= value <= high:
+            raise ConfigError(f"{field}: the description {side} has {key} {value!r:.60}; expected a whole number "
+                              f"from {low} to {high}; re-run {PREPARE}")
+    return body
 
 
 def eval_file(train: TrainConfig) -> Optional[str]:
@@ -53,16 +66,28 @@ def eval_file(train: TrainConfig) -> Optional[str]:
     return None
 
 
-def _file_problems(path: str, field: str, train: TrainConfig, vocab: Optional[int]) -> tuple[list[str], Optional[dict]]:
+def _too_short(path: str, field: str, dtype: str, seq_len: Optional[int]) -> list[str]:
+    """The runtime's TokenFile refusal, on the login node and before any process group starts: a file of
+    fewer than seq_len + 1 tokens (an empty one) holds no training window."""
+    tokens = os.path.getsize(path) // ITEMSIZE[dtype]
+    if seq_len is None or tokens >= seq_len + 1:
+        return []
+    return [f"{field}: {path} holds {tokens} tokens, fewer than seq_len + 1 = {seq_len + 1}; prepare more text or "
+            "lower model.seq_len"]
+
+
+def _file_problems(path: str, field: str, train: TrainConfig, vocab: Optional[int],
+                   seq_len: Optional[int] = None) -> tuple[list[str], Optional[dict]]:
     if not os.path.isfile(path):
         return [f"{field}: no such file (got {path!r}); make it with {PREPARE}, or use 'synthetic'"], None
     side = read_sidecar(path, field)
     if side is None:
-        return [], None
+        guess = train.data_dtype if train.data_dtype in ITEMSIZE else "uint16" if (vocab or 0) <= 2**16 else "uint32"
+        return _too_short(path, field, guess, seq_len), None
     out = []
     dtype = side.get("dtype")
-    if dtype not in ITEMSIZE:
-        return [f"{field}: {sidecar_path(path)} names dtype {dtype!r}, not uint16/uint32; re-run {PREPARE}"], side
+    if not isinstance(dtype, str) or dtype not in ITEMSIZE:
+        return [f"{field}: {sidecar_path(path)} names dtype {dtype!r:.60}, not uint16/uint32; re-run {PREPARE}"], side
     if train.data_dtype not in ("auto", dtype):
         out.append(f"train.data_dtype: got {train.data_dtype} but {path} holds {dtype} (its sidecar says so); "
                    "set train.data_dtype: auto")
@@ -75,7 +100,7 @@ def _file_problems(path: str, field: str, train: TrainConfig, vocab: Optional[in
     if vocab is not None and isinstance(side_vocab, int) and side_vocab > vocab:
         out.append(f"model.vocab: got {vocab} but {path} was tokenized with a vocabulary of {side_vocab} "
                    f"({side.get('tokenizer', '?')}); set model.vocab >= {side_vocab}")
-    return out, side
+    return out or _too_short(path, field, dtype, seq_len), side
 
 
 def data_problems(job: Job) -> list[str]:
@@ -85,7 +110,7 @@ def data_problems(job: Job) -> list[str]:
     problems: list[str] = []
     train_side = None
     if train.data != SYNTHETIC:
-        found, train_side = _file_problems(train.data, "train.data", train, vocab)
+        found, train_side = _file_problems(train.data, "train.data", train, vocab, job.model.seq_len)
         problems += found
     elif train.eval_every and not train.eval_data:
         problems.append("train.eval_every: validation needs a token file; set train.eval_data (or train.data to "
@@ -97,7 +122,7 @@ def data_problems(job: Job) -> list[str]:
         return [f"train.eval_every: got {train.eval_every} but there is no validation file; set train.eval_data "
                 f"or prepare train.data with --val-fraction"]
     if evaluation is not None and (train.eval_every or train.eval_data):
-        found, eval_side = _file_problems(evaluation, "train.eval_data", train, vocab)
+        found, eval_side = _file_problems(evaluation, "train.eval_data", train, vocab, job.model.seq_len)
         problems += found
         hashes = [s.get("tokenizer_sha256") for s in (train_side, eval_side) if s]
         if not found and len(hashes) == 2 and hashes[0] != hashes[1]:

@@ -28,6 +28,7 @@ INDEX_FILE = "model.safetensors.index.json"
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen3", "mixtral", "qwen3_moe")
 QK_NORM_TYPES = ("qwen3", "qwen3_moe")
 MOE_TYPES = ("mixtral", "qwen3_moe")
+MAX_CONFIG_BYTES = 16 << 20  # published config.json files are under 10 kB
 _ROPE_SCALING_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
@@ -47,10 +48,18 @@ class HfConfigProblem(Exception):
 def _number(cfg: dict[str, Any], key: str, kind: type = int) -> Any:
     value = cfg.get(key)
     if kind is int and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-        raise HfConfigProblem(f"{CONFIG_FILE} has no positive integer {key} (got {value!r})")
+        raise HfConfigProblem(f"{CONFIG_FILE} has no positive integer {key} (got {value!r:.80})")
     if kind is float and (not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0):
-        raise HfConfigProblem(f"{CONFIG_FILE} has no positive number {key} (got {value!r})")
-    return kind(value)
+        raise HfConfigProblem(f"{CONFIG_FILE} has no positive number {key} (got {value!r:.80})")
+    return _float(value, key) if kind is float else value
+
+
+def _float(value: Any, key: str) -> float:
+    """A JSON number as a float; an integer too large for one (10**400) is one problem, not OverflowError."""
+    try:
+        return float(value)
+    except OverflowError:
+        raise HfConfigProblem(f"{CONFIG_FILE} has {key} {value!r:.40}...; expected a number a float can hold") from None
 
 
 def _rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
@@ -65,8 +74,11 @@ def _rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     theta = 10000.0 if theta is None else theta  # transformers' default_theta for Llama
     if not isinstance(theta, (int, float)) or isinstance(theta, bool) or not theta > 0:
         raise HfConfigProblem(f"{CONFIG_FILE} has rope_theta {theta!r}; expected a positive number")
+    theta = _float(theta, "rope_theta")
     if not scaling:
-        return float(theta), None
+        return theta, None
+    if not isinstance(scaling, dict):
+        raise HfConfigProblem(f"{CONFIG_FILE} has rope_scaling {scaling!r:.80}; expected an object or null")
     kind = scaling.get("rope_type", scaling.get("type"))
     if kind == "default":
         return float(theta), None
@@ -77,8 +89,8 @@ def _rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
         value = scaling.get(key, cfg.get("max_position_embeddings") if key.startswith("original") else None)
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             raise HfConfigProblem(f"{CONFIG_FILE} rope scaling has no number {key} (got {value!r})")
-        out[key] = int(value) if key.startswith("original") else float(value)
-    return float(theta), out
+        out[key] = int(value) if key.startswith("original") else _float(value, key)
+    return theta, out
 
 
 def read_hf_config(folder: str) -> HfModel:
@@ -90,11 +102,16 @@ def read_hf_config(folder: str) -> HfModel:
         raise HfConfigProblem(f"no {CONFIG_FILE} in the folder")
     if not (os.path.isfile(os.path.join(folder, WEIGHTS_FILE)) or os.path.isfile(os.path.join(folder, INDEX_FILE))):
         raise HfConfigProblem(f"no {WEIGHTS_FILE} or {INDEX_FILE} in the folder (only safetensors weights are read)")
-    try:
-        with open(path, encoding="utf-8") as handle:
-            cfg = json.load(handle)
-    except (OSError, ValueError) as exc:
-        raise HfConfigProblem(f"{CONFIG_FILE} is unreadable ({exc})") from None
+    from hpctrain.errors import ConfigError
+    from hpctrain.userfiles import read_regular_file
+
+    try:  # bounded and regular files only; a config.json is a few kB
+        cfg = json.loads(read_regular_file(path, MAX_CONFIG_BYTES, CONFIG_FILE).decode("utf-8"))
+    except ConfigError as exc:
+        raise HfConfigProblem(str(exc).split(": ", 1)[-1]) from None
+    except (ValueError, RecursionError) as exc:  # RecursionError: JSON nested thousands deep
+        reason = "nested too deep" if isinstance(exc, RecursionError) else str(exc)[:200]
+        raise HfConfigProblem(f"{CONFIG_FILE} is unreadable ({reason})") from None
     if not isinstance(cfg, dict):
         raise HfConfigProblem(f"{CONFIG_FILE} is not a JSON object")
     model_type = cfg.get("model_type")
@@ -116,7 +133,7 @@ def read_hf_config(folder: str) -> HfModel:
         "layers": _number(cfg, "num_hidden_layers"),
         "hidden": hidden,
         "heads": heads,
-        "kv_heads": int(cfg.get("num_key_value_heads") or heads),
+        "kv_heads": _number(cfg, "num_key_value_heads") if cfg.get("num_key_value_heads") is not None else heads,
         "ffn_hidden": _number(cfg, "intermediate_size"),
         "vocab": _number(cfg, "vocab_size"),
         "activation": "swiglu",

@@ -42,3 +42,25 @@ MAX_SECONDS = 10**7  # ~115 days: any interval or delay
 # and the planner resolves each one on the login node.
 MAX_GRID_POINTS = 10_000
 MAX_GRID_KEYS = 64
+
+
+def out_of_bounds(value: object, metadata: list[object]) -> str | None:
+    """Why `value` breaks a pydantic Field's bounds (its `metadata`: annotated_types Ge/Gt/Le/Lt), else None.
+
+    The one check for a number that does not come through job.yaml's own validation: values taken from
+    `model.init_from`'s config.json or a data sidecar meet the same bounds the schema gives the field.
+    A float must be finite (Python's json reads `Infinity` and `NaN`).
+    """
+    import math
+
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return "is not a finite number"
+    for bound in metadata:
+        for attr, ok, words in (("ge", lambda v, b: v >= b, "at least"), ("gt", lambda v, b: v > b, "above"),
+                                ("le", lambda v, b: v <= b, "at most"), ("lt", lambda v, b: v < b, "below")):
+            limit = getattr(bound, attr, None)
+            if limit is not None and not ok(value, limit):
+                return f"must be {words} {limit}"
+    return None

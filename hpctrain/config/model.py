@@ -82,6 +82,11 @@ HF_FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "ac
 # model.moe fields config.json fixes (the rest, the router's balancing and capacity, are the job's choice).
 HF_MOE_FIELDS = ("experts", "top_k", "expert_ffn_hidden", "shared_experts", "dense_layers")
 HF_ROUTER_FIELDS = ("score", "normalize_top_k")
+# config.json's names for them, for the messages.
+HF_KEYS = {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
+           "kv_heads": "num_key_value_heads", "ffn_hidden": "intermediate_size", "vocab": "vocab_size",
+           "norm_eps": "rms_norm_eps", "moe.experts": "num_experts", "moe.top_k": "num_experts_per_tok",
+           "moe.expert_ffn_hidden": "moe_intermediate_size"}
 
 
 class ModelConfig(Section):
@@ -145,6 +150,8 @@ class ModelConfig(Section):
             self._init_problems.append(("model.init_from", str(exc), folder,
                                         "give a folder written by transformers' save_pretrained"))
             return
+        if self._hf_out_of_bounds(hf.fields):
+            return
         given = self.model_fields_set
         for name in HF_FIELDS:
             theirs = hf.fields[name]
@@ -167,6 +174,27 @@ class ModelConfig(Section):
             limit = f" (config.json's max_position_embeddings is {hf.max_positions})" if hf.max_positions else ""
             self._init_problems.append(("model.seq_len", f"is required with model.init_from{limit}", None,
                                         "set model.seq_len, the training sequence length"))
+
+    def _hf_out_of_bounds(self, fields: dict[str, Any]) -> bool:
+        """config.json's numbers meet the bounds job.yaml's fields have (limits.out_of_bounds); True if not."""
+        checks: list[tuple[str, Any, list[Any]]] = []
+        for name in HF_FIELDS:
+            value = fields.get(name)
+            if name == "moe" and isinstance(value, dict):
+                checks += [(f"moe.{k}", v, MoEConfig.model_fields[k].metadata) for k, v in value.items()
+                           if k in MoEConfig.model_fields]
+            elif name == "rope_scaling" and isinstance(value, dict):
+                checks += [(f"rope_scaling.{k}", v, RopeScaling.model_fields[k].metadata) for k, v in value.items()
+                           if k in RopeScaling.model_fields]
+            else:
+                checks.append((name, value, type(self).model_fields[name].metadata))
+        for name, value, metadata in checks:
+            reason = L.out_of_bounds(value, metadata)
+            if reason is not None:
+                self._init_problems.append(("model.init_from", f"config.json's {HF_KEYS.get(name, name)} (model."
+                                            f"{name}) {reason}", value, "correct config.json (a damaged or "
+                                            "hand-edited file?) or give a folder written by save_pretrained"))
+        return bool(self._init_problems)
 
     def _take_hf_moe(self, theirs: dict[str, Any] | None, given: bool) -> None:
         """model.moe from config.json: its shape fields must agree with the job's, the rest stay the job's."""

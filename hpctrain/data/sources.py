@@ -13,6 +13,7 @@ import glob
 import gzip
 import json
 import os
+import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -82,22 +83,35 @@ def _text_pieces(text: str | bytes) -> Iterator[tuple[str | bytes, bool]]:
     yield text[start:], True
 
 
-def _jsonl_texts(path: str, field: str) -> Iterator[str]:
+def _lines(path: str) -> Iterator[str]:
+    """The lines of a .jsonl[.gz]; a truncated or damaged gzip stream is one ConfigError, not EOFError."""
     opener = gzip.open if path.lower().endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8", errors="replace") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError:
-                raise ConfigError(f"{path}:{number}: not a JSON line; fix the line or remove it") from None
-            value = record.get(field) if isinstance(record, dict) else None
-            if not isinstance(value, str):
-                raise ConfigError(f"{path}:{number}: no text field {field!r} (keys: "
-                                  f"{', '.join(sorted(record)) if isinstance(record, dict) else '-'}); "
-                                  "choose the field with --field")
-            yield value
+    try:
+        with opener(path, "rt", encoding="utf-8", errors="replace") as handle:
+            yield from handle
+    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+        reason = "it ends early" if isinstance(exc, EOFError) else str(exc)[:100]
+        raise ConfigError(f"{path}: not a readable gzip file ({reason}: truncated or damaged); re-download or "
+                          "re-compress it") from None
+
+
+def _jsonl_texts(path: str, field: str) -> Iterator[str]:
+    for number, line in enumerate(_lines(path), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError):
+            raise ConfigError(f"{path}:{number}: not a JSON line; fix the line or remove it") from None
+        value = record.get(field) if isinstance(record, dict) else None
+        if isinstance(record, dict) and field in record and not isinstance(value, str):
+            raise ConfigError(f"{path}:{number}: field {field!r} is {type(value).__name__} {value!r:.60}, not "
+                              "text; make it a string or choose another field with --field")
+        if not isinstance(value, str):
+            raise ConfigError(f"{path}:{number}: no text field {field!r} (keys: "
+                              f"{', '.join(sorted(record)) if isinstance(record, dict) else '-'}); "
+                              "choose the field with --field")
+        yield value
 
 
 def _parquet_texts(path: str, field: str) -> Iterator[str]:

@@ -91,14 +91,15 @@ def diagnose_run(path: str | Path, *, thresholds: Thresholds = Thresholds(),
     findings: list[Finding] = []
     for rule in RULES:
         findings += rule(ctx)
+    findings = rules_health.failed_rule(ctx, findings) + findings  # the reason the run recorded, first
     notes = []
     if ctx.prediction is None and ctx.prediction_problem:
         notes.append(f"no planner prediction: {ctx.prediction_problem}")
     from hpctrain.rundir.layouts import describe
 
     for change in run.events_named(LAYOUT_CHANGED):  # an elastic job re-planned for the nodes it got
-        notes.append(f"layout changed at attempt {change.get('attempt')}: {describe(change.get('old') or {})} -> "
-                     f"{describe(change.get('new') or {})} (the figures above are for the current layout)")
+        notes.append(f"layout changed at attempt {change.get('attempt')}: {describe(change.get('old'))} -> "
+                     f"{describe(change.get('new'))} (the figures above are for the current layout)")
     if not run.metrics and not run.ranks:
         notes.append("no telemetry yet (metrics.jsonl, ranks/): only logs, events and the scheduler were checked")
     return Diagnosis(Path(path), sort_findings(findings), run_state(run),

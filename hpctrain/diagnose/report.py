@@ -60,7 +60,7 @@ def attempt_layout_changes(run: RunData) -> dict[int, str]:
     out: dict[int, str] = {}
     for change in run.events_named(LAYOUT_CHANGED):
         if isinstance(change.get("attempt"), int):
-            out[change["attempt"]] = f"{describe(change.get('old') or {})} -> {describe(change.get('new') or {})}"
+            out[change["attempt"]] = f"{describe(change.get('old'))} -> {describe(change.get('new'))}"
     before: Optional[dict[str, Any]] = None
     for start in run.events_named(STARTED):
         layout, attempt = start.get("layout"), start.get("attempt")

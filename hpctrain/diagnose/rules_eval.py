@@ -19,6 +19,7 @@ import math
 from hpctrain.diagnose.context import Context
 from hpctrain.diagnose.findings import ERROR, WARNING, Finding, Fix
 from hpctrain.diagnose.fixes import validated
+from hpctrain.rundir.events import WEIGHTS_LOADED
 
 RISING = 2  # consecutive rises before it counts as a trend, not noise
 RECENT = 3  # logged training losses whose median is "where the loss is now" (one spike is not a trend)
@@ -93,6 +94,13 @@ def training_divergence_rule(ctx: Context) -> list[Finding]:
         evidence = [f"{len(bad)} of {len(series)} logged step(s) have a loss that is not finite"]
         if finite:
             evidence.append(f"last finite loss {finite[-1][1]:.4g} at step {finite[-1][0]}")
+        loaded = ctx.run.events_named(WEIGHTS_LOADED)
+        if not finite and loaded:  # not finite from the first logged step, on weights read from a folder
+            evidence.append(f"the weights were loaded from {loaded[-1].get('path', 'model.init_from')} and the loss "
+                            "was never finite: the weights are not finite (NaN or inf), not the learning rate")
+            fix = Fix("check the weights in model.init_from (re-download or re-save the folder), then start again")
+            return [Finding("divergence", ERROR, f"training loss is {bad[0][1]} from step {bad[0][0]}: the loaded "
+                            "weights are not finite", tuple(evidence), (fix,))]
         return [Finding("divergence", ERROR, f"training loss is {bad[0][1]} at step {bad[0][0]}", tuple(evidence),
                         tuple(_lr_fixes(ctx)))]
     if len(series) < RECENT + 1:

@@ -289,3 +289,40 @@ def checkpoint_failed_rule(ctx: Context) -> list[Finding]:
     fix = Fix(f"make room in {folder} (or set checkpoint.dir to a larger file system), then "
               f"`hpctrain resume {ctx.run.path}`: the checkpoints saved before this one are intact")
     return [Finding("checkpoint", ERROR, f"a checkpoint save failed: {reason}", tuple(evidence), (fix,))]
+
+
+def failed_rule(ctx: Context, others: list[Finding]) -> list[Finding]:
+    """The run ended failed and a rank recorded why (a `failed` event): that reason, first. Bad input (exit 2:
+    a token file, a config.json, damaged weights) is always reported, since no other rule knows of it; another
+    failure only when no other rule found anything (the doctor never says "no problems found" of a failed run
+    that recorded why)."""
+    run = ctx.run
+    kinds = (STARTED, STOPPED, FINISHED, FAILED, CANCELLED, REQUEUED)
+    ends = [e for e in map(lifecycle, run.events) if e["event"] in kinds]
+    if not run.ended or not ends or ends[-1]["event"] != FAILED:
+        return []
+    starts = [i for i, e in enumerate(ends) if e["event"] == STARTED]
+    last = ends[starts[-1]:] if starts else ends
+    recorded = [e for e in last if e["event"] == FAILED and "state" not in e and e.get("reason")]
+    if not recorded:
+        return []
+    # the rank that refused its input, not a peer that then lost its connection (DistNetworkError)
+    bad_input = [e for e in recorded if e.get("exit_code") == 2]
+    first = (bad_input or recorded)[0]
+    if not bad_input and others:
+        return []
+    reason = str(first["reason"]).splitlines()[0]
+    ranks: list[int] = sorted({int(e["rank"]) for e in recorded if str(e.get("reason")).splitlines()[0] == reason
+                               and isinstance(e.get("rank"), int)})
+    evidence = [f"recorded by {'rank(s) ' + ranks_text(ranks) if ranks else 'the run'} (attempt {first.get('attempt', '?')}, "
+                f"exit code {first.get('exit_code', '?')})"]
+    evidence += [f"rank {e.get('rank', '?')}: {str(e['reason']).splitlines()[0]}" for e in recorded
+                 if str(e["reason"]).splitlines()[0] != reason][:3]
+    fixes: tuple[Fix, ...] = ()
+    if bad_input:
+        fixes = (Fix(f"fix what the line names, then start again from the job file (or `hpctrain resume "
+                     f"{run.path}` when it has checkpoints)"),)
+        title = f"the run refused its input: {reason}"
+    else:
+        title = f"the run failed: {reason}"
+    return [Finding("failed", ERROR, title, tuple(evidence), fixes)]

@@ -54,9 +54,11 @@ def layouts(run_dir: Path, events: list[dict[str, Any]],
             resolved = read_yaml_mapping(run_dir / RESOLVED_FILE)
         current = layout_of(resolved or {})
         return [current] if current.get("nodes") is not None else []
-    out = [changes[0].get("old") or {}]
+    from hpctrain.rundir.layouts import mapping
+
+    out = [mapping(changes[0].get("old"))]
     for change in changes:
-        out.append({**(change.get("new") or {}), "attempt": change.get("attempt")})
+        out.append({**mapping(change.get("new")), "attempt": change.get("attempt")})
     return out
 
 

@@ -15,6 +15,7 @@ from typing import Optional
 
 from hpctrain.config import Job
 from hpctrain.config.data_files import check_data
+from hpctrain.config.hf_weights_check import check_weights
 from hpctrain.errors import SubmissionError
 from hpctrain.launch import stages
 from hpctrain.launch.executor import Executor, SubmitRefused, TaskSpec, choose
@@ -52,6 +53,7 @@ def submit_job(job: Job, *, dry_run: bool = False, env: Optional[Mapping[str, st
         # before the run directory exists: a missing or bad token file submits nothing (a dry run says so too;
         # one that renders for a cluster whose file system this machine does not see is not checked)
         check_data(resolved)
+        check_weights(resolved.model)
         if not dry_run and job.checkpoint.dir:  # a new run owns nothing: another run's checkpoints are refused
             stages.check_checkpoint_dir(Path(job.checkpoint.dir), None, job.checkpoint.adopt)
     run_dir = create_run_dir(job.runs_dir, job.name)

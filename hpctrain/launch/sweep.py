@@ -16,6 +16,7 @@ from typing import Any, Optional, Sequence
 
 from hpctrain.config import Job, job_from_dict
 from hpctrain.config.data_files import data_problems
+from hpctrain.config.hf_weights_check import weights_problems
 from hpctrain.config.grid import base_data, check_grid, point_overrides
 from hpctrain.config.overrides import parse_override
 from hpctrain.config.paths import grid_path
@@ -97,7 +98,7 @@ def submit_sweep(job: Job, grid_options: Sequence[str] = (), *, max_parallel: Op
     if max_parallel is not None and max_parallel < 1:
         raise ConfigError(f"--max-parallel: must be >= 1 (got {max_parallel}); it is the %K of --array")
     if executor.sees_paths(dry_run=dry_run):  # every point's token files, before anything is created or submitted
-        problems = [f"{point_label(p)}: {line}" for p, _, resolved, _ in feasible for line in data_problems(resolved)]
+        problems = [f"{point_label(p)}: {line}" for p, _, resolved, _ in feasible for line in data_problems(resolved) + weights_problems(resolved.model)]
         if problems:
             raise ConfigError(problems)
     if not dry_run:  # a dry run writes nothing, not even a probe

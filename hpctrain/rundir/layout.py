@@ -65,7 +65,14 @@ def create_run_dir(runs_dir: str | os.PathLike[str], name: str, now: Optional[fl
             path.mkdir()
         except FileExistsError:
             continue
-        init_run_dir(path)
+        except OSError as exc:  # a read-only mount, /proc or /sys: the folder exists, nothing can be made in it
+            raise ConfigError(f"runs_dir: cannot create a run folder in {str(root)!r} ({exc.strerror}); set "
+                              "runs_dir to a writable folder") from None
+        try:
+            init_run_dir(path)
+        except OSError as exc:
+            raise ConfigError(f"runs_dir: cannot write in {str(path)!r} ({exc.strerror}); set runs_dir to a "
+                              "writable folder") from None
         return path.resolve()
     raise ConfigError(f"runs_dir: too many runs named {base} in {root}; clean it up")
 

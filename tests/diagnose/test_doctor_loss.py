@@ -50,3 +50,19 @@ def test_a_spike_that_recovers_and_a_healthy_run_are_not_flagged(tmp_path):
     metrics, ranks = healthy_telemetry()
     healthy = make_run(tmp_path, gpu_job(), metrics=metrics, ranks=ranks, name="healthy")
     assert _divergence(healthy) == []
+
+
+def test_a_loss_never_finite_on_loaded_weights_blames_the_weights(tmp_path):
+    """Issue 30 Why 9: NaN weights from model.init_from got "halve the peak learning rate"."""
+    from ._runs import event
+
+    events = [event("started", 1.0, attempt=0, hosts=["node1"]),
+              event("weights loaded", 2.0, attempt=0, path="/models/llama", bytes_read=10, seconds=0.1),
+              event("finished", 3600.0, attempt=0, step=5)]
+    losses = [float("nan")] * 5
+    run = make_run(tmp_path, gpu_job(), metrics=_with_losses(losses), ranks=healthy_telemetry()[1], events=events)
+    [finding] = _divergence(run)
+    assert finding.title == "training loss is nan from step 1: the loaded weights are not finite"
+    assert not any("learning rate" in fix.why for fix in finding.fixes)
+    assert [fix.why for fix in finding.fixes] == ["check the weights in model.init_from (re-download or re-save "
+                                                  "the folder), then start again"]

@@ -51,3 +51,40 @@ def test_submit_and_sweep_refuse_before_submitting(tokens, tmp_path, fake_sbatch
     assert len(lines) == (1 if command == "submit" else 2), result.stderr  # sweep: one line per point
     assert all("model.vocab: got 128 but" in line for line in lines)
     assert not marker.exists() and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("key, value", [("vocab", -1), ("tokens", 2**70), ("eos_id", "0")])
+def test_sidecar_numbers_are_bounded(tokens, tmp_path, capsys, key, value) -> None:
+    """Issue 30 Why 9: a sidecar's `vocab: -1` was accepted; its numbers meet the schema's bounds now."""
+    import json
+    import shutil
+
+    from hpctrain.cli.main import main
+
+    data = tmp_path / "tokens.bin"
+    shutil.copy(tokens, data)
+    side = json.loads(Path(tokens + ".json").read_text())
+    (tmp_path / "tokens.bin.json").write_text(json.dumps({**side, key: value}))
+    job = {"name": "side", "model": {"preset": "tiny"}, "train": {"global_batch": 8, "steps": 3, "data": str(data)},
+           "cluster": {"executor": "local", "nodes": 1, "gpus_per_node": 1}, "runs_dir": str(tmp_path / "runs")}
+    code = main(["submit", "--dry-run", str(write_job(tmp_path, job))])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, lines
+    assert f"tokens.bin.json has {key} {value!r}; expected a whole number from" in lines[0]
+    assert not (tmp_path / "runs").exists()
+
+
+def test_an_empty_token_file_is_refused_before_any_rank_starts(tmp_path, capsys) -> None:
+    """Issue 30 Why 9: an empty token file reached the ranks, where a peer's DistNetworkError could be what
+    the run reported; the login node (and the runtime's check before any process group) refuses it now."""
+    from hpctrain.cli.main import main
+
+    (tmp_path / "empty.bin").write_bytes(b"")
+    job = {"name": "empty", "model": {"preset": "tiny"},
+           "train": {"global_batch": 8, "steps": 3, "data": str(tmp_path / "empty.bin")},
+           "cluster": {"executor": "local", "nodes": 1, "gpus_per_node": 2}, "runs_dir": str(tmp_path / "runs")}
+    code = main(["submit", "--dry-run", str(write_job(tmp_path, job))])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and lines == [f"train.data: {tmp_path / 'empty.bin'} holds 0 tokens, fewer than seq_len + 1 = "
+                                   "129; prepare more text or lower model.seq_len"]
+    assert not (tmp_path / "runs").exists()

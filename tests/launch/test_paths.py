@@ -30,10 +30,10 @@ def project(tmp_path: Path) -> Path:
     proj = tmp_path / "proj"
     for folder in ("data", "hf", "templates"):
         (proj / folder).mkdir(parents=True)
-    (proj / "data" / "t.bin").write_bytes(bytes(64))
-    (proj / "data" / "v.bin").write_bytes(bytes(64))
+    (proj / "data" / "t.bin").write_bytes(bytes(128))  # 64 uint16 tokens: seq_len 32 + 1 fit
+    (proj / "data" / "v.bin").write_bytes(bytes(128))
     (proj / "hf" / "config.json").write_text(json.dumps(HF_CONFIG))
-    (proj / "hf" / "model.safetensors").write_bytes(b"")
+    (proj / "hf" / "model.safetensors").write_bytes((2).to_bytes(8, "little") + b"{}")  # a valid, empty file
     shutil.copy(TOPO / "pcie-nvlink-pairs.txt", proj / "topo.txt")
     (tmp_path / "other").mkdir()
     job = {"name": "rel", "template_dir": "templates",
@@ -99,7 +99,7 @@ def test_sweep_grid_paths_follow_the_same_rule(project: Path) -> None:
     job = yaml.safe_load((project / "proj" / "job.yaml").read_text())
     job["sweep"] = {"grid": {"train.data": ["data/t.bin", "data/v.bin"]}}
     (project / "proj" / "job.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
-    (project / "other" / "here.bin").write_bytes(bytes(64))
+    (project / "other" / "here.bin").write_bytes(bytes(128))
     result = run_cli(["sweep", str(project / "proj" / "job.yaml"), "--grid", "train.eval_data=here.bin", "--dry-run"],
                      cwd=project / "other", env=env, timeout_s=60)
     assert result.returncode == 0, result.stderr

@@ -182,3 +182,24 @@ def test_prepare_defaults_to_the_usable_cores(corpus, tmp_path) -> None:
                               capture_output=True, text=True, cwd=REPO, timeout=120)
         assert proc.returncode == 0, proc.stderr
         assert f"tokens/s with {expected} worker(s)" in proc.stdout, proc.stdout
+
+
+def test_damaged_gzip_and_non_text_field_are_one_line(tmp_path, capsys) -> None:
+    """Issue 30 Why 8/9: a truncated .jsonl.gz was an EOFError traceback (a garbled one BadGzipFile), and a
+    number where the text should be said "no text field 'text' (keys: text)"."""
+    whole = gzip.compress(b'{"text": "hello world"}\n' * 2000)
+    (tmp_path / "cut.jsonl.gz").write_bytes(whole[: len(whole) // 2])
+    (tmp_path / "garbled.jsonl.gz").write_bytes(b"\x1f\x8b" + b"garbage" * 10)
+    (tmp_path / "number.jsonl").write_text('{"text": "fine"}\n{"text": 5}\n')
+    expected = {
+        "cut.jsonl.gz": "cut.jsonl.gz: not a readable gzip file (it ends early: truncated or damaged); re-download "
+                        "or re-compress it",
+        "garbled.jsonl.gz": "garbled.jsonl.gz: not a readable gzip file (",
+        "number.jsonl": "number.jsonl:2: field 'text' is int 5, not text; make it a string or choose another field "
+                        "with --field",
+    }
+    for name, words in expected.items():
+        code = main(["data", "prepare", str(tmp_path / name), "-o", str(tmp_path / "out" / "t.bin")])
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(lines) == 1 and words in lines[0], (name, lines)
+    assert not (tmp_path / "out").exists() or not os.listdir(tmp_path / "out")

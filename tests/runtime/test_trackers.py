@@ -106,3 +106,55 @@ def test_missing_tracker_package_fails_validation(tmp_path, monkeypatch, capsys)
     assert "pip install 'hpctrain[wandb]'" in err[0]
     path.write_text(yaml.safe_dump({"name": "t", "model": {"preset": "tiny"}, "monitor": {"tracker": "tensorboard"}}))
     assert main(["validate", str(path)]) == 0
+
+
+CRASH = """
+import os, signal, sys
+from hpctrain.config import job_from_dict
+from hpctrain.runtime.observe import trackers as T
+
+run_dir, resumed, first, last, kill_at = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+job = job_from_dict({"name": "trk", "model": {"preset": "tiny"}, "monitor": {"tracker": ["mlflow"]}})
+real = T.MlflowTracker.log
+
+def log_then_die(self, step, values):
+    real(self, step, values)  # MLflow's file store holds the step now ...
+    if step == kill_at:  # ... and the process dies before anything else happens, as kill -9 does
+        os.kill(os.getpid(), signal.SIGKILL)
+
+T.MlflowTracker.log = log_then_die
+trackers = T.Trackers(job, run_dir, 0, resumed)
+for step in range(first, last + 1):
+    trackers.log({"step": step, "loss": 1.0 / step, "time": 0.0})
+trackers.close(True)
+"""
+
+
+@pytest.mark.slow
+def test_a_kill_right_after_mlflow_wrote_a_step_does_not_log_it_twice(tmp_path, monkeypatch) -> None:
+    """Issue 30 Why 7: rank 0 killed after MLflow wrote step N and before trackers.json recorded it gave step
+    N twice after the resume. The kill is real (SIGKILL from inside the tracker's write, right after MLflow's
+    own write returned: the one moment that matters, which an outside kill hits only by chance)."""
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "crash.py"
+    script.write_text(CRASH)
+    run = tmp_path / "run"
+    run.mkdir()
+    env = {**os.environ, "MLFLOW_ALLOW_FILE_STORE": "true"}
+    first = subprocess.run([sys.executable, str(script), str(run), "0", "1", "6", "4"], env=env, timeout=120,
+                           capture_output=True, text=True)
+    assert first.returncode == -signal.SIGKILL, first.stderr
+    # the resumed attempt: its checkpoint is at step 2, so steps 3-6 come again
+    second = subprocess.run([sys.executable, str(script), str(run), "2", "3", "6", "0"], env=env, timeout=120,
+                            capture_output=True, text=True)
+    assert second.returncode == 0, second.stderr
+
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    client = MlflowClient("file://" + str(run / "mlruns"))
+    history = client.get_metric_history(read_state(str(run))["mlflow_run_id"], "loss")
+    assert sorted(m.step for m in history) == [1, 2, 3, 4, 5, 6]  # every step once: 4 is not logged again

@@ -141,7 +141,12 @@ def weight_files(folder: str) -> dict[str, str]:
                 weight_map = json.load(handle)["weight_map"]
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ConfigError(f"model.init_from: {index} is unreadable ({type(exc).__name__}: {exc})") from None
-        return {name: os.path.join(folder, file) for name, file in weight_map.items()}
+        from hpctrain.config.hf_weights_check import WeightsProblem, inside
+
+        try:
+            return {name: inside(folder, name, file) for name, file in weight_map.items()}
+        except (WeightsProblem, TypeError, AttributeError) as exc:
+            raise ConfigError(f"model.init_from: {exc}") from None
     single = os.path.join(folder, WEIGHTS_FILE)
     if not os.path.isfile(single):
         raise ConfigError(f"model.init_from: no {WEIGHTS_FILE} or {INDEX_FILE} in {folder}")
@@ -180,12 +185,23 @@ class HfShardReader:
     def _read(self, hf_name: str, name: str, full_shape: tuple[int, ...], index: tuple[slice, ...]) -> torch.Tensor:
         if hf_name not in self.files:
             raise ConfigError(f"model.init_from: {self.folder} has no tensor {hf_name} (for {name})")
-        part = self._handle(self.files[hf_name]).get_slice(hf_name)
+        try:  # the headers were checked (config/hf_weights_check.py); a file damaged since is still bad input
+            part = self._handle(self.files[hf_name]).get_slice(hf_name)
+        except Exception as exc:  # safetensors' SafetensorError, OSError
+            raise ConfigError(f"model.init_from: cannot read {hf_name} from {self.files[hf_name]} "
+                              f"({type(exc).__name__}: {str(exc)[:200]}); re-download or re-save the folder") from None
         shape = tuple(part.get_shape())
         if shape != tuple(full_shape):
             raise ConfigError(f"model.init_from: {hf_name} has shape {list(shape)} in {self.folder}, the model "
                               f"needs {list(full_shape)} for {name}")
-        tensor = part[tuple(index)] if index else part[:]
+        try:
+            tensor = part[tuple(index)] if index else part[:]
+        except Exception as exc:  # a file truncated or rewritten since the check
+            raise ConfigError(f"model.init_from: cannot read {hf_name} from {self.files[hf_name]} "
+                              f"({type(exc).__name__}: {str(exc)[:200]}); re-download or re-save the folder") from None
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise ConfigError(f"model.init_from: {hf_name} in {self.files[hf_name]} holds values that are not finite "
+                              "(NaN or inf): the weights are damaged; re-download or re-save the folder")
         self.bytes_read += tensor.numel() * tensor.element_size()
         return tensor.to(self.dtype)
 
@@ -288,6 +304,9 @@ def load_init_from(training: Any) -> dict[str, Any]:
 
     started = time.perf_counter()
     folder = os.path.expanduser(str(training.job.model.init_from))
+    from hpctrain.config.hf_weights_check import check_weights
+
+    check_weights(training.job.model)  # damaged files are bad input (exit 2, not requeued), not a crash
     reader = HfShardReader(folder, family=family_of(training.args))
     try:
         # init.py's sharded fill: each rank reads its shards only (in row blocks); the tied head reads

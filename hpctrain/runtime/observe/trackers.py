@@ -8,7 +8,11 @@ rule where their format allows it and otherwise never log a step twice:
   attempt's events from that step on (the new values replace them, as in metrics.jsonl).
 - W&B and MLflow keep one run across every requeue (its id is kept in <run dir>/trackers.json) and
   cannot rewrite their history: a step already logged is skipped (the first values of that step stay).
-  trackers.json keeps the last step each one logged, written after every line.
+  trackers.json keeps the last step each one was given, written *before* the tracker sees the line, so
+  a kill between the tracker's write and trackers.json's can never make the next attempt log that step
+  again (issue 30: MLflow held a step twice). The cost of that order is on the other side: a kill after
+  trackers.json and before the tracker's own write loses that one step from W&B. MLflow's store says
+  what it holds, so a resumed MLflow tracker starts from the last step in its store and loses nothing.
 W&B runs offline by default (`wandb sync <run dir>/wandb/offline-run-*` later). MLflow defaults to a
 file store in <run dir>/mlruns. A tracker that fails while logging is switched off with one warning
 on stderr: training never dies for its dashboard.
@@ -100,6 +104,11 @@ class MlflowTracker:
             self.run_id = self.client.create_run(experiment, run_name=job.name).info.run_id
             state["mlflow_run_id"] = self.run_id
 
+    def logged_through(self) -> int:
+        """The last step the store holds for this run (0: none): what an earlier attempt really logged."""
+        keys = self.client.get_run(self.run_id).data.metrics
+        return max((m.step for key in keys for m in self.client.get_metric_history(self.run_id, key)), default=0)
+
     def log(self, step: int, values: dict[str, float]) -> None:
         from mlflow.entities import Metric
 
@@ -129,6 +138,13 @@ class Trackers:
                 self.active.append(KINDS[name](job, run_dir, resumed_step, self.state))
             except Exception as exc:  # noqa: BLE001 - a dashboard must not stop the training
                 self._warn(name, "could not start", exc)
+        for tracker in self.active:
+            if hasattr(tracker, "logged_through"):  # the store knows better than trackers.json
+                try:
+                    self.state["last_step"][tracker.name] = int(tracker.logged_through())
+                except Exception as exc:  # noqa: BLE001
+                    self._warn(tracker.name, "could not read what it holds", exc)
+                    self.active.remove(tracker)
         self._write_state()
 
     def _read_state(self) -> dict[str, Any]:
@@ -153,17 +169,23 @@ class Trackers:
         step = int(record["step"])
         values = _numbers(record)
         last = self.state["last_step"]
-        for tracker in list(self.active):
-            if not tracker.rewrites and step <= int(last.get(tracker.name, 0)):
-                continue  # logged by an earlier attempt: never twice
+        # logged by an earlier attempt: never twice
+        due = [t for t in self.active if t.rewrites or step > int(last.get(t.name, 0))]
+        before = {t.name: last.get(t.name, 0) for t in due}
+        for tracker in due:
+            last[tracker.name] = step
+        self._write_state()  # before any tracker has the step: see the module's docstring
+        failed = False
+        for tracker in due:
             try:
                 tracker.log(step, values)
             except Exception as exc:  # noqa: BLE001
                 self._warn(tracker.name, "failed to log", exc)
                 self.active.remove(tracker)
-                continue
-            last[tracker.name] = step
-        self._write_state()
+                last[tracker.name] = before[tracker.name]
+                failed = True
+        if failed:
+            self._write_state()
 
     def close(self, finished: bool) -> None:
         for tracker in self.active:
