@@ -29,7 +29,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -143,13 +143,28 @@ class Rank:
             self.proc.send_signal(SIGNALS[restart.script_signal])
         self.kill_at = time.monotonic() + restart.grace_s
 
+    def child_setup(self) -> Callable[[], None]:
+        """The program dies with this process, and ignores restart.signal: Slurm sends that signal to every
+        process of the step (scancel --signal, sbatch --signal), and the program's notice is script_signal,
+        from here (unless the two are the same signal)."""
+        from hpctrain.launch.rank_group import die_with_parent
+
+        with_parent = die_with_parent()
+        restart = self.job.restart
+        ignored = SIGNALS[restart.signal] if restart.signal != restart.script_signal else None
+
+        def setup() -> None:
+            if with_parent is not None:
+                with_parent()
+            if ignored is not None:
+                signal.signal(ignored, signal.SIG_IGN)  # an ignored signal stays ignored across exec
+        return setup
+
     def run(self, argv: list[str], env: dict[str, str]) -> int:
         for name in {self.job.restart.signal, "TERM"}:
             signal.signal(SIGNALS[name], self.on_signal)
         self.event(STARTED, program=argv[1:], world_size=int(env["WORLD_SIZE"]))
-        from hpctrain.launch.rank_group import die_with_parent
-
-        self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent())
+        self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, preexec_fn=self.child_setup())
         forwarded = False
         while self.proc.poll() is None:
             if self.signalled is not None and not forwarded:
