@@ -138,6 +138,7 @@ def test_unmodified_torchrun_script_trains_on_two_ranks_with_the_planned_degrees
         assert record["same_weights"] and not record["hpctrain_imported"]
     status = status_json(run_dir, env)
     assert status["state"] == "COMPLETED", status
+    assert status["steps"] is None  # train.steps is not the program's: no made-up total
     assert sorted(p.name for p in (run_dir / "logs").glob("rank-*.log")) == ["rank-0.attempt-0.log",
                                                                               "rank-1.attempt-0.log"]
 
