@@ -72,15 +72,25 @@ def fill_args(args: list[str], values: dict[str, Any]) -> list[str]:
 
 
 def layout_without_model(job: Job) -> Job:
-    """A job without `model:` is not planned: tp and pp auto -> 1, dp -> what is left of the GPUs; the
-    built-in runtime's other `auto` knobs get their plain values (the script ignores them)."""
+    """A job without `model:` is not planned: an `auto` degree takes what the fixed ones leave of the GPUs
+    (dp first, else tp, else pp), the other autos are 1; the built-in runtime's other `auto` knobs get
+    their plain values (the script ignores them)."""
     p, t = job.parallel, job.train
 
     def fixed(value: Any, default: int) -> int:
         return value if isinstance(value, int) and not isinstance(value, bool) else default
 
-    tp, pp = fixed(p.tp, 1), fixed(p.pp, 1)
-    dp = fixed(p.dp, max(1, job.world_size // (tp * pp)))
+    world = job.world_size
+    tp0, pp0, dp0 = (fixed(v, 0) or None for v in (p.tp, p.pp, p.dp))
+    if dp0 is None:
+        tp, pp = tp0 or 1, pp0 or 1
+        dp = max(1, world // (tp * pp))
+    elif tp0 is None:
+        pp, dp = pp0 or 1, dp0
+        tp = max(1, world // (pp * dp))
+    else:
+        tp, dp = tp0, dp0
+        pp = pp0 or max(1, world // (tp * dp))
     parallel = p.model_copy(update={"tp": tp, "pp": pp, "dp": dp, "zero": fixed(p.zero, 0),
                                     "schedule": "1f1b" if p.schedule == "auto" else p.schedule,
                                     "virtual_stages": fixed(p.virtual_stages, 1)})

@@ -239,3 +239,15 @@ def test_a_missing_script_is_bad_input_on_the_rank(tmp_path: Path) -> None:
                             text=True, timeout=60)
     assert result.returncode == 2 and f"entrypoint.script {tmp_path / 'nope.py'}: no such file" in result.stderr
     assert "Traceback" not in result.stderr and "no such file" in marker.read_text()
+
+
+@pytest.mark.parametrize("given, wanted", [({}, (1, 1, 4)), ({"tp": 2}, (2, 1, 2)), ({"dp": 1}, (4, 1, 1)),
+                                           ({"tp": 2, "dp": 1}, (2, 2, 1)), ({"tp": 1, "pp": 2, "dp": 2}, (1, 2, 2))])
+def test_degrees_without_a_model_fill_the_gpus(given: dict[str, int], wanted: tuple[int, int, int]) -> None:
+    """No model, nothing planned: a sweep over parallel.* gives the script degrees that multiply to the GPUs."""
+    from hpctrain.config.entrypoint import layout_without_model
+
+    job = _job("degrees", {"script": "t.py", "args": ["{tp}"]}, parallel=given)
+    job["cluster"]["gpus_per_node"] = 4
+    p = layout_without_model(job_from_dict(job)).parallel
+    assert (p.tp, p.pp, p.dp) == wanted
