@@ -55,6 +55,7 @@ train: {{global_batch: 8, micro_batch: 2, steps: {steps}, precision: fp32, activ
         log_every: 1, seed: 1234, lr_schedule: {{warmup_steps: 2}}}}
 parallel: {{tp: 2, pp: 1, dp: 2, zero: 0}}
 cluster: {{executor: {executor}, nodes: 2, gpus_per_node: 2, gpu: a100-80gb}}
+runtime: {{allow_cpu: true}}  # planned for A100s; the test cluster's GPUs are device files, the ranks use the CPU
 slurm: {{partition: low, time: "{limit}", exclusive: false}}
 restart: {{max_requeues: 10, signal: USR2, signal_seconds: {signal_seconds}}}
 checkpoint: {{every_steps: 5, keep_last: 2}}

@@ -50,6 +50,12 @@ BIG = dict(layers=16, hidden=2048, heads=16, kv_heads=4, ffn_hidden=8192, vocab=
            activation="swiglu")  # 1.1B parameters
 BIG_GELU = dict(BIG, activation="gelu", kv_heads=16, tie_embeddings=True)
 SMALL = dict(layers=4, hidden=256, heads=8, kv_heads=4, ffn_hidden=704, vocab=2048, seq_len=256, activation="swiglu")
+# Mixture of Experts (runtime/model/moe.py): 8 experts, top-2. Fake tensors need the grouped GEMM's bf16
+# kernel (its meta function takes bf16 only), so fp32 is measured with real tensors on a small shape.
+MOE = dict(layers=4, hidden=1024, heads=8, kv_heads=4, ffn_hidden=2816, vocab=32000, seq_len=2048,
+           activation="swiglu", moe=dict(experts=8, top_k=2, expert_ffn_hidden=1408))
+MOE_SHARED = dict(MOE, moe=dict(experts=8, top_k=2, expert_ffn_hidden=1024, shared_experts=1, dense_layers=1))
+MOE_SMALL = dict(SMALL, moe=dict(experts=8, top_k=2, expert_ffn_hidden=352))
 
 
 @dataclass(frozen=True)
@@ -108,6 +114,14 @@ CONFIGS: list[Config] = [
        global_batch=4, micro_batch=1),
     _c("pp2 1f1b bf16 selective last stage", "gloo", SMALL, pp_rank=1, pp=2, global_batch=4, micro_batch=1,
        activation_checkpointing="selective"),
+    _c("moe 1 GPU fp32", "real", MOE_SMALL, precision="fp32"),
+    _c("moe 1 GPU bf16", "fake", MOE),
+    _c("moe 1 GPU bf16 selective", "fake", MOE, activation_checkpointing="selective"),
+    _c("moe 1 GPU bf16 full", "fake", MOE, activation_checkpointing="full"),
+    _c("moe dp4 zero1 bf16", "fake", MOE, dp=4, zero=1, global_batch=8),
+    _c("moe dp4 zero3 bf16 full", "fake", MOE, dp=4, zero=3, global_batch=8, activation_checkpointing="full"),
+    _c("moe shared + dense layer dp4 zero2 bf16 selective 2 micro-batches", "fake", MOE_SHARED, dp=4, zero=2,
+       global_batch=8, micro_batch=1, activation_checkpointing="selective"),
 ]
 
 

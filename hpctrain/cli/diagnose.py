@@ -26,7 +26,7 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
         "report", help="tables and PNG plots of a run or a sweep",
         description="Loss and tokens/s over steps with restarts marked, memory planned vs measured per component; "
                     "for a sweep, tokens/s and MFU per configuration, ranked, beside the planner's estimate. "
-                    "PNGs need the plot extra (pip install 'hpctrain[plot]').")
+                    "PNGs need the plot extra (pip install 'hpctrain[plot]'); without it, report.txt alone (exit 0).")
     report.add_argument("run", metavar="RUN|SWEEP", help="a run directory, a run name in runs/, or a sweep directory")
     report.add_argument("-o", "--output", metavar="DIR", help="where to write report.txt and the PNGs "
                                                               "(default: RUN/report)")
@@ -59,11 +59,17 @@ def run_doctor(args: argparse.Namespace) -> int:
 
 
 def run_report(args: argparse.Namespace) -> int:
+    import sys
+
+    from hpctrain.diagnose.plots import NO_MATPLOTLIB, have_matplotlib
     from hpctrain.diagnose.report import write_report
     from hpctrain.rundir.layout import find_run
 
     root = find_run(args.run, args.runs_dir)
-    text, files = write_report(root, args.output, plots=not args.no_plots)
+    plots = not args.no_plots and have_matplotlib()
+    text, files = write_report(root, args.output, plots=plots)
     print(text)
     print("\nwrote: " + ", ".join(str(f) for f in files))
+    if plots != (not args.no_plots):  # the tables are the report; the pictures are an extra
+        print(NO_MATPLOTLIB, file=sys.stderr)
     return 0

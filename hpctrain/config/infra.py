@@ -181,6 +181,10 @@ class RuntimeConfig(Section):
     python: Optional[Text] = Field(None, description="Interpreter the ranks run (`PYTHON -m hpctrain.runtime`). "
                                    "Default: the one hpctrain was submitted from (sys.executable), or python3 "
                                    "inside container.image, where a host path means nothing.")
+    allow_cpu: bool = Field(False, description="Train on the CPU (gloo) when a rank finds no usable CUDA device "
+                            "although cluster.gpu names a GPU, e.g. to try a GPU job on a laptop (~1000x slower). "
+                            "Default: such a rank stops before its first step (exit 2) saying why. Not needed "
+                            "with cluster.gpu: cpu.")
 
 
 class CheckpointConfig(Section):
@@ -190,6 +194,9 @@ class CheckpointConfig(Section):
     every_steps: int = Field(100, ge=1, le=L.MAX_STEPS, description="Save every N steps (and on signal / at the end).")
     keep_last: int = Field(2, ge=1, le=L.MAX_CHECKPOINTS_KEPT, description="Complete checkpoints to keep.")
     async_: bool = Field(False, alias="async", description="Save in a background thread (DCP async_save).")
+    final: bool = Field(True, description="Save a checkpoint after the last step (a stop on a signal always "
+                        "saves). false: only the every_steps ones, e.g. for a benchmark whose final save would "
+                        "take longer than its steps (HPCTRAIN_FINAL_CHECKPOINT=0 is read as false too).")
     adopt: bool = Field(False, description="Continue from checkpoints another run wrote in dir (refused "
                         "otherwise: a checkpoint folder belongs to one run); this run then owns the folder.")
 

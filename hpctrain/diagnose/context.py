@@ -20,6 +20,7 @@ class Thresholds:
     imbalance: float = 0.15  # (slowest - fastest) / slowest compute time between ranks
     stall_minutes: float = 10.0  # no new metrics line for this long (or 20 logging intervals, if longer)
     mfu_ratio: float = 0.5  # measured MFU below this fraction of the planner's estimate
+    throughput_ratio: float = 0.1  # measured tokens/s below this fraction of the planner's (where MFU is not measured)
     bubble_excess: float = 0.10  # measured bubble share above the prediction by this much (absolute)
     lost_work_share: float = 0.10  # expected work lost per interruption vs time between interruptions
     val_divergence: float = 0.05  # validation loss above its best by this fraction (and rising)

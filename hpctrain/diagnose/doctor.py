@@ -39,6 +39,7 @@ RULES: tuple[Rule, ...] = (
     rules_perf.imbalance_rule,
     rules_perf.bubble_rule,
     rules_perf.mfu_rule,
+    rules_perf.throughput_rule,
 )
 
 

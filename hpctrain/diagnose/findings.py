@@ -33,8 +33,8 @@ class Fix:
 
 @dataclass(frozen=True)
 class Finding:
-    """One problem: `family` is the rule that found it (oom, comm, imbalance, bubble, mfu, hang, requeue,
-    checkpoint)."""
+    """One problem: `family` is the rule that found it (oom, killed, comm, imbalance, bubble, mfu, throughput,
+    hang, requeue, checkpoint)."""
 
     family: str
     severity: str

@@ -17,8 +17,21 @@ if TYPE_CHECKING:  # pragma: no cover
     from hpctrain.diagnose.report import RunSummary, SweepRow
 
 DPI = 110
-MEASURED, PLANNED, RESTART = "#1f77b4", "#ff7f0e", "#d62728"
+MEASURED, PLANNED, RESTART, LAYOUT = "#1f77b4", "#ff7f0e", "#d62728", "#9467bd"
 VALIDATION = "#2ca02c"
+
+
+NO_MATPLOTLIB = ("report: no PNGs: pictures need matplotlib, the plot extra (pip install 'hpctrain[plot]'); "
+                 "the tables are in report.txt")
+
+
+def have_matplotlib() -> bool:
+    """Whether the plot extra is installed (report then writes the tables alone, and says so)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def pyplot() -> Any:
@@ -52,8 +65,17 @@ def _mark_restarts(ax: Any, restarts: list[tuple[int, int]], label: bool) -> Non
                         va="top", ha="right", fontsize=7, color=RESTART)
 
 
+def _mark_layout_changes(ax: Any, changes: list[tuple[int, int, str]], label: bool) -> None:
+    for i, (step, attempt, change) in enumerate(changes):
+        ax.axvline(step, color=LAYOUT, linestyle="-.", linewidth=1.5,
+                   label="layout changed" if label and i == 0 else None)
+        if label:
+            ax.annotate(change, (step, 0.0), xycoords=("data", "axes fraction"), rotation=90, va="bottom",
+                        ha="left", fontsize=6, color=LAYOUT)
+
+
 def plot_training(summary: "RunSummary", path: Path) -> Path:
-    """Loss and tokens/s over steps, restarts marked, the planner's tokens/s as a line."""
+    """Loss and tokens/s over steps, restarts and layout changes marked, the planner's tokens/s as a line."""
     plt = pyplot()
     metrics = summary.run.metrics
     steps = [m["step"] for m in metrics]
@@ -66,15 +88,22 @@ def plot_training(summary: "RunSummary", path: Path) -> Path:
     ax_loss.set_ylabel("loss")
     ax_loss.set_title(f"{summary.label}: loss and throughput")
     _mark_restarts(ax_loss, summary.restarts, label=True)
+    _mark_layout_changes(ax_loss, summary.layout_changes, label=True)
     ax_tps.plot(steps, [m.get("tokens_per_s") for m in metrics], color=MEASURED, label="measured",
                 marker="." if len(steps) < 60 else None)
     pred = summary.prediction
-    if pred is not None and pred.tokens_per_s:
-        ax_tps.axhline(pred.tokens_per_s, color=PLANNED, linestyle=":", label=f"planner ({pred.tokens_per_s:,.0f})")
+    reference = pred.tokens_per_s if pred is not None else None
+    if reference and planned_on_cpu(summary):
+        # The catalog's CPU entry is a placeholder, 20-450x off a real CPU: no line to hold the run to.
+        ax_tps.plot([], [], " ", label=f"planner ({reference:,.0f}) not drawn: its cluster.gpu: cpu figure is unreliable")
+        reference = None
+    elif reference:
+        ax_tps.axhline(reference, color=PLANNED, linestyle=":", label=f"planner ({reference:,.0f})")
     _mark_restarts(ax_tps, summary.restarts, label=False)
+    _mark_layout_changes(ax_tps, summary.layout_changes, label=False)
     ax_tps.set_ylabel("tokens/s")
     ax_tps.set_xlabel("step")
-    throughput = [m.get("tokens_per_s") for m in metrics] + [pred.tokens_per_s if pred is not None else None]
+    throughput = [m.get("tokens_per_s") for m in metrics] + [reference]
     if _spans_decades(throughput):
         ax_tps.set_yscale("log")
     _human_axis(ax_tps.yaxis)
@@ -85,6 +114,12 @@ def plot_training(summary: "RunSummary", path: Path) -> Path:
     if not steps:
         ax_loss.text(0.5, 0.5, "no metrics logged yet", transform=ax_loss.transAxes, ha="center")
     return _save(fig, path)
+
+
+def planned_on_cpu(summary: "RunSummary") -> bool:
+    """The run was planned for cluster.gpu: cpu (job.resolved.yaml), whose planner figures are no reference."""
+    cluster = (summary.run.job_data or {}).get("cluster")
+    return isinstance(cluster, dict) and cluster.get("gpu") == "cpu"
 
 
 def _spans_decades(values: list[Any]) -> bool:

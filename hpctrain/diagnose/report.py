@@ -17,6 +17,8 @@ from hpctrain.diagnose.findings import GIB
 from hpctrain.diagnose.predict import COMPONENTS, Prediction, predict_run
 from hpctrain.diagnose.rules_memory import measured_peak, state_bytes
 from hpctrain.diagnose.rundata import RunData, load_run
+from hpctrain.rundir.events import LAYOUT_CHANGED, STARTED
+from hpctrain.rundir.layouts import describe
 from hpctrain.rundir.safe_files import write_atomic
 from hpctrain.rundir.terminal import printable
 
@@ -29,6 +31,8 @@ class RunSummary:
     prediction: Optional[Prediction]
     prediction_problem: str
     restarts: list[tuple[int, int]] = field(default_factory=list)  # (first step of the attempt, attempt)
+    # (first step of the attempt, attempt, "old -> new"): an attempt that ran another layout than the one before
+    layout_changes: list[tuple[int, int, str]] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -45,7 +49,27 @@ def summarize(path: str | Path) -> RunSummary:
         if previous is not None and attempt != previous:
             restarts.append((int(record["step"]), attempt))
         previous = attempt
-    return RunSummary(run, prediction, problem, restarts)
+    changed = attempt_layout_changes(run)
+    layout_changes = [(step, attempt, changed[attempt]) for step, attempt in restarts if attempt in changed]
+    return RunSummary(run, prediction, problem, restarts, layout_changes)
+
+
+def attempt_layout_changes(run: RunData) -> dict[int, str]:
+    """attempt -> "old -> new" for each attempt that ran another layout than the attempt before it: from
+    the runtime's `started` events (each records its layout) and an elastic start's `layout_changed`."""
+    out: dict[int, str] = {}
+    for change in run.events_named(LAYOUT_CHANGED):
+        if isinstance(change.get("attempt"), int):
+            out[change["attempt"]] = f"{describe(change.get('old') or {})} -> {describe(change.get('new') or {})}"
+    before: Optional[dict[str, Any]] = None
+    for start in run.events_named(STARTED):
+        layout, attempt = start.get("layout"), start.get("attempt")
+        if not isinstance(layout, dict) or not isinstance(attempt, int):
+            continue
+        if before is not None and layout != before and attempt not in out:
+            out[attempt] = f"{describe(before)} -> {describe(layout)}"
+        before = layout
+    return out
 
 
 def _fmt(value: Optional[float], spec: str = ",.1f", scale: float = 1.0, suffix: str = "") -> str:
@@ -77,12 +101,8 @@ def summary_rows(s: RunSummary) -> list[list[str]]:
         ["pipeline wait share", _fmt(bubble[0] if bubble else None, ".1f", 100, " %"),
          _fmt(pred_bubble, ".1f", 100, " %")],
     ]
-    from hpctrain.rundir.events import LAYOUT_CHANGED
-    from hpctrain.rundir.layouts import describe
-
-    for change in run.events_named(LAYOUT_CHANGED):  # elastic jobs: one row per re-planned start
-        rows.insert(1, [f"layout changed (attempt {change.get('attempt')})",
-                        f"{describe(change.get('old') or {})} -> {describe(change.get('new') or {})}", ""])
+    for attempt, change in sorted(attempt_layout_changes(run).items(), reverse=True):  # one row per new layout
+        rows.insert(1, [f"layout changed (attempt {attempt})", change, ""])
     return rows
 
 

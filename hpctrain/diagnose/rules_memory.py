@@ -1,4 +1,4 @@
-"""Out of memory: CUDA OOM in the rank logs, host OOM kills (Slurm state, exit 137/SIGKILL, markers).
+"""Out of memory: CUDA OOM in the rank logs, host OOM kills (Slurm state, markers); a SIGKILL alone is only that.
 
 The evidence compares the measured peak with the planner's prediction for the layout that ran;
 the fixes (smaller micro-batch, more recomputation, a higher ZeRO stage, more TP or PP, optimizer
@@ -55,7 +55,7 @@ def _killed_reasons(ctx: Context) -> list[str]:
 
 
 def _sigkilled(ctx: Context) -> list[str]:
-    """Exit 137 / SIGKILL of a rank in a run that ended failed: the OOM killer's signature."""
+    """Exit 137 / SIGKILL of a rank in a run that ended failed (the OOM killer's, or anyone's kill -9)."""
     sched = ctx.run.scheduler
     if not ctx.run.ended or sched.get("state") in ("COMPLETED", "CANCELLED"):
         return []
@@ -156,7 +156,8 @@ def _oom_lines(matches: list[LogMatch], ctx: Context) -> list[str]:
 
 
 def oom_rule(ctx: Context) -> list[Finding]:
-    """CUDA OOM in logs; host OOM from markers, Slurm state or a SIGKILL of a failed run."""
+    """CUDA OOM in logs; host OOM from markers or Slurm state; a SIGKILL of a failed run without either is
+    reported as a kill (family `killed`), never as an out-of-memory."""
     findings = []
     cuda = first_per_rank(ctx.matches, "cuda_oom")
     host_marks = first_per_rank(ctx.matches, "cpu_oom")
@@ -169,9 +170,22 @@ def oom_rule(ctx: Context) -> list[Finding]:
     elif not cuda:
         killed = _sigkilled(ctx)
         if killed:
-            findings.append(_finding(ctx, WARNING, "a rank was killed with SIGKILL (exit 137): most often the "
-                                     "out-of-memory killer (or a manual kill -9)", killed, host=True))
+            findings.append(_killed_finding(ctx, killed))
     return findings
+
+
+def _killed_finding(ctx: Context, killed: list[str]) -> Finding:
+    """A rank died of signal 9 and nothing the run recorded says out of memory: say what is known (the
+    signal, where memory stood), not an OOM story, and offer no memory fixes (issue 29)."""
+    evidence = list(killed)
+    evidence.append("no out-of-memory message in the rank logs and no OUT_OF_MEMORY state from the scheduler, "
+                    "so the cause is not known from the run: the kernel's OOM killer writes to the kernel log "
+                    "(`dmesg`, `journalctl -k`) of the rank's host, and a `kill -9` or a node agent leaves no trace")
+    peak, pred = measured_peak(ctx.run), ctx.prediction
+    if peak:
+        evidence.append(f"measured peak before the kill {gib(peak[0])} ({peak[1]})"
+                        + (f"; the planner predicted {gib(pred.total_bytes)}" if pred is not None else ""))
+    return Finding("killed", WARNING, "a rank was killed by signal 9 (SIGKILL)", tuple(evidence))
 
 
 def state_bytes(rank: dict[str, Any]) -> dict[str, float]:

@@ -1,4 +1,4 @@
-"""Speed findings: communication share, imbalance between ranks, pipeline bubble, MFU.
+"""Speed findings: communication share, imbalance between ranks, pipeline bubble, MFU, throughput.
 
 Measurements come from the rank summaries (ranks/rank-R.json: means over an attempt's steps, the
 warm-up step excluded) and fall back to rank 0's metrics lines. The runtime measures exposed
@@ -16,6 +16,7 @@ from hpctrain.diagnose.context import Context, measured_share, rank_coords, rank
 from hpctrain.diagnose.findings import WARNING, Finding, Fix, pct, ranks_text
 from hpctrain.diagnose.fixes import Candidate, validated
 from hpctrain.diagnose.predict import Prediction
+from hpctrain.rundir.events import STARTED
 
 FABRIC_PROFILE = {"ib-hdr200": "ib", "ib-ndr400": "ib", "roce": "roce", "ethernet": "ethernet"}
 
@@ -240,3 +241,27 @@ def mfu_rule(ctx: Context) -> list[Finding]:
                                    ctx.run.job_data)) if f]
     return [Finding("mfu", WARNING, f"MFU {pct(measured)} is far below the planner's {pct(pred.mfu)}",
                     tuple(evidence), tuple(fixes))]
+
+
+def throughput_rule(ctx: Context) -> list[Finding]:
+    """Measured tokens/s far below the planner's (< throughput_ratio of it) where MFU is not measured (the
+    ranks ran on the CPU, e.g. a GPU job with runtime.allow_cpu). Not for cluster.gpu: cpu, whose planner
+    figure is a rough catalog entry, not a prediction to hold a run to."""
+    measured, pred = ctx.run.median_metric("tokens_per_s"), ctx.prediction
+    gpu = ctx.section("cluster").get("gpu")
+    if (gpu == "cpu" or measured is None or pred is None or not pred.tokens_per_s
+            or ctx.run.median_metric("mfu") is not None or measured >= ctx.thresholds.throughput_ratio * pred.tokens_per_s):
+        return []
+    ratio = pred.tokens_per_s / max(measured, 1e-9)
+    evidence = [f"{measured:,.0f} tokens/s measured (median of logged steps) vs {pred.tokens_per_s:,.0f} planned for "
+                f"{pred.label} on {gpu}: {ratio:,.0f}x below the plan"]
+    starts = ctx.run.events_named(STARTED)
+    if starts:
+        last = starts[-1]
+        cuda = last.get("cuda") or "none (a CPU-only build)"
+        evidence.append(f"the ranks ran on device {last.get('device', '?')} (started event, attempt "
+                        f"{last.get('attempt', '?')}; torch {last.get('torch', '?')}, CUDA {cuda})")
+    evidence.append("check that the ranks see their GPUs (a CUDA build of torch, CUDA_VISIBLE_DEVICES, the job's GPU "
+                    "request; runtime.allow_cpu lets a GPU job train on the CPU), then the data loading and the node")
+    return [Finding("throughput", WARNING, f"throughput is {ratio:,.0f}x below the planner's estimate",
+                    tuple(evidence))]

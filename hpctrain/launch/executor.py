@@ -102,6 +102,11 @@ class Executor(abc.ABC):
         """The sentence `submit` prints when cluster.executor names this backend; raises when it cannot run."""
         return f"executor: {self.name} (cluster.executor)"
 
+    def sees_paths(self, *, dry_run: bool = False) -> bool:
+        """Whether the job's files (train.data, checkpoint.dir) are checked on this machine before a submit, or
+        a dry run of one: checks_paths_here; a backend that dry-runs for elsewhere says False then."""
+        return self.checks_paths_here
+
     def check(self, job: Job, *, array: Optional[str] = None) -> None:
         """ConfigError for what this backend refuses in `job` (or in a sweep of it: `array` set)."""
 

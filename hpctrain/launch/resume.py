@@ -28,6 +28,7 @@ from hpctrain.launch.files import write_job_files
 from hpctrain.launch.rundir import write_json, write_text
 from hpctrain.launch.status import is_active, run_status
 from hpctrain.launch.submit import Submission, launch
+from hpctrain.rundir.data_identity import check_unchanged
 from hpctrain.rundir.events import RESUME_REQUESTED
 from hpctrain.rundir.layout import CHECKPOINTS_DIR, JOB_FILE, PLAN_FILE, RESOLVED_FILE, SUBMIT_DIR
 from hpctrain.rundir.lock import check_free
@@ -78,6 +79,8 @@ def resume_run(run_dir: Path, overrides: Sequence[str] = (), *, dry_run: bool = 
                           f"nothing to resume from (submit the job afresh: `hpctrain submit {run_dir / 'job.yaml'}`)")
     executor, note = choose(job, env, dry_run=dry_run)
     executor.check(job)
+    if executor.sees_paths(dry_run=dry_run):  # the token files the run trained on, before anything is written or submitted
+        check_unchanged(job, run_dir)
     resolved, plan = stages.resolve(job)
     if dry_run:
         return _dry_run(run_dir, job, resolved, plan, executor, note), str(checkpoint)

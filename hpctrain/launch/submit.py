@@ -48,10 +48,11 @@ def submit_job(job: Job, *, dry_run: bool = False, env: Optional[Mapping[str, st
     executor, note = choose(job, env, dry_run=dry_run)
     executor.check(job)
     resolved, plan = stages.resolve(job)
-    if not dry_run and executor.checks_paths_here:
-        # a dry run may render for a cluster whose file system this machine does not see
-        check_data(resolved)  # before the run directory exists: a bad token file submits nothing
-        if job.checkpoint.dir:  # a new run owns nothing: another run's checkpoints are refused here
+    if executor.sees_paths(dry_run=dry_run):
+        # before the run directory exists: a missing or bad token file submits nothing (a dry run says so too;
+        # one that renders for a cluster whose file system this machine does not see is not checked)
+        check_data(resolved)
+        if not dry_run and job.checkpoint.dir:  # a new run owns nothing: another run's checkpoints are refused
             stages.check_checkpoint_dir(Path(job.checkpoint.dir), None, job.checkpoint.adopt)
     run_dir = create_run_dir(job.runs_dir, job.name)
     write_job_files(run_dir, job, resolved, plan)

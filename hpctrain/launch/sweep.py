@@ -96,10 +96,11 @@ def submit_sweep(job: Job, grid_options: Sequence[str] = (), *, max_parallel: Op
                           + [f"  {point_label(s['point'])}: {s['reason']}" for s in skipped])
     if max_parallel is not None and max_parallel < 1:
         raise ConfigError(f"--max-parallel: must be >= 1 (got {max_parallel}); it is the %K of --array")
-    if not dry_run:  # every point's token files, before anything is created or submitted
+    if executor.sees_paths(dry_run=dry_run):  # every point's token files, before anything is created or submitted
         problems = [f"{point_label(p)}: {line}" for p, _, resolved, _ in feasible for line in data_problems(resolved)]
         if problems:
             raise ConfigError(problems)
+    if not dry_run:  # a dry run writes nothing, not even a probe
         stages.check_sweep_checkpoint_dirs([(point_label(p), resolved) for p, _, resolved, _ in feasible])
     parallel = max_parallel or (job.sweep.max_parallel if job.sweep else 4)
     array = f"0-{len(feasible) - 1}%{min(parallel, len(feasible))}"

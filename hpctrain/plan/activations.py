@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from hpctrain.plan.model_stats import attention_params, ffn_params, head_dim
+from hpctrain.plan.model_stats import attention_params, dense_ffn_params, ffn_params, head_dim
 
 FP32_BYTES = 4
 HALF_BYTES = 2
@@ -70,16 +70,76 @@ class LayerActivations:
     recompute_peak_bytes: float  # extra, briefly, while the layer's backward recomputes (AC)
 
 
-def _widths(model: Any, tp: int) -> tuple[float, float, float, float, float]:
-    """Per-TP-rank widths: hidden, query width, k/v width after GQA repeat, kv width, ffn width."""
+def _widths(model: Any, tp: int, ffn: float | None = None) -> tuple[float, float, float, float, float]:
+    """Per-TP-rank widths: hidden, query width, k/v width after GQA repeat, kv width, ffn width
+    (`ffn`: a dense FFN of another width, e.g. a MoE block's shared experts)."""
     hidden = float(model.hidden)
     q_width = model.heads * head_dim(model) / tp
     kv_width = model.kv_heads * head_dim(model) / tp
     repeated = q_width if model.heads != model.kv_heads else kv_width
-    return hidden, q_width, repeated, kv_width, model.ffn_hidden / tp
+    return hidden, q_width, repeated, kv_width, (model.ffn_hidden if ffn is None else ffn) / tp
+
+
+@dataclass(frozen=True)
+class MoeShape:
+    """A MoE block's FFN (runtime/model/moe.py): routed experts, top-k, expert width, shared width."""
+
+    experts: int
+    top_k: int
+    width: int
+    shared: int
+    moe_layers: int
+    layers: int
+
+    @property
+    def dense_share(self) -> float:
+        return (self.layers - self.moe_layers) / self.layers
+
+
+def moe_shape(model: Any) -> MoeShape | None:
+    from hpctrain.config.moe import expert_width, shared_width
+    from hpctrain.plan.model_stats import moe_layer_count
+
+    moe = getattr(model, "moe", None)
+    if moe is None:
+        return None
+    ffn = int(model.ffn_hidden)
+    return MoeShape(int(moe.experts), int(moe.top_k), expert_width(moe, ffn), shared_width(moe, ffn),
+                    moe_layer_count(model), int(model.layers))
+
+
+def _over_layers(model: Any, dense: float, moe: float, shape: MoeShape | None) -> float:
+    """A per-layer figure as the mean over the model's layers (dense and MoE blocks): layers x it is the sum."""
+    return dense if shape is None else shape.dense_share * dense + (1 - shape.dense_share) * moe
+
+
+def moe_routing_bytes_per_token(shape: MoeShape, model: Any, d: Dtypes) -> float:
+    """What a MoE FFN saves per token beyond a dense FFN of the shared width, traced with
+    saved_tensors_hooks on runtime/model/moe.py: the routed copies' SwiGLU intermediates (w1 and w3
+    outputs, silu, product: 4 x top_k x width), the gathered inputs, the routed outputs and their
+    weighted copy (3 x top_k x hidden), the router's fp32 scores [experts], its top-k ids (int64) and
+    weights, the sort order and token index of every slot (int64 each), and the router's fp32 copy
+    of its input when the stream is 16-bit (the router computes in fp32)."""
+    k = shape.top_k
+    routed = d.matmul * (4 * k * shape.width + 3 * k * model.hidden)
+    router = FP32_BYTES * (shape.experts + 2 * k + 1) + INDEX_BYTES * 3 * k
+    router_input = FP32_BYTES * model.hidden if d.stream < FP32_BYTES else 0.0
+    return routed + router + router_input
 
 
 def layer_saved_bytes_per_token_no_ac(model: Any, tp: int, sp: bool, mode: str) -> float:
+    """Per token, the mean over the layers (with model.moe, MoE blocks save more: moe_routing_bytes_per_token);
+    each block as `_block_saved_no_ac`."""
+    shape = moe_shape(model)
+    dense = _block_saved_no_ac(model, tp, sp, mode)
+    if shape is None:
+        return dense
+    moe = _block_saved_no_ac(model, tp, sp, mode, ffn=shape.shared) + moe_routing_bytes_per_token(
+        shape, model, dtypes(mode))
+    return _over_layers(model, dense, moe, shape)
+
+
+def _block_saved_no_ac(model: Any, tp: int, sp: bool, mode: str, ffn: float | None = None) -> float:
     """Per token: every tensor one layer saves without checkpointing (see module docstring).
 
     Per RMSNorm: its input x and an fp32 rstd; per linear group: its input (one shared tensor,
@@ -90,29 +150,43 @@ def layer_saved_bytes_per_token_no_ac(model: Any, tp: int, sp: bool, mode: str) 
     With sequence parallelism the norm-region tensors are split over tp (Korthikanti, section 4.2.2).
     """
     d = dtypes(mode)
-    hidden, q_width, repeated, _, ffn = _widths(model, tp)
+    hidden, q_width, repeated, _, ffn_width = _widths(model, tp, ffn)
     seq_split = tp if sp else 1
     norm = (d.stream * hidden + FP32_BYTES) / seq_split
-    casts = 3 + (2 if model.activation == "swiglu" else 1)  # q, k, v; w1 (and w3)
+    linears = 0 if ffn == 0 else (2 if model.activation == "swiglu" else 1)  # w1 (and w3); none: no FFN
+    casts = 3 + linears  # q, k, v; w1 (and w3)
     inputs = casts * d.matmul * hidden if d.casts_inputs else 2 * d.norm_out * hidden / seq_split
     attention = d.matmul * (2 * q_width + 2 * repeated) + FP32_BYTES * model.heads / tp
-    ffn_saved = (4 if model.activation == "swiglu" else 2) * d.matmul * ffn
+    ffn_saved = (4 if model.activation == "swiglu" else 2) * d.matmul * ffn_width
     return 2 * norm + inputs + attention + ffn_saved
 
 
 def layer_saved_bytes_per_token_selective(model: Any, tp: int, sp: bool, mode: str) -> float:
     """Per token under the runtime's selective (op-level) policy: the block input plus the
-    outputs of every matmul and of SDPA (output + log-sum-exp); everything else is recomputed."""
+    outputs of every matmul and of SDPA (output + log-sum-exp); everything else is recomputed.
+    A MoE block: its grouped GEMMs' outputs (w1, w3: top_k x width; w2: top_k x hidden) and the
+    router's fp32 logits are matmul outputs too; a shared expert is a dense FFN of its width."""
+    shape = moe_shape(model)
+    dense = _block_saved_selective(model, tp, sp, mode)
+    if shape is None:
+        return dense
     d = dtypes(mode)
-    hidden, q_width, _, kv_width, ffn = _widths(model, tp)
+    moe = _block_saved_selective(model, tp, sp, mode, ffn=shape.shared)
+    moe += d.matmul * shape.top_k * (2 * shape.width + model.hidden) + FP32_BYTES * shape.experts
+    return _over_layers(model, dense, moe, shape)
+
+
+def _block_saved_selective(model: Any, tp: int, sp: bool, mode: str, ffn: float | None = None) -> float:
+    d = dtypes(mode)
+    hidden, q_width, _, kv_width, ffn_width = _widths(model, tp, ffn)
     block_input = d.stream * hidden / (tp if sp else 1)
     qkv = d.matmul * (q_width + 2 * kv_width)
     sdpa = d.matmul * q_width + FP32_BYTES * model.heads / tp
     # wo and w2 outputs; under TP these are partial sums the policy recomputes, saving the reduced
     # outputs instead: all-reduced (full) or, under sequence parallelism, reduce-scattered (1/tp).
     # The all-gathers of sequence parallelism are recomputed, not saved.
-    projections = 2 * d.matmul * hidden if tp == 1 else 0.0
-    ffn_out = (2 if model.activation == "swiglu" else 1) * d.matmul * ffn
+    projections = (1 if ffn == 0 else 2) * d.matmul * hidden if tp == 1 else 0.0
+    ffn_out = (2 if model.activation == "swiglu" else 1) * d.matmul * ffn_width
     collectives = 0.0
     if tp > 1:
         collectives = 2 * d.matmul * hidden / (tp if sp else 1)
@@ -156,11 +230,20 @@ def rope_table_copy_bytes(model: Any, mode: str) -> float:
     return 0.0
 
 
-def weight_copy_bytes_per_layer(model: Any, tp: int, mode: str) -> float:
-    """autocast's 16-bit weight copies one layer saves for backward (0 in the other modes)."""
+def weight_copy_bytes_per_layer(model: Any, tp: int, mode: str, ac: str = "none") -> float:
+    """autocast's 16-bit weight copies one layer saves for backward (0 in the other modes), the mean over
+    the layers. autocast caches the copies of nn.Linear weights for the whole step; the MoE experts cast
+    their stacked weights themselves (runtime/model/moe.py), so those copies live only as saved inputs of
+    the grouped GEMMs: without checkpointing, not under it (the router computes in fp32: no copy)."""
     if not dtypes(mode).casts_weights:
         return 0.0
-    return HALF_BYTES * (attention_params(model) + ffn_params(model)) / tp
+    shape = moe_shape(model)
+    if shape is None:
+        return HALF_BYTES * (attention_params(model) + ffn_params(model)) / tp
+    h = int(model.hidden)
+    routed = 3 * h * shape.experts * shape.width if ac == "none" else 0
+    moe = 3 * h * shape.shared + routed
+    return HALF_BYTES * (attention_params(model) + _over_layers(model, dense_ffn_params(model), moe, shape)) / tp
 
 
 @dataclass(frozen=True)

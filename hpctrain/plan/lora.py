@@ -144,7 +144,7 @@ def fine_tune_notes(job: Job) -> list[str]:
     moe = getattr(job.model, "moe", None)
     if moe is not None:
         notes.append(f"model.moe ({moe.experts} experts, top-{moe.top_k}): every rank holds all experts of its "
-                     "stages (no expert parallelism yet) and FLOPs count the active experts; the activations "
-                     "are the dense FFN's estimate, not yet the routed tokens' (top-k copies, grouped GEMMs): "
-                     "leave memory headroom")
+                     "stages (no expert parallelism yet); FLOPs count the active experts; activations assume an "
+                     "even load (a busier expert's rows are the same top-k copies in other places, so the total "
+                     "holds, but a grouped GEMM's transient grows with the busiest expert)")
     return notes

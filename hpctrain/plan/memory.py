@@ -236,11 +236,11 @@ def _phase_items(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, 
     if s.lora is not None:
         layer, head = lora_activations(layer, head, model, s.lora, tokens, s.tp, s.sequence_parallel, s.ac, mode)
     in_flight = in_flight_micro_batches(s.schedule, s.pp, pp_rank, s.micro_batches, s.virtual_stages)
-    copies = layers * weight_copy_bytes_per_layer(model, s.tp, mode) + (head.weight_copy_bytes if last else 0.0)
+    copies = layers * weight_copy_bytes_per_layer(model, s.tp, mode, s.ac) + (head.weight_copy_bytes if last else 0.0)
     if s.lora is not None and s.ac == "full":
         # autocast caches the 16-bit copies of parameters that require grad only: a frozen base's copies
         # live while a matmul saves them, so under full checkpointing only the recomputed layer's.
-        copies -= (layers - 1) * weight_copy_bytes_per_layer(model, s.tp, mode)
+        copies -= (layers - 1) * weight_copy_bytes_per_layer(model, s.tp, mode, s.ac)
     per_micro_batch = layers * layer.saved_bytes + (embedding_saved_bytes(tokens) if first else 0.0)
     pipeline = pipeline_buffer_bytes(model, s, pp_rank, tokens, in_flight, mode)
     recompute = layer.recompute_peak_bytes - ffn_output_input_bytes(model, tokens, s.tp, mode)

@@ -147,9 +147,15 @@ def stage_param_count(
     head are vocab-parallel (rows of the vocab split by tp, the largest shard counted). A tied
     model split over several stages keeps a head copy on the last stage (Megatron keeps a copy and
     all-reduces its gradient with the embedding's), so `has_head` counts [hidden, vocab] then too.
+    With model.moe the stage's dense blocks (the first dense_layers) and MoE blocks are counted apart.
     """
     per_layer, vocab_params, norm = _tp_shard_sizes(model, tp)
     count = (last_layer - first_layer) * per_layer
+    if moe_layer_count(model):
+        dense = max(0, min(last_layer, int(model.moe.dense_layers)) - first_layer)
+        attention_and_norms = attention_params(model) // tp + layer_norm_params(model)
+        count = (dense * (attention_and_norms + dense_ffn_params(model) // tp)
+                 + (last_layer - first_layer - dense) * (attention_and_norms + moe_ffn_params(model) // tp))
     if has_embedding:
         count += vocab_params
     if has_head:

@@ -31,6 +31,7 @@ RANKS_DIR = "ranks"  # ranks/rank-R.json (ranks.py)
 EVENTS_FILE = "events.jsonl"
 CHECKPOINTS_DIR = "checkpoints"  # the default checkpoint.dir
 RUN_ID_FILE = "run_id"  # the run's identity, written once; checkpoints record it (checkpoints.py)
+DATA_IDENTITY_FILE = "data.json"  # the token files the run trains on, checked at every start (data_identity.py)
 SWEEP_FILE = "sweep.json"
 TASKS_DIR = "tasks"
 # Files between the batch script (on the host) and the runtime (maybe in a container): the runtime

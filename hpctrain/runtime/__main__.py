@@ -175,7 +175,10 @@ def _user_error(exc: Exception, rank: int) -> int:
 def _run(job: Job, env: Any, args: argparse.Namespace) -> int:
     from hpctrain.errors import ConfigError
     from hpctrain.runtime.checkpoint.checkpointer import CheckpointSaveError
-    from hpctrain.runtime.distributed import init_distributed, shutdown
+    from hpctrain.config import job_to_dict
+    from hpctrain.rundir.data_identity import check_and_record
+    from hpctrain.rundir.layouts import layout_of
+    from hpctrain.runtime.distributed import init_distributed, shutdown, torch_build
     def event(name: str, every_rank: bool = False, **fields: Any) -> None:
         if env.rank == 0 or every_rank:
             append_event(args.run_dir, name, attempt=env.attempt, **fields)
@@ -187,10 +190,14 @@ def _run(job: Job, env: Any, args: argparse.Namespace) -> int:
     FLAG.install(job.restart.signal)
     trainer = None
     try:
-        device = init_distributed(env, need_group=bool(job.parallel.offload_optimizer))
+        # Before the process group: the token files this run recorded at its first start are still the same.
+        check_and_record(job, args.run_dir, write=env.rank == 0)
+        device = init_distributed(env, need_group=bool(job.parallel.offload_optimizer), gpu=job.cluster.gpu,
+                                  allow_cpu=job.runtime.allow_cpu)
         if env.rank == 0:
             _write_resolved(job, args.run_dir)
-        event(STARTED, world_size=env.world_size, launcher=env.launcher, hosts=_hosts(), device=device.type)
+        event(STARTED, world_size=env.world_size, launcher=env.launcher, hosts=_hosts(), device=device.type,
+              gpu=job.cluster.gpu, **torch_build(), layout=layout_of(job_to_dict(job)))
         from hpctrain.runtime.trainer import Trainer
 
         trainer = Trainer(job, args.run_dir, device, env, resume_from=args.resume_from)
@@ -209,7 +216,9 @@ def _run(job: Job, env: Any, args: argparse.Namespace) -> int:
             return 1
         return 0
     except ConfigError as exc:
-        event(FAILED, reason=str(exc).splitlines()[0], exit_code=2)
+        # Every rank that refuses says so: the first to exit 2 gets the others killed (srun --kill-on-bad-exit,
+        # the rank group), so rank 0 may never reach this line.
+        event(FAILED, every_rank=True, reason=str(exc).splitlines()[0], rank=env.rank, exit_code=2)
         return _user_error(exc, env.rank)
     except CheckpointSaveError as exc:  # e.g. a full disk: what it is, in one line, no traceback
         print(f"{PROG} [rank {env.rank}]: failed: {exc}", file=sys.stderr, flush=True)

@@ -47,7 +47,7 @@ class DistEnv:
     master_addr: str
     master_port: int
     launcher: str  # "torchrun", "slurm", "volcano" or "single"
-    attempt: int = 0  # SLURM_RESTART_COUNT: how many times Slurm requeued this job
+    attempt: int = 0  # the run directory's attempt (HPCTRAIN_ATTEMPT), else SLURM_RESTART_COUNT
 
 
 def _int(environ: Mapping[str, str], name: str) -> int:
@@ -85,7 +85,8 @@ def first_host(nodelist: str) -> str:
 def detect_env(environ: Mapping[str, str] | None = None) -> DistEnv:
     """Rank, world size and rendezvous from torchrun's or Slurm's variables, or a single process."""
     env = os.environ if environ is None else environ
-    attempt = int(env.get("SLURM_RESTART_COUNT", "0") or 0)
+    restarts = int(env.get("SLURM_RESTART_COUNT", "0") or 0)
+    attempt = run_attempt(env, restarts)
     if in_volcano_pod(env):
         return _volcano_env(env)
     if "RANK" in env and "WORLD_SIZE" in env:
@@ -101,7 +102,7 @@ def detect_env(environ: Mapping[str, str] | None = None) -> DistEnv:
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
         nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or "127.0.0.1"
         port = (_int(env, "MASTER_PORT") if "MASTER_PORT" in env
-                else port_for_job(env.get("SLURM_JOB_ID", "0"), attempt))
+                else port_for_job(env.get("SLURM_JOB_ID", "0"), restarts))
         return DistEnv(
             rank=_int(env, "SLURM_PROCID"),
             world_size=_int(env, "SLURM_NTASKS"),
@@ -115,9 +116,16 @@ def detect_env(environ: Mapping[str, str] | None = None) -> DistEnv:
                    launcher="single", attempt=attempt)
 
 
+def run_attempt(env: Mapping[str, str], default: int = 0) -> int:
+    """The attempt this start is, as its launcher counted it from the run directory (HPCTRAIN_ATTEMPT: the
+    local supervisor, the Ray driver, a Volcano pod and the batch script set it; the logs are named by it),
+    else `default` (SLURM_RESTART_COUNT under a bare srun or torchrun)."""
+    return _int(env, ATTEMPT_ENV) if env.get(ATTEMPT_ENV) else default
+
+
 def _volcano_env(env: Mapping[str, str]) -> DistEnv:
     """A rank in a Volcano pod: the pod launcher's torchrun variables, or the pod itself as one rank."""
-    attempt = _int(env, ATTEMPT_ENV) if env.get(ATTEMPT_ENV) else 0
+    attempt = run_attempt(env)
     if "RANK" in env and "WORLD_SIZE" in env and "MASTER_ADDR" in env and "MASTER_PORT" in env:
         return DistEnv(rank=_int(env, "RANK"), world_size=_int(env, "WORLD_SIZE"),
                        local_rank=_int(env, "LOCAL_RANK") if "LOCAL_RANK" in env else 0,
@@ -171,18 +179,59 @@ def default_omp_threads(environ: Any = None) -> None:
     env.setdefault("OMP_NUM_THREADS", "1")
 
 
-def init_distributed(env: DistEnv, need_group: bool = False) -> Any:
+def no_cuda_reason(cuda_build: Optional[str], device_count: int, environ: Mapping[str, str]) -> Optional[str]:
+    """Why this process has no usable CUDA device (None: it has one). A pure function, table-tested.
+
+    cuda_build: torch.version.cuda (None for a CPU-only wheel); device_count: the devices torch sees.
+    """
+    if cuda_build is None:
+        return "this torch is a CPU-only build (torch.version.cuda is None); install a CUDA build of torch"
+    if device_count > 0:
+        return None
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1", "none", "NoDevFiles"):
+        return (f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU from this process; unset it or let the "
+                "launcher set it (srun --gpus-per-node)")
+    where = f"CUDA_VISIBLE_DEVICES={visible!r}" if visible is not None else "CUDA_VISIBLE_DEVICES is unset"
+    return (f"torch (CUDA {cuda_build}) sees no CUDA device ({where}); check the node has GPUs, the driver "
+            "loads (nvidia-smi) and the job asked the scheduler for them")
+
+
+def check_device(gpu: str, allow_cpu: bool, cuda_build: Optional[str], device_count: int,
+                 environ: Mapping[str, str]) -> None:
+    """A job whose cluster.gpu names a GPU must not train on the CPU without being told to (ConfigError,
+    exit 2, before any step): a CPU torch or a wrong CUDA_VISIBLE_DEVICES would make it ~1000x slower."""
+    if gpu == "cpu" or allow_cpu:
+        return
+    reason = no_cuda_reason(cuda_build, device_count, environ)
+    if reason is not None:
+        raise ConfigError(f"cluster.gpu: {gpu!r} but this rank has no usable CUDA device: {reason}; to train "
+                          "on the CPU on purpose set cluster.gpu: cpu or runtime.allow_cpu: true")
+
+
+def torch_build() -> dict[str, Any]:
+    """The torch this rank runs: {"torch": torch.__version__, "cuda": torch.version.cuda (None: CPU build)}."""
+    import torch
+
+    return {"torch": str(torch.__version__), "cuda": torch.version.cuda}
+
+
+def init_distributed(env: DistEnv, need_group: bool = False, *, gpu: str = "cpu", allow_cpu: bool = True) -> Any:
     """Join the process group (NCCL on GPUs, gloo on CPU) and return this rank's torch.device.
 
-    A single process gets a process group only when `need_group` (e.g. FSDP for optimizer offload);
-    it then rendezvous through an in-memory store, no port needed.
+    `gpu` (cluster.gpu) names a GPU and `allow_cpu` is false: a rank without a usable CUDA device raises
+    ConfigError (check_device) instead of falling back to the CPU. A single process gets a process group
+    only when `need_group` (e.g. FSDP for optimizer offload); it then rendezvous through an in-memory
+    store, no port needed.
     """
     import datetime
 
     import torch
     import torch.distributed as dist
 
-    if torch.cuda.is_available():
+    available = torch.cuda.is_available()
+    check_device(gpu, allow_cpu, torch.version.cuda, torch.cuda.device_count() if available else 0, os.environ)
+    if available:
         device = torch.device("cuda", _gpu_index(env.local_rank, torch.cuda.device_count()))
         torch.cuda.set_device(device)
         backend = "nccl"

@@ -38,7 +38,7 @@ from hpctrain.runtime.requeue import RequeueController
 if TYPE_CHECKING:
     from hpctrain.config import Job
 
-# Benchmarks set this to "0" to skip the checkpoint at the end of training (a 1B model writes ~15 GB).
+# "0" is read as checkpoint.final: false (the benchmarks' older way to skip a 1B model's ~15 GB final save).
 FINAL_CHECKPOINT_ENV = "HPCTRAIN_FINAL_CHECKPOINT"
 # torchtitan's default (training.gc_freq): often enough that cycles from autograd graphs and
 # DTensor specs never pile up, rare enough that its cost disappears in the step time.
@@ -188,8 +188,9 @@ class Trainer:
             if self.checkpointer.save(self.step, self.train_state()):
                 self.telemetry.write_rank_summary(self.state_bytes(), "running")
         stopped = self.step < self.job.train.steps
-        # A stop request always saves (the requeue resumes from it); the benches may skip the final save.
-        if stopped or os.environ.get(FINAL_CHECKPOINT_ENV, "1") != "0":
+        # A stop request always saves (the requeue resumes from it); checkpoint.final: false skips the last save.
+        final = self.job.checkpoint.final and os.environ.get(FINAL_CHECKPOINT_ENV, "1") != "0"
+        if stopped or final:
             gc.collect()
             self.checkpointer.save(self.step, self.train_state(), force=True)
         self.checkpointer.wait()

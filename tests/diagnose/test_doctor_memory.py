@@ -66,15 +66,31 @@ def test_host_oom_from_slurm_state_and_stepd_message(tmp_path):
     assert_fixes_replan(run, finding)
 
 
-def test_sigkill_of_a_failed_run_is_reported_as_likely_oom(tmp_path):
+def test_sigkill_without_an_oom_message_is_a_kill_not_an_oom(tmp_path):
+    # Issue 29: after a `kill -9` of a rank the doctor said "the allocation failed at 0.05 GiB, below the
+    # planner's 16.00 GiB budget" and offered more nodes: an OOM story with no OOM anywhere in the run.
     events = [event("started", 1.0, attempt=0), event("failed", 50.0, attempt=0, reason="rank 1 exited with code -9",
                                                       executor="local")]
     metrics, ranks = healthy_telemetry()
     run = make_run(tmp_path, gpu_job(), metrics=metrics, ranks=ranks, events=events,
+                   logs={(0, 0): "healthy.log", (1, 0): "healthy.log"},
                    local_state={"state": "FAILED", "exit_codes": [-15, -9], "reason": "rank 1 exited with code -9"})
     (finding,) = diagnose_run(run).findings
-    assert finding.family == "oom" and finding.severity == "warning"
-    assert "SIGKILL" in finding.title
+    assert (finding.family, finding.severity, finding.title) == ("killed", "warning",
+                                                                "a rank was killed by signal 9 (SIGKILL)")
+    text = "\n".join(finding.evidence)
+    assert "exit codes -15, -9" in text and "no out-of-memory message in the rank logs" in text
+    assert "allocation failed" not in text and "budget" not in text
+    assert finding.fixes == ()  # no memory fixes for a failure nobody showed to be memory
+
+
+def test_sigkill_with_an_oom_kill_in_the_logs_is_a_host_oom(tmp_path):
+    events = [event("started", 1.0, attempt=0), event("failed", 50.0, attempt=0, reason="rank 1 exited with code -9")]
+    metrics, ranks = healthy_telemetry()
+    run = make_run(tmp_path, gpu_job(), metrics=metrics, ranks=ranks, events=events, logs={(1, 0): "oom_kill.log"},
+                   local_state={"state": "FAILED", "exit_codes": [-15, -9], "reason": "rank 1 exited with code -9"})
+    (finding,) = diagnose_run(run).findings
+    assert finding.family == "oom" and "host (CPU) memory" in finding.title
 
 
 def test_sigkill_in_a_run_that_finished_is_not_reported(tmp_path):

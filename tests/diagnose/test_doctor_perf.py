@@ -6,7 +6,7 @@ from hpctrain.config import job_from_dict
 from hpctrain.diagnose.doctor import diagnose_run
 from hpctrain.diagnose.predict import predict_job
 
-from ._runs import assert_fixes_replan, gpu_job, healthy_telemetry, make_run, metrics_lines, rank_summary
+from ._runs import assert_fixes_replan, event, gpu_job, healthy_telemetry, make_run, metrics_lines, rank_summary
 
 TWO_NODES = {"nodes": 2, "gpus_per_node": 8}
 PP2 = {"tp": 1, "pp": 2, "dp": 4, "schedule": "1f1b", "virtual_stages": 1}
@@ -94,4 +94,26 @@ def test_cpu_run_without_mfu_is_not_compared_with_a_gpu_estimate(tmp_path):
     for m in metrics:
         m["mfu"] = None
     run = make_run(tmp_path, gpu_job(), metrics=metrics, ranks=ranks)
-    assert diagnose_run(run).findings == []
+    # No MFU finding (nothing measured to compare); the throughput, 21x below the plan, is what says it (issue 29).
+    assert [f.family for f in diagnose_run(run).findings] == ["throughput"]
+
+
+def test_a_gpu_job_that_ran_on_the_cpu_is_flagged_by_its_throughput(tmp_path):
+    # Issue 29: a GPU job trained on the CPU (then silently, now with runtime.allow_cpu): MFU is not measured
+    # on a CPU, so only the throughput can say it. 400 tokens/s against a plan of hundreds of thousands.
+    started = {"attempt": 0, "device": "cpu", "gpu": "a100-80gb", "torch": "2.13.0+cpu", "cuda": None}
+    metrics = metrics_lines(20, 2.2, tokens_per_step=880)
+    ranks = [rank_summary(r, step_time_s=2.2, comm_s=0.1) for r in range(8)]
+    finding = _only(make_run(tmp_path, gpu_job(), metrics=metrics, ranks=ranks,
+                             events=[event("started", 1.0, **started)]), "throughput")
+    planned = predict_job(job_from_dict(gpu_job())).tokens_per_s
+    assert finding.title == f"throughput is {planned / 400:,.0f}x below the planner's estimate"
+    text = "\n".join(finding.evidence)
+    assert "400 tokens/s measured" in text and f"{planned:,.0f} planned" in text
+    assert "device cpu (started event, attempt 0; torch 2.13.0+cpu, CUDA none (a CPU-only build))" in text
+    assert "CUDA_VISIBLE_DEVICES" in text
+
+    # cluster.gpu: cpu: the planner's CPU figure is no prediction to hold a run to.
+    cpu = gpu_job(cluster={"gpu": "cpu", "node": None, "fabric": "ethernet"})
+    run = make_run(tmp_path, cpu, metrics=metrics, ranks=ranks, events=[event("started", 1.0, **started)], name="cpu")
+    assert "throughput" not in [f.family for f in diagnose_run(run).findings]

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +15,7 @@ from hpctrain.diagnose.report import memory_table, summarize, write_report
 from ._runs import GIB, gpu_job, make_run, metrics_lines, rank_summary
 
 matplotlib = pytest.importorskip("matplotlib")
+import matplotlib.axes  # noqa: E402 - after the skip: the spies below wrap its drawing calls
 
 
 def _open_png(path):
@@ -88,3 +93,45 @@ def test_report_on_a_real_four_point_sweep(tmp_path):
     measured = [float(line.split("finished")[1].split()[0].replace(",", "")) for line in ranked]
     assert measured == sorted(measured, reverse=True)
     _open_png(files[-1])
+
+
+def test_a_cpu_planned_run_gets_no_planner_line(tmp_path, monkeypatch):
+    # Issue 29: the report drew the planner's CPU figure, 20-450x off, as the run's reference line.
+    job = gpu_job(cluster={"gpu": "cpu", "node": None, "fabric": "ethernet"})
+    run = make_run(tmp_path, job, metrics=metrics_lines(10, 0.05, tokens_per_step=512))
+    lines, labels = [], []
+    real_axhline, real_legend = matplotlib.axes.Axes.axhline, matplotlib.axes.Axes.legend
+
+    def axhline(self, y=0, *args, **kwargs):  # a spy: the real call draws, the list keeps what was drawn
+        lines.append(kwargs.get("label"))
+        return real_axhline(self, y, *args, **kwargs)
+
+    def legend(self, *args, **kwargs):
+        labels.extend(self.get_legend_handles_labels()[1])
+        return real_legend(self, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "axhline", axhline)
+    monkeypatch.setattr(matplotlib.axes.Axes, "legend", legend)
+    write_report(run, tmp_path / "cpu")
+    assert not [label for label in lines if label and label.startswith("planner")]
+    assert any("not drawn: its cluster.gpu: cpu figure is unreliable" in label for label in labels), labels
+
+    lines.clear()
+    write_report(make_run(tmp_path, gpu_job(), metrics=metrics_lines(10, 2.2), name="gpu"), tmp_path / "gpu")
+    assert [label for label in lines if label and label.startswith("planner (")]  # a GPU plan keeps its line
+
+
+def test_report_without_matplotlib_writes_the_tables_and_exits_0(tmp_path):
+    # Issue 29: without the plot extra, report wrote report.txt and then exited 2 as for bad input.
+    run = make_run(tmp_path, gpu_job(), metrics=metrics_lines(10, 2.2))
+    code = ("import sys; sys.modules['matplotlib'] = None; from hpctrain.cli import main; "
+            f"sys.exit(main(['report', {str(run)!r}]))")
+    repo = str(Path(__file__).resolve().parents[2])
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": repo})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "report: no PNGs: pictures need matplotlib, the plot extra (pip install 'hpctrain[plot]'); "
+        "the tables are in report.txt"]
+    assert (run / "report" / "report.txt").read_text().startswith(f"run {run}")
+    assert not list((run / "report").glob("*.png"))

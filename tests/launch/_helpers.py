@@ -49,6 +49,8 @@ def tiny_job(name: str, *, executor: str = "auto", nodes: int = 1, gpus_per_node
         "slurm": {"partition": "low", "time": "00:10:00", "exclusive": False},
         "checkpoint": {"every_steps": 1000},
     }
+    if gpu != "cpu":  # planned for that GPU, trained here on the CPU: said so, or the runtime refuses (exit 2)
+        job["runtime"] = {"allow_cpu": True}
     for key, value in sections.items():
         job[key] = {**job.get(key, {}), **value} if isinstance(value, dict) else value
     return job

@@ -66,3 +66,33 @@ def test_submit_without_dry_run_still_needs_sbatch(tmp_path: Path, no_sbatch_env
     result = run_cli(["submit", str(REPO / "examples" / "gpt3-175b.yaml")], cwd=tmp_path, env=no_sbatch_env)
     assert result.returncode == 2 and "sbatch" in result.stderr
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("field", ["train.data", "train.eval_data"])
+def test_local_dry_run_refuses_a_token_file_that_is_not_there(tmp_path: Path, no_sbatch_env: dict[str, str],
+                                                              field: str) -> None:
+    # Issue 29: `submit --dry-run` said nothing of a train.data that does not exist; the real submit then
+    # refused it. A dry run the local executor could submit checks the files as the submit would.
+    sets = ["--set", f"{field}={tmp_path / 'missing.bin'}"]
+    if field == "train.eval_data":
+        (tmp_path / "train.bin").write_bytes(bytes(range(256)) * 8)
+        sets += ["--set", f"train.data={tmp_path / 'train.bin'}", "--set", "train.eval_every=5"]
+    result = run_cli(["submit", str(REPO / "examples" / "quickstart.yaml"), *sets, "--dry-run"], cwd=tmp_path,
+                     env=no_sbatch_env, timeout_s=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"{field}: no such file (got {str(tmp_path / 'missing.bin')!r}); make it with "
+        "`hpctrain data prepare INPUTS -o FILE`, or use 'synthetic'"]
+    assert not (tmp_path / "runs").exists()  # nothing written
+
+
+def test_local_sweep_dry_run_refuses_a_token_file_that_is_not_there(tmp_path: Path,
+                                                                    no_sbatch_env: dict[str, str]) -> None:
+    missing = tmp_path / "missing.bin"
+    result = run_cli(["sweep", str(REPO / "examples" / "quickstart.yaml"), "--grid", "train.seed=1,2",
+                      "--set", f"train.data={missing}", "--dry-run"], cwd=tmp_path, env=no_sbatch_env, timeout_s=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 2 and all(f"train.data: no such file (got {str(missing)!r})" in line for line in lines)
+    assert lines[0].startswith("train.seed=1: ") and lines[1].startswith("train.seed=2: ")
+    assert not (tmp_path / "runs").exists()

@@ -270,3 +270,22 @@ def test_policy_that_cannot_run_is_reported(tmp_path: Path, bin_dir: Path, env: 
     if events:
         assert b"not requeued: the restart policy did not answer (python3 -m hpctrain.rundir.restart exited 1)" \
             in run.stderr
+
+
+def test_a_resumed_job_continues_the_run_directorys_attempt_count(tmp_path: Path, bin_dir: Path) -> None:
+    """Issue 29: `hpctrain resume` submits a new job, whose SLURM_RESTART_COUNT starts at 0 again; the run's
+    attempt goes on from its logs (attempt 3 after attempts 0-2), while restart.max_requeues counts this
+    job's own requeues (here none, so a crash is requeued although 3 attempts are behind it)."""
+    run_dir = tmp_path / "run"
+    (run_dir / "logs").mkdir(parents=True)
+    for name in ("task-0.attempt-0.log", "rank-0.attempt-1.log", "rank-1.attempt-2.log", "notes.log"):
+        (run_dir / "logs" / name).write_text("earlier\n")
+    script = render_script(_job(), run_dir=str(run_dir))
+    run = run_script(script, bin_dir=bin_dir, work=tmp_path, env={"STUB_RANK_RC": "1", "SLURM_RESTART_COUNT": "0"})
+    assert run.runtime_env["HPCTRAIN_ATTEMPT"] == "3"
+    [srun] = run.argv_of("srun")
+    assert f"--output={run_dir}/logs/task-%t.attempt-3.log" in srun
+    assert b"attempt 3" in run.stdout
+    [requeued] = [e for e in _events(run_dir) if e["event"] == "requeued"]
+    assert (requeued["attempt"], requeued["reason"]) == (3, "rank-crashed")
+    assert ["requeue", "4242"] in run.argv_of("scontrol")

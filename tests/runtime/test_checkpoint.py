@@ -95,6 +95,14 @@ def test_keep_last_and_stale_partials(tmp_path) -> None:
     assert saved == [1, 2, 3, 4, 5]
 
 
+def test_checkpoint_final_false_skips_only_the_last_save(tmp_path) -> None:
+    # Issue 29: the final save was always written; only an undocumented environment variable turned it off.
+    run = str(tmp_path / "run")
+    job = make_job(train={"steps": 3}, checkpoint={"every_steps": 2, "final": False})
+    assert run_entry(job, run) == [0]
+    assert _ckpts(run) == ["step-2"]
+
+
 def test_resume_from_explicit_checkpoint_and_async_save(tmp_path) -> None:
     job = make_job(train={"steps": 6}, checkpoint={"every_steps": 3, "async": True})
     full = str(tmp_path / "full")

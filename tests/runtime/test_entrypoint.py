@@ -29,8 +29,15 @@ TORCHRUN = {"RANK": "5", "WORLD_SIZE": "16", "LOCAL_RANK": "5", "MASTER_ADDR": "
         ({**SLURM, "MASTER_PORT": "31000", "MASTER_ADDR": "head"}, DistEnv(3, 8, 1, "head", 31000, "slurm")),
         ({**SLURM, "SLURM_RESTART_COUNT": "2"}, DistEnv(3, 8, 1, "gpu003", port_for_job("4242", 2), "slurm", 2)),
         ({**SLURM, "SLURM_STEP_NODELIST": "b[7-9]"}, DistEnv(3, 8, 1, "b7", port_for_job("4242"), "slurm")),
+        # The local supervisor and the Ray driver count attempts from the run directory (the logs' names):
+        # a resumed local run is attempt 2 although no Slurm restart count exists (issue 29 item 3).
+        ({**TORCHRUN, "HPCTRAIN_ATTEMPT": "2"}, DistEnv(5, 16, 5, "node7", 29400, "torchrun", 2)),
+        # The batch script passes its attempt; the port stays Slurm's formula (the script computes the same).
+        ({**SLURM, "SLURM_RESTART_COUNT": "1", "HPCTRAIN_ATTEMPT": "3"},
+         DistEnv(3, 8, 1, "gpu003", port_for_job("4242", 1), "slurm", 3)),
     ],
-    ids=["single", "torchrun", "torchrun-in-srun", "srun", "srun-master-set", "requeued", "step-nodelist"],
+    ids=["single", "torchrun", "torchrun-in-srun", "srun", "srun-master-set", "requeued", "step-nodelist",
+         "local-attempt", "slurm-attempt"],
 )
 def test_detect_env(environ: dict[str, str], want: DistEnv) -> None:
     assert detect_env(environ) == want

@@ -195,7 +195,12 @@ def _train(kwargs: dict[str, Any], distributed: bool) -> dict[str, Any]:
         training.optimizer_step(optimizer)
         biases.append({layer: m.router.expert_bias.clone() for layer, m in training.moe_layers().items()
                        if m.router.expert_bias is not None})
-    return {"losses": losses, "norms": norms, "stats": stats, "biases": biases}
+    ranges = []
+    for part in training.model_parts:
+        keys = sorted(int(k) for k in part.layers.keys())
+        ranges.append((keys[0], keys[-1] + 1, part.tok_embeddings is not None, part.output is not None))
+    return {"losses": losses, "norms": norms, "stats": stats, "biases": biases, "ranges": ranges,
+            "held": training.param_count_before_dp()}
 
 
 def _group(layouts: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -219,6 +224,11 @@ def test_moe_layouts_match_one_process() -> None:
             for got, want in zip(r["stats"], ref["stats"]):
                 assert got.keys() == want.keys()
                 assert all(math.isclose(got[k], want[k], rel_tol=1e-6, abs_tol=1e-9) for k in want), (name, got, want)
+            from hpctrain.plan.model_stats import stage_param_count
+
+            job = tiny_job(**kwargs)
+            planned = sum(stage_param_count(job.model, a, b, has_embedding=e, has_head=h) for a, b, e, h in r["ranges"])
+            assert r["held"] == planned, f"{name}: holds {r['held']}, the planner says {planned} ({r['ranges']})"
             for got_biases, want_biases in zip(r["biases"], ref["biases"]):
                 for layer, bias in got_biases.items():
                     assert torch.allclose(bias, want_biases[layer], atol=1e-7), f"{name}: layer {layer} bias"

@@ -53,6 +53,10 @@ class SlurmExecutor(Executor):
             raise missing_program_error("sbatch")
         return "executor: slurm (cluster.executor)"
 
+    def sees_paths(self, *, dry_run: bool = False) -> bool:
+        """A dry run without sbatch here renders for a cluster whose file system this machine need not see."""
+        return not dry_run or sbatch_available(self.env) is not None
+
     def check_sweep(self, points: Sequence[tuple[str, Job]], root: Path, array: str) -> None:
         """One array runs one script: every point must render to the same text (same nodes, GPUs, sbatch
         options, placement); the task-specific part is read from tasks/<id>/job.resolved.yaml at run time."""

@@ -195,7 +195,9 @@ class MoE(nn.Module):
         tokens, k, experts = flat.shape[0], self.args.top_k, self.args.experts
         weights, ids, scores = self.router(flat)
         flat_ids = ids.reshape(-1)  # [tokens * k], token-major
-        counts = torch.bincount(flat_ids, minlength=experts)
+        # scatter_add, not bincount: its output has a static shape (the planner's fake-tensor dry builds)
+        counts = torch.zeros(experts, dtype=torch.int64, device=x.device).scatter_add_(
+            0, flat_ids, torch.ones_like(flat_ids))
         order = torch.argsort(flat_ids, stable=True)  # slots grouped by expert, tokens in order within
         kept_counts = counts
         if self.args.capacity_factor is not None:

@@ -18,7 +18,7 @@ Fields of a metrics line, and where each comes from:
 | peak_memory_bytes | CUDA: torch.cuda.max_memory_allocated; CPU: peak RSS minus the RSS before the model was built |
 | time_comm_exposed_s, time_bubble_s | measured waits (comm_timing.py), mean per step: host-blocked time on CPU, the compute stream's stall between CUDA events on a GPU |
 | time_compute_s | derived: step_time_s - time_comm_exposed_s - time_bubble_s |
-| attempt | SLURM_RESTART_COUNT (0 when not under Slurm) |
+| attempt | the start's attempt as the launcher counted it from the run directory (HPCTRAIN_ATTEMPT; the logs are named by it), else SLURM_RESTART_COUNT |
 | time | Unix time when the line was written (wall-clock progress, gaps between attempts) |
 """
 

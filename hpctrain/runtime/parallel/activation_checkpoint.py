@@ -48,12 +48,17 @@ def _saved_ops() -> set[Any]:
     cudnn = getattr(aten, "_scaled_dot_product_cudnn_attention", None)
     if cudnn is not None:
         ops.add(cudnn.default)
+    grouped = getattr(aten, "_grouped_mm", None)  # the MoE experts' GEMMs (runtime/model/moe.py)
+    if grouped is not None:
+        ops.add(grouped.default)
     functional = getattr(torch.ops, "_c10d_functional", None)
     if functional is not None:
         # Not all_gather_into_tensor: under sequence parallel its output is the full-sequence
         # input of attention / the FFN; recomputing it (one more all-gather in backward) keeps
         # the saved bytes of that tensor at 1/tp, as Megatron-LM does (sequence.py).
-        for name in ("reduce_scatter_tensor", "all_reduce"):
+        # all_to_all_single: expert parallelism's token exchange, not repeated in backward (torchtitan's
+        # selective-AC save list keeps it too, torchtitan/distributed/activation_checkpoint.py).
+        for name in ("reduce_scatter_tensor", "all_reduce", "all_to_all_single"):
             op = getattr(functional, name, None)
             if op is not None:
                 ops.add(op.default)
