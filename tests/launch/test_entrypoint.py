@@ -251,3 +251,47 @@ def test_degrees_without_a_model_fill_the_gpus(given: dict[str, int], wanted: tu
     job["cluster"]["gpus_per_node"] = 4
     p = layout_without_model(job_from_dict(job)).parallel
     assert (p.tp, p.pp, p.dp) == wanted
+
+
+def test_the_exit_rule(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """launch/entrypoint.py's one rule: exit 0 after the signal = saved, requeue me (the requeue marker where
+    something requeues, else a `stopped` run and exit 1 on rank 0); exit 0 without it = finished; exit 2 = bad
+    input (its marker); anything else, a signal's death included, is a crash with its code."""
+    from hpctrain.launch.entrypoint import Rank
+
+    job = job_from_dict(_job("rule", {"script": "t.py"}))
+    marker, bad = tmp_path / "requeue-requested", tmp_path / "bad-input"
+    monkeypatch.setenv("HPCTRAIN_REQUEUE_MARKER", str(marker))
+    monkeypatch.setenv("HPCTRAIN_BAD_INPUT_MARKER", str(bad))
+
+    def outcome(code: int, signalled: str | None, requeue_by: str | None = "batch-script", rank: int = 0) -> int:
+        if requeue_by:
+            monkeypatch.setenv("HPCTRAIN_REQUEUE_BY", requeue_by)
+        else:
+            monkeypatch.delenv("HPCTRAIN_REQUEUE_BY", raising=False)
+        r = Rank(job, tmp_path, rank, attempt=0)
+        r.signalled = signalled
+        return r.outcome(code)
+
+    assert outcome(0, None) == 0 and not marker.exists()
+    assert outcome(0, "USR2") == 0
+    assert marker.read_text() == "signal USR2; the program exited 0 after SIGTERM (saved)\n"
+    marker.unlink()
+    assert outcome(0, "USR2", rank=1) == 0 and not marker.exists()  # rank 0 alone writes it
+    assert outcome(0, "TERM", requeue_by=None) == 1 and outcome(0, "TERM", requeue_by=None, rank=1) == 0
+    assert outcome(2, "USR2") == 2 and "rank 0: the program exited 2 (bad input)" in bad.read_text()
+    assert outcome(3, None) == 3 and outcome(-9, "USR2") == 137
+    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events] == ["finished", "requeue requested", "stopped", "failed", "failed", "failed"]
+
+
+def test_should_stop_ignores_a_stale_stop_file(tmp_path: Path) -> None:
+    """The stop file names its attempt: a requeued attempt does not stop on its predecessor's request."""
+    stop = tmp_path / "stop-requested"
+    stop.write_text("0\n")
+    code = "import hpctrain.job as j; print(j.should_stop(), j.attempt(), j.checkpoint_dir())"
+    for attempt, wanted in (("0", "True 0"), ("1", "False 1")):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True,
+                             env={**_env(), "HPCTRAIN_STOP_FILE": str(stop), "HPCTRAIN_ATTEMPT": attempt,
+                                  "HPCTRAIN_RUN_DIR": str(tmp_path)})
+        assert out.stdout.strip() == f"{wanted} {tmp_path / 'checkpoints'}", out
