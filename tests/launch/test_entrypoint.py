@@ -295,3 +295,23 @@ def test_should_stop_ignores_a_stale_stop_file(tmp_path: Path) -> None:
                              env={**_env(), "HPCTRAIN_STOP_FILE": str(stop), "HPCTRAIN_ATTEMPT": attempt,
                                   "HPCTRAIN_RUN_DIR": str(tmp_path)})
         assert out.stdout.strip() == f"{wanted} {tmp_path / 'checkpoints'}", out
+
+
+def test_plan_without_a_model_says_what_the_script_gets(tmp_path: Path) -> None:
+    path = write_job(tmp_path, _job("noplan", {"script": "t.py"}, parallel={"tp": 2}))
+    result = run_cli(["plan", str(path)], cwd=tmp_path, env=_env(), timeout_s=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == ("no model: nothing to plan; the entrypoint runs with tp=2 pp=1 dp=1 (give "
+                                     "model: to have the layout advised)")
+
+
+def test_a_volcano_pod_runs_the_wrapper_for_an_entrypoint_job(tmp_path: Path) -> None:
+    from hpctrain.config import dump_job
+    from hpctrain.launch.volcano.pod import rank_module_of
+
+    own = tmp_path / "own.yaml"
+    own.write_text(dump_job(job_from_dict(_job("pod", {"script": "t.py"}))))
+    builtin = tmp_path / "builtin.yaml"
+    builtin.write_text(yaml.safe_dump({"name": "b", "model": {"preset": "tiny"}}))
+    assert rank_module_of(own) == "hpctrain.launch.entrypoint"
+    assert rank_module_of(builtin) == rank_module_of(tmp_path / "missing.yaml") == "hpctrain.runtime"
