@@ -31,6 +31,7 @@ ALLOWED: dict[str, set[str] | None] = {
     "rundir": {"config"},
     "data": {"config", "rundir"},
     "export": {"config", "plan", "rundir", "runtime"},
+    "job": {"rundir"},  # hpctrain/job.py: the user's script's API (torch- and pydantic-free)
 }
 ENTRY = {"__main__"}  # `python -m hpctrain`: the command line's entry, part of cli
 TORCH_SIDE = {"runtime", "export"}  # the only packages that may import torch (at any depth)

@@ -48,7 +48,16 @@ def run_plan(args: argparse.Namespace) -> int:
 
     if args.top < 1:
         raise ConfigError(f"--top: must be >= 1 (got {args.top})")
-    result = plan_job(load_job(args.job, args.overrides))
+    job = load_job(args.job, args.overrides)
+    if job.model is None:  # an entrypoint without a model: its degrees are the fixed ones, nothing to search
+        from hpctrain.config.entrypoint import layout_without_model
+
+        p = layout_without_model(job).parallel
+        print(json.dumps({"planned": False, "tp": p.tp, "pp": p.pp, "dp": p.dp}) if args.json else
+              f"no model: nothing to plan; the entrypoint runs with tp={p.tp} pp={p.pp} dp={p.dp} "
+              "(give model: to have the layout advised)")
+        return 0
+    result = plan_job(job)
     if args.json:
         print(json.dumps(result.to_json(args.top), indent=2))
     else:

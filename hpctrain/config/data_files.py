@@ -106,6 +106,8 @@ def _file_problems(path: str, field: str, train: TrainConfig, vocab: Optional[in
 def data_problems(job: Job) -> list[str]:
     """One line per problem with train.data / train.eval_data; [] when fine (or synthetic)."""
     train = job.train
+    if job.model is None:
+        return []  # an entrypoint's own program reads its own data
     vocab = job.model.vocab
     problems: list[str] = []
     train_side = None

@@ -122,6 +122,11 @@ class RestartConfig(Section):
                                "taken by NCCL.")
     signal_seconds: int = Field(120, ge=10, le=65535, description="How long before the time limit the signal "
                                 "comes: enough for a checkpoint save and one step.")
+    script_signal: SignalName = Field("TERM", description="entrypoint only: the signal every rank of your program "
+                                      "gets when restart.signal (or SIGTERM) arrives; it then has grace_s to save "
+                                      "and exit (exit 0 after it: saved, requeue me).")
+    grace_s: int = Field(60, ge=1, le=65535, description="entrypoint only: seconds your program has after "
+                         "script_signal to save and exit before it is killed (keep it below signal_seconds).")
 
 
 # slurm.<old name> -> restart.<name>: still accepted (config/loader.py merges them, with a notice).

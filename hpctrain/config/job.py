@@ -7,6 +7,7 @@ from typing import Any, Optional
 from pydantic import Field
 
 from hpctrain.config.base import Section
+from hpctrain.config.entrypoint import EntrypointConfig, entrypoint_problems
 from hpctrain.config.infra import (
     CheckpointConfig,
     ClusterConfig,
@@ -32,7 +33,10 @@ class Job(Section):
     runs_dir: Text = Field("runs", description="Where run directories are created.")
     template_dir: Optional[Text] = Field(None, description="Folder of user templates that override the shipped "
                                          "sbatch/recipe templates of the same name.")
-    model: ModelConfig = Field(..., description="The transformer.")
+    model: Optional[ModelConfig] = Field(None, description="The built-in transformer; optional with entrypoint "
+                                         "(then, when given, `plan` advises the script's layout).")
+    entrypoint: Optional[EntrypointConfig] = Field(None, description="Your own training program instead of the "
+                                                   "built-in model: every rank runs it with torchrun's variables.")
     train: TrainConfig = Field(default_factory=TrainConfig, description="Training settings.")
     parallel: ParallelConfig = Field(default_factory=ParallelConfig, description="Parallel layout.")
     placement: Optional[Placement] = Field(None, description="Filled by the planner; leave unset.")
@@ -53,6 +57,16 @@ class Job(Section):
     def world_size(self) -> int:
         return self.cluster.nodes * self.cluster.gpus_per_node
 
+    @property
+    def transformer(self) -> ModelConfig:
+        """The model section, for the stages that need the built-in model (the planner, the runtime)."""
+        if self.model is None:
+            from hpctrain.errors import ConfigError
+
+            raise ConfigError("model: not given; the built-in runtime and the planner need it: set model.preset, "
+                              "or run your own program with entrypoint")
+        return self.model
+
 
 def _fixed(value: Any) -> Optional[int]:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
@@ -60,6 +74,11 @@ def _fixed(value: Any) -> Optional[int]:
 
 def _model_problems(job: Job) -> list[Problem]:
     m = job.model
+    if m is None:
+        if job.entrypoint is None:
+            return [Problem("model", "is required unless entrypoint is given", None,
+                            "set model.preset (the built-in transformer) or entrypoint.script (your own program)")]
+        return []
     init = [Problem(path, message, got, fix) for path, message, got, fix in m.init_problems]
     if init:
         return init
@@ -88,7 +107,8 @@ def _model_problems(job: Job) -> list[Problem]:
 
 
 def _moe_problems(job: Job) -> list[Problem]:
-    m, moe = job.model, job.model.moe
+    m = job.transformer
+    moe = m.moe
     if moe is None:
         return []
     out: list[Problem] = []
@@ -110,7 +130,8 @@ def _moe_problems(job: Job) -> list[Problem]:
 
 
 def _parallel_problems(job: Job) -> list[Problem]:
-    p, c, m, t = job.parallel, job.cluster, job.model, job.train
+    p, c, t = job.parallel, job.cluster, job.train
+    m = job.model if job.model is not None else ModelConfig.model_construct()  # no model: no model bounds
     out: list[Problem] = []
     tp, pp, dp = _fixed(p.tp), _fixed(p.pp), _fixed(p.dp)
     world = job.world_size
@@ -237,7 +258,7 @@ def _other_problems(job: Job) -> list[Problem]:
             out.append(Problem("monitor.py_spy_seconds_before_limit", f"is not below slurm.time={s.time}",
                                job.monitor.py_spy_seconds_before_limit, "use a smaller value"))
     lora = t.lora
-    if lora is not None and "w3" in lora.targets and job.model.activation != "swiglu":
+    if lora is not None and "w3" in lora.targets and job.model is not None and job.model.activation != "swiglu":
         out.append(Problem("train.lora.targets", "w3 (up_proj) exists only with model.activation swiglu",
                            lora.targets, "remove w3 / up_proj from the targets"))
     first, last = job.monitor.nsys_steps
@@ -275,7 +296,7 @@ def _tracker_problems(job: Job) -> list[Problem]:
 
 def cross_field_problems(job: Job) -> list[Problem]:
     """Checks that span fields or sections; pydantic has already checked each field alone."""
-    model = _model_problems(job)
+    model = _model_problems(job) + entrypoint_problems(job)
     if model:
         return model
     from hpctrain.config.kubernetes_checks import kubernetes_problems

@@ -26,7 +26,7 @@ Path = tuple[str, ...]
 INPUT_PATHS: tuple[Path, ...] = (
     ("train", "data"), ("train", "eval_data"), ("model", "init_from"), ("template_dir",),
     ("cluster", "topology", "nvidia_smi"), ("cluster", "topology", "slurm_topology"), ("container", "image"),
-    ("runtime", "python"),
+    ("runtime", "python"), ("entrypoint", "script"),
 )
 COMMAND_NAMES = {("runtime", "python")}  # a bare name (python3) is looked up on PATH: only a path with a / is one
 OUTPUT_PATHS: tuple[Path, ...] = (("runs_dir",), ("checkpoint", "dir"))  # absolute_paths, at submit
@@ -94,7 +94,10 @@ def absolute_paths(job: Job, base: str | None = None) -> Job:
         "runs_dir": _absolute(job.runs_dir, base),
         "template_dir": _absolute(job.template_dir, base),
         "train": train,
-        "model": job.model.model_copy(update={"init_from": _absolute(job.model.init_from, base)}),
+        "model": (job.model.model_copy(update={"init_from": _absolute(job.model.init_from, base)})
+                  if job.model is not None else None),
+        "entrypoint": (job.entrypoint.model_copy(update={"script": _absolute(job.entrypoint.script, base)})
+                       if job.entrypoint is not None else None),
         "checkpoint": job.checkpoint.model_copy(update={"dir": _absolute(job.checkpoint.dir, base)}),
         "container": job.container.model_copy(update={"image": _absolute(job.container.image, base)}),
         "cluster": job.cluster.model_copy(update={"topology": topology}),

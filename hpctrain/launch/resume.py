@@ -68,7 +68,11 @@ def resume_run(run_dir: Path, overrides: Sequence[str] = (), *, dry_run: bool = 
     job = absolute_paths(load_job(str(run_dir / JOB_FILE), overrides))  # --set paths: from where the user is
     stages.check_checkpoint_dir(checkpoint_dir(run_dir, job.checkpoint.dir), run_dir, job.checkpoint.adopt,
                                 probe=not dry_run)
-    checkpoint, rejected = stages.newest_complete_checkpoint(checkpoint_dir(run_dir, job.checkpoint.dir))
+    if job.entrypoint is not None:  # the program's own checkpoints, in its own format: it finds them itself
+        checkpoint: Optional[Path] = checkpoint_dir(run_dir, job.checkpoint.dir)
+        rejected: list[str] = []
+    else:
+        checkpoint, rejected = stages.newest_complete_checkpoint(checkpoint_dir(run_dir, job.checkpoint.dir))
     if checkpoint is None:
         skipped = f" (skipped: {'; '.join(rejected)})" if rejected else ""
         raise ConfigError(f"RUN: no complete checkpoint in {checkpoint_dir(run_dir, job.checkpoint.dir)}{skipped}; "

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-from hpctrain.render.context import RUNTIME_MODULE  # the one entry point every executor starts
+from hpctrain.render.context import RUNTIME_MODULE, rank_module  # the entry point every executor starts
 from hpctrain.rundir.layout import RESOLVED_FILE
 
 if TYPE_CHECKING:  # annotations only (`status` imports this module through the local executor)
@@ -19,7 +19,15 @@ if TYPE_CHECKING:  # annotations only (`status` imports this module through the 
 
 
 def resolve(job: Job) -> tuple[Job, dict[str, Any]]:
-    """(resolved job, plan.json data). Raises PlanError (exit 2) when no layout fits."""
+    """(resolved job, plan.json data). Raises PlanError (exit 2) when no layout fits. An entrypoint job
+    without `model:` is not planned (config/entrypoint.py layout_without_model)."""
+    if job.model is None:
+        from hpctrain.config.entrypoint import layout_without_model
+
+        resolved = layout_without_model(job)
+        p = resolved.parallel
+        return resolved, {"planned": False, "tp": p.tp, "pp": p.pp, "dp": p.dp,
+                          "note": "no model: nothing to plan; the entrypoint gets the fixed degrees"}
     from hpctrain.plan import resolve_job
 
     resolved, result = resolve_job(job)
@@ -64,8 +72,15 @@ def runtime_command(python: Optional[str] = None) -> list[str]:
 
 
 def runtime_argv(run_dir: Path, python: Optional[str] = None) -> list[str]:
-    """The full command of one rank of the job in run_dir."""
+    """The full command of one rank of the built-in runtime for the job in run_dir."""
     return [*runtime_command(python), "--job", str(run_dir / RESOLVED_FILE), "--run-dir", str(run_dir)]
+
+
+def rank_argv(run_dir: Path, job: Job, python: Optional[str] = None) -> list[str]:
+    """The full command of one rank of `job` in run_dir, on every executor: the built-in runtime, or
+    (`entrypoint:`) launch/entrypoint.py, which runs the user's program with torchrun's variables."""
+    return [python or sys.executable, "-u", "-m", rank_module(job), "--job", str(run_dir / RESOLVED_FILE),
+            "--run-dir", str(run_dir)]
 
 
 

@@ -37,6 +37,8 @@ def total_steps(run_dir: Path) -> Optional[int]:
 
 def _steps_of(resolved: Optional[dict[str, Any]]) -> Optional[int]:
     train = resolved.get("train") if resolved else None
+    if isinstance(resolved, dict) and resolved.get("entrypoint"):
+        return None  # the job's own program decides how many steps it runs (train.steps is not its setting)
     steps = train.get("steps", 100) if isinstance(train, dict) else None
     return steps if isinstance(steps, int) and not isinstance(steps, bool) else None
 
@@ -191,7 +193,8 @@ def format_table(status: dict[str, Any]) -> str:
         header.append("val loss")
     table = []
     for row in rows:
-        step = f"{row['step']}/{row['steps']}" if row.get("step") is not None else f"-/{row.get('steps') or '?'}"
+        total = row.get("steps") or "?"
+        step = f"{row['step']}/{total}" if row.get("step") is not None else f"-/{total}"
         tps = f"{row['tokens_per_s']:.0f}" if isinstance(row.get("tokens_per_s"), (int, float)) else "-"
         loss = f"{row['loss']:.4f}" if isinstance(row.get("loss"), (int, float)) else "-"
         state = row["state"] + (f" ({row['reason']})" if row.get("reason") and not is_active(row) else "")

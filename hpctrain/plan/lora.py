@@ -51,7 +51,7 @@ def lora_shape(job: Job) -> LoraShape | None:
     cfg = getattr(job.train, "lora", None)
     if cfg is None:
         return None
-    targets = tuple(t for t in cfg.targets if t != "w3" or job.model.activation == "swiglu")
+    targets = tuple(t for t in cfg.targets if t != "w3" or job.transformer.activation == "swiglu")
     return LoraShape(rank=int(cfg.rank), targets=targets, dropout=float(cfg.dropout))
 
 

@@ -130,7 +130,7 @@ def plan_job(job: Job) -> PlanResult:
 
 
 def _nothing_fits(job: Job, result: PlanResult) -> list[str]:
-    lines = [f"no layout of {job.model.layers}-layer model on {result.hardware.world_size} x {result.hardware.gpu.name} "
+    lines = [f"no layout of {job.transformer.layers}-layer model on {result.hardware.world_size} x {result.hardware.gpu.name} "
              f"fits ({result.evaluated} candidates evaluated); reasons:"]
     for reason, count in sorted(result.rejected.counts.items(), key=lambda kv: -kv[1]):
         example = result.rejected.examples[reason][0]

@@ -83,7 +83,7 @@ class Choices:
         world = job.cluster.nodes * job.cluster.gpus_per_node
         tp_fixed, pp_fixed = _fixed(par.tp), _fixed(par.pp)
         tp = (tp_fixed,) if tp_fixed is not None else tuple(d for d in divisors(world) if d <= job.cluster.gpus_per_node)
-        if job.model.moe is not None and tp_fixed is None:
+        if job.transformer.moe is not None and tp_fixed is None:
             tp = (1,)  # the runtime's experts are not tensor-parallel yet (config/job.py refuses a fixed tp > 1)
         pp = (pp_fixed,) if pp_fixed is not None else tuple(divisors(world))
         ac = _fixed(train.activation_checkpointing)

@@ -23,12 +23,14 @@ def _covered(path: str, binds: list[str]) -> bool:
 
 def job_folders(job: Job, run_dir: str) -> list[tuple[str, str]]:
     """(field, absolute folder) the ranks read or write outside the image: the run directory, the folder
-    of train.data and checkpoint.dir. Relative paths are left out (submit makes them absolute first)."""
+    of train.data, checkpoint.dir and entrypoint.script. Relative paths are left out (submit makes them absolute first)."""
     folders = [("run directory", run_dir)]
     if job.train.data != "synthetic":
         folders.append(("train.data", os.path.dirname(os.path.normpath(job.train.data))))
     if job.checkpoint.dir is not None:
         folders.append(("checkpoint.dir", os.path.normpath(job.checkpoint.dir)))
+    if job.entrypoint is not None and job.entrypoint.script is not None:  # the user's program, run in the image
+        folders.append(("entrypoint.script", os.path.dirname(os.path.normpath(job.entrypoint.script))))
     return [(field, path) for field, path in folders if path.startswith("/")]
 
 

@@ -21,6 +21,14 @@ if TYPE_CHECKING:
     from hpctrain.config import Job
 
 RUNTIME_MODULE = "hpctrain.runtime"
+# A job with `entrypoint:` runs the user's program under this per-rank wrapper (launch/entrypoint.py), same argv.
+ENTRYPOINT_MODULE = "hpctrain.launch.entrypoint"
+
+
+def rank_module(job: Job) -> str:
+    """The module every rank runs (`PYTHON -m MODULE --job RESOLVED --run-dir DIR`), for every executor:
+    the built-in runtime, or the wrapper that runs the job's entrypoint with torchrun's variables."""
+    return ENTRYPOINT_MODULE if job.entrypoint is not None else RUNTIME_MODULE
 # nvidia-smi --query-gpu fields for the per-node CSV monitor (`nvidia-smi --help-query-gpu`).
 NVIDIA_SMI_FIELDS = ("timestamp,index,utilization.gpu,utilization.memory,memory.used,memory.total,"
                      "power.draw,temperature.gpu,clocks.sm,clocks_throttle_reasons.active")
@@ -96,7 +104,7 @@ def script_context(job: Job, *, run_dir: str, array: Optional[str]) -> dict[str,
         "checkpoint_dir": next((path for field, path in job_folders(job, run_dir) if field == "checkpoint.dir"), "")
         if image is not None else "",
         "python": rank_python(job),
-        "runtime_module": RUNTIME_MODULE,
+        "runtime_module": rank_module(job),
         "nvidia_smi": m.nvidia_smi,
         "nvidia_smi_fields": NVIDIA_SMI_FIELDS,
         "nvidia_smi_interval_s": m.nvidia_smi_interval_s,

@@ -29,6 +29,10 @@ def resolve(job: Job) -> Any:
     A job that already carries a placement and no `auto` is returned as is: no stage re-plans.
     Without the planner, tp, pp and dp must be explicit.
     """
+    if job.model is None:  # an entrypoint without a model: nothing to plan
+        from hpctrain.config.entrypoint import layout_without_model
+
+        return layout_without_model(job)
     if not _needs_planner(job):
         return job
     try:

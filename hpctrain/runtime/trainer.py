@@ -102,7 +102,7 @@ class Trainer:
         a resume without LoRA draws nothing."""
         path = self.checkpointer.find(self.resume_from)
         if path is None or self.job.train.lora is not None:
-            if self.job.model.init_from:
+            if self.job.transformer.init_from:
                 from hpctrain.runtime.model.hf_weights import load_init_from
 
                 self.telemetry.event(WEIGHTS_LOADED, **load_init_from(self.training))

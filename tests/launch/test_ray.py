@@ -157,3 +157,31 @@ def test_a_killed_worker_is_restarted_from_the_checkpoint_and_cancel_stops_it(ra
     assert done["state"] == "COMPLETED" and done["step"] == 40, f"{done}\n{log_tail(run_dir)}"
     last_resume = [e for e in _events(run_dir) if e["event"] == "resumed"][-1]
     assert last_resume["step"] >= resumed["step"], last_resume
+
+
+@pytest.mark.timeout(400)
+def test_the_own_script_example_runs_unchanged_on_ray(ray_cluster: str, tmp_path: Path) -> None:
+    """Issue 28: examples/own-script/job.yaml as it is (only the executor chosen on the command line), its
+    program on 2 Ray workers with torchrun's variables; the same file runs on the local executor
+    (tests/launch/test_entrypoint.py)."""
+    env = _cli_env(ray_cluster)
+    job = REPO / "examples" / "own-script" / "job.yaml"
+    submitted = run_cli(["submit", str(job), "--set", "cluster.executor=ray"], cwd=tmp_path, env=env)
+    assert submitted.returncode == 0, submitted.stderr
+    run_dir = run_dir_of(submitted)
+    status = wait_status(run_dir, env, lambda s: s["state"] in TERMINAL, 300, "the Ray job")
+    assert status["state"] == "COMPLETED", f"{status}\n{log_tail(run_dir)}"
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(40)), steps
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("step-*.pt")) == [
+        f"step-{s}.pt" for s in (19, 29, 39, 9)]
+    assert "finished 40 steps" in (run_dir / "logs" / "rank-0.attempt-0.log").read_text()
+    assert "training finished" in (run_dir / "logs" / "ray-driver.log").read_text()
+
+    local_env = {k: v for k, v in env.items() if not k.startswith("SLURM_")}
+    local_env.update(PATH=os.path.dirname(sys.executable), OMP_NUM_THREADS="1")
+    local = run_cli(["submit", str(job), "--wait", "--timeout", "200"], cwd=tmp_path, env=local_env, timeout_s=260)
+    assert local.returncode == 0 and "executor: local" in local.stderr, local.stdout + local.stderr
+    ray_losses, local_losses = _losses(run_dir), _losses(run_dir_of(local))
+    assert sorted(local_losses) == list(range(40))
+    assert max(abs(ray_losses[s] - local_losses[s]) for s in ray_losses) <= 1e-6, (ray_losses, local_losses)

@@ -93,3 +93,22 @@ def test_runtime_python_wins_on_the_host_and_in_a_container() -> None:
 def test_container_ranks_default_to_the_image_python3() -> None:
     script = render_script(_job(container={"image": "/images/x.sif"}), run_dir="/runs/x")
     assert _rank_line(script).startswith("python3 -m hpctrain.runtime ")
+
+
+def test_an_entrypoint_job_runs_its_wrapper_in_the_image_with_the_script_folder_bound(tmp_path: Path,
+                                                                                      bin_dir: Path) -> None:
+    """Issue 28: the rank command of an entrypoint job is the wrapper (launch/entrypoint.py), and the folder of
+    entrypoint.script is bound into the image, or the program would not be found there."""
+    run_dir, script = tmp_path / "run", tmp_path / "code" / "train.py"
+    run_dir.mkdir()
+    data = copy.deepcopy(BASE_JOB)
+    data.pop("model")
+    data.update(monitor={}, runtime={}, container={"image": "/images/x.sif"},
+                entrypoint={"script": str(script), "args": ["--dp", "{dp}"]})
+    data["slurm"]["setup"] = []
+    job = job_from_dict(data)
+    run = run_script(render_script(job, run_dir=str(run_dir)), bin_dir=bin_dir, work=tmp_path)
+    assert run.returncode == 0, run.stderr.decode()[-2000:]
+    [argv] = run.argv_of("singularity")
+    assert _binds(argv) == [str(run_dir), str(script.parent)]
+    assert argv[argv.index("python3"):argv.index("python3") + 3] == ["python3", "-m", "hpctrain.launch.entrypoint"]

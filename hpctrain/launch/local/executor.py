@@ -20,7 +20,7 @@ from hpctrain.launch.executor import Executor, Handle, Prepared, SchedulerState,
 from hpctrain.launch.files import writing
 from hpctrain.launch.local import supervisor as sup
 from hpctrain.launch.rundir import write_json
-from hpctrain.launch.stages import runtime_argv
+from hpctrain.launch.stages import rank_argv
 from hpctrain.rundir.layout import SUBMIT_DIR
 from hpctrain.rundir.local_state import local_state_path, read_local_state
 from hpctrain.rundir.lock import RunLock, acquire
@@ -91,7 +91,7 @@ class LocalExecutor(Executor):
         spec = {"max_parallel": max_parallel,
                 # runtime.python, as in the batch script; else the interpreter running hpctrain now
                 "tasks": [{"task_id": task_id, "run_dir": str(path),
-                           "argv": runtime_argv(path, job.runtime.python or self.python),
+                           "argv": rank_argv(path, job, job.runtime.python or self.python),
                            "world_size": job.world_size, "gpus_per_node": job.cluster.gpus_per_node,
                            "env": rank_environment(job), "lock_fd": held.fd if held is not None else None}
                           for task_id, path, job in tasks]}

@@ -29,7 +29,7 @@ import ray
 
 from hpctrain.config import load_job
 from hpctrain.launch.rank_group import RankGroup, RankPlace, rank_env
-from hpctrain.launch.stages import runtime_argv
+from hpctrain.launch.stages import rank_argv
 from hpctrain.rundir.events import NOT_REQUEUED, REQUEUED, append_event
 from hpctrain.rundir.layout import BAD_INPUT_MARKER, REQUEUE_MARKER, RESOLVED_FILE
 from hpctrain.rundir.metrics import last_metrics
@@ -103,7 +103,7 @@ class Driver:
         try:
             addresses = ray.get([w.address.remote() for w in self.workers])
             ips = [ip for ip, _ in addresses]
-            argv = runtime_argv(self.run_dir, sys.executable)
+            argv = rank_argv(self.run_dir, self.job, sys.executable)
             logs = self.run_dir / "logs"
             omp = max(1, int(self.job.cluster.ray.cpus_per_worker))
             ray.get([w.start.remote(argv, slot, self._place(slot, ips, addresses[0]), self._protocol_env(), str(logs),

@@ -47,6 +47,20 @@ def rank_environment(base: Mapping[str, str], pod: PodRendezvous, local_rank: in
     return rank_env(base, place, log_dir=log_dir, attempt=attempt, omp_threads=None, drop=(JOB_TEXT_ENV,))
 
 
+def rank_module_of(resolved: Path) -> str:
+    """The module the ranks run for this job file (render/context.py rank_module); the runtime when the file
+    is missing or unreadable, which then says why with exit 2."""
+    from hpctrain.errors import HpctrainError
+    from hpctrain.render.context import ENTRYPOINT_MODULE
+    from hpctrain.rundir.read import read_yaml_mapping
+
+    try:
+        data = read_yaml_mapping(resolved) or {}
+    except (HpctrainError, OSError):  # the rank reads the file again and reports it as bad input
+        return RUNTIME_MODULE
+    return ENTRYPOINT_MODULE if data.get("entrypoint") else RUNTIME_MODULE
+
+
 def write_job_text(run_dir: Path, text: Optional[str]) -> None:
     """DIR/job.resolved.yaml from the manifest's copy (each pod writes the same text atomically)."""
     path = run_dir / RESOLVED_FILE
@@ -115,11 +129,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         pod = pod_rendezvous(os.environ)
         run_dir.mkdir(parents=True, exist_ok=True)
         write_job_text(run_dir, os.environ.get(JOB_TEXT_ENV))
+        module = rank_module_of(run_dir / RESOLVED_FILE)
     except (ConfigError, OSError) as exc:
         for line in str(exc).splitlines():
             print(f"{PROG}: {line}", file=sys.stderr, flush=True)
         return 2
-    argv_ranks = [sys.executable, "-m", RUNTIME_MODULE, "--job", str(run_dir / RESOLVED_FILE),
+    argv_ranks = [sys.executable, "-m", module, "--job", str(run_dir / RESOLVED_FILE),
                   "--run-dir", str(run_dir)]
     ranks = Pod(argv_ranks, args.gpus)
     signal.signal(signal.SIGTERM, ranks.on_sigterm)

@@ -165,7 +165,7 @@ def build_source(job: Job) -> Any:
 
 def _vocab_and_seq_len(job: Job) -> tuple[int, int]:
     """model.vocab and model.seq_len of a loaded job (validation fills both: from the preset or init_from)."""
-    vocab, seq_len = job.model.vocab, job.model.seq_len
+    vocab, seq_len = job.transformer.vocab, job.transformer.seq_len
     if vocab is None or seq_len is None:
         raise ConfigError("model.vocab, model.seq_len: unset; the runtime needs a resolved job")
     return vocab, seq_len

@@ -64,7 +64,7 @@ def even_split(layers: int, stages: int) -> list[tuple[int, int]]:
 def stage_layer_ranges(job: Job, pp: int, virtual_stages: int) -> list[tuple[int, int]]:
     """[first_layer, last_layer_exclusive) per stage, in pipeline order; validated."""
     n_stages = pp * virtual_stages
-    layers = job.model.layers
+    layers = job.transformer.layers
     if layers is None:  # validation fills it (from the preset or init_from)
         raise ConfigError("model.layers: unset; the runtime needs a resolved job")
     placement = getattr(job, "placement", None)
