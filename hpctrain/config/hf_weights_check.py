@@ -162,9 +162,10 @@ def expected_shapes(m: ModelConfig) -> dict[str, list[int]]:
     return out
 
 
-def weights_problems(m: ModelConfig) -> list[str]:
-    """One line per damaged or disagreeing safetensors file of model.init_from; [] when fine or unset."""
-    if m.init_from is None or m.init_problems or m.missing_fields():
+def weights_problems(m: ModelConfig | None) -> list[str]:
+    """One line per damaged or disagreeing safetensors file of model.init_from; [] when fine or unset (or
+    when the job has no model: an entrypoint job)."""
+    if m is None or m.init_from is None or m.init_problems or m.missing_fields():
         return []  # nothing to read, or config.json's own problems are already reported
     folder = os.path.expanduser(str(m.init_from))
     fix = f"; {FIX}"
@@ -193,7 +194,7 @@ def weights_problems(m: ModelConfig) -> list[str]:
     return []
 
 
-def check_weights(m: ModelConfig) -> None:
+def check_weights(m: ModelConfig | None) -> None:
     """Raise one ConfigError naming the first damaged or disagreeing file."""
     from hpctrain.errors import ConfigError
 

@@ -188,7 +188,7 @@ def _parallel_problems(job: Job) -> list[Problem]:
 
 def _ep_problems(job: Job, dp: int | None) -> list[Problem]:
     """parallel.ep: experts split over ep of the dp ranks (runtime/parallel/expert.py)."""
-    ep, moe = job.parallel.ep, job.model.moe
+    ep, moe = job.parallel.ep, (job.model.moe if job.model is not None else None)
     if ep == 1:
         return []
     if moe is None:
