@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING, Any, Optional
 from hpctrain.errors import ConfigError
 from hpctrain.rundir.events import FAILED, FINISHED, REQUEUE_REQUESTED, SIGNAL, STARTED, STOPPED, append_event
 from hpctrain.rundir.layout import BAD_INPUT_MARKER_ENV, CHECKPOINTS_DIR
-from hpctrain.rundir.ranks import ATTEMPT_ENV, LOG_DIR_ENV, global_rank, rank_log_name
-from hpctrain.rundir.safe_files import append, open_append, write_atomic
+from hpctrain.rundir.ranks import ATTEMPT_ENV, LOG_DIR_ENV, global_rank, redirect_to_rank_log
+from hpctrain.rundir.safe_files import append, write_atomic
 
 if TYPE_CHECKING:
     from hpctrain.config import Job
@@ -95,18 +95,7 @@ def to_rank_log(rank: int, attempt: int) -> None:
     folder = os.environ.get(LOG_DIR_ENV)
     if not folder:
         return
-    try:
-        os.makedirs(folder, exist_ok=True)
-        fd = open_append(os.path.join(folder, rank_log_name(rank, attempt)))
-    except OSError as exc:
-        print(f"{PROG} [rank {rank}]: cannot open its log in {folder} ({exc.strerror}); output stays in the "
-              "launcher's task log", file=sys.stderr, flush=True)
-        return
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
+    redirect_to_rank_log(folder, rank, attempt, PROG)
 
 
 class Rank:

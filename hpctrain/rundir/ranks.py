@@ -55,6 +55,29 @@ def rank_log_name(rank: int, attempt: int) -> str:
     return f"rank-{rank}.attempt-{attempt}.log"
 
 
+def redirect_to_rank_log(folder: str, rank: int, attempt: int, prog: str) -> bool:
+    """Send this process's stdout and stderr (Python's and C's: NCCL, faulthandler, a child program's) to
+    folder/rank-R.attempt-A.log, opened for appending without following a planted link. False, with one line
+    on the launcher's capture, when it cannot be opened: the output then stays where the launcher put it."""
+    import os
+    import sys
+
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd = os.open(os.path.join(folder, rank_log_name(rank, attempt)),
+                     os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        print(f"{prog} [rank {rank}]: cannot open its log in {folder} ({exc.strerror}); output stays in the "
+              "launcher's task log", file=sys.stderr, flush=True)
+        return False
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    return True
+
+
 def task_log_name(slot: int, attempt: int) -> str:
     return f"task-{slot}.attempt-{attempt}.log"
 

@@ -122,7 +122,7 @@ def _to_rank_log(rank: int, slot: int, world_size: int) -> None:
     """From here on, stdout and stderr (Python's and C's: NCCL, faulthandler) go to logs/rank-R.attempt-A.log,
     R the GLOBAL rank: the launcher captured this process by slot (srun's %t), which differs from the rank
     under a placement that reorders ranks (rundir/ranks.py). Only when the launcher asks (HPCTRAIN_LOG_DIR)."""
-    from hpctrain.rundir.ranks import ATTEMPT_ENV, LOG_DIR_ENV, rank_log_name
+    from hpctrain.rundir.ranks import ATTEMPT_ENV, LOG_DIR_ENV, redirect_to_rank_log
 
     folder = os.environ.get(LOG_DIR_ENV)
     if not folder:
@@ -131,19 +131,8 @@ def _to_rank_log(rank: int, slot: int, world_size: int) -> None:
         attempt = int(os.environ.get(ATTEMPT_ENV, "") or 0)
     except ValueError:
         attempt = 0
-    try:
-        os.makedirs(folder, exist_ok=True)
-        fd = os.open(os.path.join(folder, rank_log_name(rank, attempt)),
-                     os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)  # a planted link: refused
-    except OSError as exc:  # keep writing to the launcher's capture rather than fail the rank
-        print(f"{PROG} [rank {rank}]: cannot open its log in {folder} ({exc.strerror}); output stays in the "
-              "launcher's task log", file=sys.stderr, flush=True)
+    if not redirect_to_rank_log(folder, rank, attempt, PROG):  # keep the launcher's capture rather than fail
         return
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
     import socket
 
     # Which process this log belongs to (ranks/rank-R.json has the same pid and host).
