@@ -3,8 +3,9 @@
 The layer is checked against a per-token reference written here from the definitions (each token: the
 top-k experts' SwiGLU outputs weighted by their scores, plus the shared experts), the grouped GEMM
 against the per-expert loop, the balancing loss's injected gradient against an explicit `loss + c * aux`,
-and whole models on dp2 (zero 3), pp2 and expert parallelism (ep2, ep2 x dp2, ep2 x pp2, ep4) against one
-process with the same micro-batches.
+and whole models on dp2 (zero 3), pp2, expert parallelism (ep2, ep2 x dp2, ep2 x pp2, ep4) and expert with
+tensor parallelism (sequence parallel: ep2 x tp2, ep4 over tp2 x dp2, ep2 x tp2 x dp2, ep2 x tp2 x pp2) against
+one process with the same micro-batches.
 """
 
 from __future__ import annotations
@@ -202,6 +203,7 @@ EP_LAYOUTS_4: list[tuple[str, dict[str, Any]]] = [
      dict(dp=2, tp=2, ep=4, zero=3, sequence_parallel=True, micro_batch=2, moe=SIGMOID)),
     ("ep2 x tp2 x dp2 (efsdp2) sp zero2 softmax+aux ac-full",
      dict(dp=2, tp=2, ep=2, zero=2, sequence_parallel=True, micro_batch=1, moe=SOFTMAX, ac="full")),
+    ("ep2 x tp2 x pp2 sp 1f1b softmax+aux", dict(pp=2, tp=2, ep=2, sequence_parallel=True, micro_batch=2, moe=SOFTMAX)),
 ]
 PARITY: dict[str, tuple[float, float]] = {}  # layout -> (max |dloss|, max rel dnorm), printed with -s
 
