@@ -176,31 +176,40 @@ def _parallel_problems(job: Job) -> list[Problem]:
                            "set parallel.virtual_stages=2 (or auto), or use 1f1b"))
     if p.sequence_parallel and tp == 1:
         out.append(Problem("parallel.sequence_parallel", "needs tp > 1", True, "set parallel.tp >= 2 or disable it"))
-    out += _ep_problems(job, dp)
-    if m.moe is not None and tp is not None and tp > 1:
-        out.append(Problem("parallel.tp", "does not combine with model.moe yet (experts are not tensor-parallel)",
-                           tp, "set parallel.tp: 1 (use dp/pp with MoE)"))
+    out += _ep_problems(job, dp, tp)
     if t.compile and tp is not None and tp > 1:
         out.append(Problem("train.compile", f"does not combine with tensor parallel yet (parallel.tp={tp}): "
                            "its blocks do not compile", True, "set train.compile: false, or parallel.tp: 1"))
     return out
 
 
-def _ep_problems(job: Job, dp: int | None) -> list[Problem]:
-    """parallel.ep: experts split over ep of the dp ranks (runtime/parallel/expert.py)."""
+def _ep_problems(job: Job, dp: int | None, tp: int | None) -> list[Problem]:
+    """parallel.ep: experts split over ep of the dp x tp ranks (runtime/parallel/expert.py)."""
     ep, moe = job.parallel.ep, (job.model.moe if job.model is not None else None)
+    out = []
+    if moe is not None and tp is not None and tp > 1:
+        # The experts are not tensor-parallel (torchtitan's ParallelDims with etp=1): each tp rank routes
+        # its own sequence shard, and an ep group spans whole tp groups.
+        if not job.parallel.sequence_parallel:
+            out.append(Problem("parallel.sequence_parallel", f"must be true with model.moe and parallel.tp={tp} "
+                               "(each tp rank routes its own sequence shard)", False,
+                               "set parallel.sequence_parallel: true"))
+        if ep % tp:
+            out.append(Problem("parallel.ep", f"must be a multiple of parallel.tp={tp} with model.moe (the experts "
+                               "are not tensor-parallel: an ep group spans whole tp groups)", ep,
+                               f"set parallel.ep to a multiple of {tp}"))
     if ep == 1:
-        return []
+        return out
     if moe is None:
         return [Problem("parallel.ep", "> 1 needs model.moe (expert parallelism splits routed experts)", ep,
                         "set parallel.ep: 1, or give the model experts (model.moe)")]
-    out = []
     if moe.experts % ep:
         out.append(Problem("parallel.ep", f"must divide model.moe.experts={moe.experts}", ep,
                            "use a divisor of the expert count"))
-    if dp is not None and dp % ep:
-        out.append(Problem("parallel.ep", f"must divide parallel.dp={dp} (ep borrows its ranks from dp)", ep,
-                           f"use a divisor of dp, or set parallel.dp to a multiple of {ep} (or auto)"))
+    if dp is not None and tp is not None and (dp * tp) % ep:
+        out.append(Problem("parallel.ep", f"must divide parallel.dp x parallel.tp = {dp * tp} (ep borrows its ranks "
+                           "from dp and tp)", ep, f"use a divisor of {dp * tp}, or set parallel.dp so that dp x tp "
+                           f"is a multiple of {ep} (or auto)"))
     return out
 
 

@@ -80,7 +80,8 @@ class ParallelConfig(Section):
     pp: PpDegree = Field("auto", description="Pipeline-parallel degree (stages).")
     dp: DpDegree = Field("auto", description="Data-parallel degree (FSDP2 replicas/shards).")
     ep: int = Field(1, ge=1, le=L.MAX_WORLD, description="Expert-parallel degree (model.moe): the routed experts "
-                    "are split over ep of the dp ranks, tokens reach them by all-to-all; must divide dp and the experts.")
+                    "are split over ep of the dp x tp ranks, tokens reach them by all-to-all; must divide dp x tp and the "
+                    "experts, and be a multiple of tp.")
     schedule: Literal["auto", "gpipe", "1f1b", "interleaved-1f1b"] = Field("auto", description="Pipeline schedule.")
     virtual_stages: VirtualStages = Field("auto", description="Model chunks per pipeline rank (interleaved-1f1b).")
     zero: ZeroStage = Field("auto", description="ZeRO stage over dp: 0/1/2 keep params unsharded in compute, 3 reshards.")

@@ -193,7 +193,7 @@ class Training:
             row[moe.experts] = module.stat_dropped
             if module.stat_aux:
                 row[moe.experts + 1] = torch.stack(module.stat_aux).sum().to(self.device, torch.float64)
-                row[moe.experts + 2] = len(module.stat_aux)
+                row[moe.experts + 2] = module.stat_aux_count  # 1 / tp per term under sequence parallelism
         if self.mesh is not None and self.dims.world_size > 1:
             dist.all_reduce(table)
         counts = table[:, :moe.experts]

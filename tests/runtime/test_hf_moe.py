@@ -132,9 +132,10 @@ def _ep_cases(cases: list[tuple[str, dict[str, int]]], batch: torch.Tensor) -> l
     out = []
     for folder, layout in cases:
         job = _job(folder, pp=layout["pp"])
-        job["parallel"].update(dp=layout["dp"], ep=layout["ep"])
+        tp = layout.get("tp", 1)
+        job["parallel"].update(dp=layout["dp"], ep=layout["ep"], tp=tp, sequence_parallel=tp > 1)
         job["train"]["micro_batch"] = 1
-        job["cluster"]["gpus_per_node"] = layout["pp"] * layout["dp"]
+        job["cluster"]["gpus_per_node"] = layout["pp"] * layout["dp"] * tp
         training = build_training(job_from_dict(job), torch.device("cpu"), initialise=False)
         read = load_init_from(training)
         held = local_bytes(training)  # before the forward (FSDP's root keeps its parameters gathered after it)
@@ -147,11 +148,14 @@ def _ep_cases(cases: list[tuple[str, dict[str, int]]], batch: torch.Tensor) -> l
 
 @pytest.mark.dist
 def test_expert_parallel_init_from_matches_transformers_and_reads_only_its_experts(folders) -> None:
-    """ep2 (over dp4: 2 experts per ep rank, each sharded again over efsdp 2) and ep2 x pp2 (dp2 ep2): logits
-    equal transformers', and each rank reads from the folder exactly the bytes of the shards it holds."""
+    """ep2 (over dp4: 2 experts per ep rank, each sharded again over efsdp 2), ep2 x pp2 (dp2 ep2) and ep2 x tp2
+    x dp2 (sequence parallel; the ep groups are the tp groups, efsdp 2): logits equal transformers', and each
+    rank reads from the folder exactly the bytes of the shards it holds."""
     batch = tokens()
-    # Mixtral over dp4 ep2; Qwen3-MoE (its first block dense, head_dim apart from hidden/heads) over pp2 dp2 ep2.
-    cases = [(folders["mixtral"], {"pp": 1, "dp": 4, "ep": 2}), (folders["qwen3_moe"], {"pp": 2, "dp": 2, "ep": 2})]
+    # Mixtral over dp4 ep2; Qwen3-MoE (its first block dense, head_dim apart from hidden/heads) over pp2 dp2 ep2
+    # and over dp2 tp2 ep2.
+    cases = [(folders["mixtral"], {"pp": 1, "dp": 4, "ep": 2}), (folders["qwen3_moe"], {"pp": 2, "dp": 2, "ep": 2}),
+             (folders["qwen3_moe"], {"pp": 1, "dp": 2, "tp": 2, "ep": 2})]
     ranks = run_distributed(_ep_cases, 4, cases, batch, timeout_s=240)
     for i, (folder, layout) in enumerate(cases):
         want = _hf_logits(folder, batch)
@@ -160,8 +164,9 @@ def test_expert_parallel_init_from_matches_transformers_and_reads_only_its_exper
             assert r["logits"] is not None and (r["logits"] - want).abs().max().item() <= LOGIT_TOL, (folder, layout)
         for rank, r in enumerate(ranks):
             assert r[i]["read"] == r[i]["held"] > 0, (folder, layout, rank)
-            # 4 experts over ep2, then over efsdp = dp/ep
-            assert all(shape[0] == 4 // layout["dp"] for shape in r[i]["experts"].values()), r[i]["experts"]
+            # 4 experts over ep2, then over efsdp = dp x tp / ep
+            per_rank = 4 // (layout["dp"] * layout.get("tp", 1))
+            assert all(shape[0] == per_rank for shape in r[i]["experts"].values()), r[i]["experts"]
 
 
 @pytest.mark.slow

@@ -26,7 +26,9 @@ def test_enabled_flags_and_coords() -> None:
         (dict(pp=0, dp=1, tp=1, world_size=0), "parallel.pp: got 0"),
         (dict(pp=1, dp="auto", tp=1, world_size=1), "parallel.dp: got 'auto'"),
         (dict(pp=1, dp=1, tp=True, world_size=1), "parallel.tp: got True"),
-        (dict(pp=1, dp=6, tp=1, world_size=6, ep=4), "parallel.ep: got 4; must divide parallel.dp=6"),
+        (dict(pp=1, dp=6, tp=1, world_size=6, ep=4), r"parallel.ep: got 4; must divide parallel.dp x parallel.tp = 6"),
+        (dict(pp=1, dp=2, tp=2, world_size=4, ep=8), r"parallel.ep: got 8; must divide parallel.dp x parallel.tp = 4"),
+        (dict(pp=1, dp=3, tp=2, world_size=6, ep=3), r"parallel.ep: got 3; must be a multiple of parallel.tp=2"),
         (dict(pp=1, dp=2, tp=1, world_size=2, ep=0), "parallel.ep: got 0"),
     ],
 )
@@ -50,3 +52,6 @@ def test_expert_parallel_borrows_from_dp() -> None:
     dims = ParallelDims(pp=2, dp=4, tp=1, world_size=8, ep=2)
     assert dims.ep_enabled and dims.efsdp == 2
     assert not ParallelDims(pp=1, dp=4, tp=1, world_size=4).ep_enabled
+    # with tensor parallelism the experts' region spans dp x tp: ep4 over dp2 x tp2 leaves efsdp 1
+    assert ParallelDims(pp=1, dp=2, tp=2, world_size=4, ep=4).efsdp == 1
+    assert ParallelDims(pp=1, dp=4, tp=2, world_size=8, ep=2).efsdp == 4

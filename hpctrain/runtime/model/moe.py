@@ -28,7 +28,11 @@ trainer collects and clears them after each step (`take_stats`).
 
 Under expert parallelism (`parallel.ep`, runtime/parallel/expert.py) `experts` holds this rank's slice of
 the experts and the sorted rows travel to their owners and back by all-to-all; routing, capacity, the
-statistics (of this rank's tokens) and the scatter-add are the same.
+statistics (of this rank's tokens) and the scatter-add are the same. Under tensor parallelism (sequence
+parallel, runtime/parallel/tensor.py) the input is a sequence shard (a DTensor Shard(1)): the routed path
+runs on this rank's tokens, the shared experts (tensor-parallel) on the gathered sequence, and `sequence`
+supplies the other shards' counts where one process's arithmetic needs the whole micro-batch (the
+balancing loss's load fractions, the capacity's slot positions).
 """
 
 from __future__ import annotations
@@ -121,8 +125,13 @@ class Router(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [tokens, h] -> (top-k weights [tokens, k] fp32, expert ids [tokens, k], scores [tokens, E] fp32)."""
+        from torch.distributed.tensor import DTensor, Partial
+
+        weight = self.gate.weight
+        if isinstance(weight, DTensor):  # replicated over tp: the gradient sums the sequence shards'
+            weight = weight.to_local(grad_placements=[Partial()] * weight.device_mesh.ndim)
         with torch.autocast(x.device.type, enabled=False):
-            logits = F.linear(x.float(), self.gate.weight.float())
+            logits = F.linear(x.float(), weight.float())
         scores = F.softmax(logits, dim=-1) if self.args.score == "softmax" else torch.sigmoid(logits)
         choice = scores if self.expert_bias is None else scores + self.expert_bias
         _, ids = torch.topk(choice.detach(), self.args.top_k, dim=-1)
@@ -194,17 +203,25 @@ class MoE(nn.Module):
         self.shared = FeedForward(hidden, args.shared_ffn_hidden, swiglu=True) if args.shared_ffn_hidden else None
         self.backward_scale = 0.0  # set by the trainer before each step (module docstring)
         self.ep: Any = None  # runtime/parallel/expert.py's ExpertGroup under expert parallelism
+        self.sequence: Any = None  # runtime/parallel/sequence.py's SequenceShards under tp (sequence parallel)
         self.clear_stats()
 
     def clear_stats(self) -> None:
         self.stat_counts: torch.Tensor | None = None  # tokens routed to each expert, this step [E]
         self.stat_dropped = 0.0
-        self.stat_aux: list[torch.Tensor] = []
+        self.stat_aux: list[torch.Tensor] = []  # this rank's term of each micro-batch's balancing loss
+        self.stat_aux_count = 0.0  # micro-batches those terms make up (1 / tp each under sequence parallelism)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.distributed.tensor import DTensor
+
+        full = x  # under sequence parallelism a DTensor Shard(1): the shared experts gather it (tensor.py)
+        if isinstance(x, DTensor):
+            x = x.to_local()  # this tp rank's sequence shard; the routed path runs on its tokens only
         batch, seq, hidden = x.shape
         flat = x.reshape(-1, hidden)
         tokens, k, experts = flat.shape[0], self.args.top_k, self.args.experts
+        shards = self.sequence.size if self.sequence is not None else 1
         weights, ids, scores = self.router(flat)
         flat_ids = ids.reshape(-1)  # [tokens * k], token-major
         # scatter_add, not bincount: its output has a static shape (the planner's fake-tensor dry builds)
@@ -213,12 +230,14 @@ class MoE(nn.Module):
         order = torch.argsort(flat_ids, stable=True)  # slots grouped by expert, tokens in order within
         kept_counts = counts
         if self.args.capacity_factor is not None:
-            capacity = math.ceil(self.args.capacity_factor * tokens * k / experts)
+            capacity = math.ceil(self.args.capacity_factor * tokens * shards * k / experts)
             starts = torch.cumsum(counts, 0) - counts
             position = torch.arange(order.numel(), device=x.device) - starts[flat_ids[order]]
+            if self.sequence is not None:
+                position = position + self._earlier_slots(flat_ids, order, batch)
             keep = position < capacity
             order = order[keep]
-            kept_counts = counts.clamp(max=capacity)
+            kept_counts = torch.zeros_like(counts).scatter_add_(0, flat_ids[order], torch.ones_like(order))
         token_of = order // k
         if self.ep is None:
             routed = self.experts(flat[token_of], kept_counts)
@@ -227,22 +246,45 @@ class MoE(nn.Module):
         gate = weights.reshape(-1)[order].to(routed.dtype)
         out = torch.zeros(tokens, hidden, dtype=routed.dtype, device=x.device)
         out = out.index_add(0, token_of, routed * gate[:, None])
+        out = out.reshape(batch, seq, hidden)
         if self.shared is not None:
-            out = out + self.shared(flat).to(out.dtype)
+            out = out + self.shared(full).to(out.dtype)  # [b, s/tp, h] under sequence parallelism, as out
         aux = self._balance_loss(scores, counts, tokens) if self.args.aux_loss_coeff > 0 else None
         if not _in_backward() and not _paused:
             self._record(counts, order.numel(), tokens * k, aux)
-        out = out.reshape(batch, seq, hidden)
         if aux is not None and torch.is_grad_enabled():
             out = AuxLoss.apply(out, aux, self.backward_scale)
         return out
 
     def _balance_loss(self, scores: torch.Tensor, counts: torch.Tensor, tokens: int) -> torch.Tensor:
         """Switch Transformer's E * sum_i f_i P_i (Fedus et al. 2021, eq. 4-6): f_i the fraction of routed
-        slots expert i got, P_i its mean routing probability (sigmoid scores normalised per token)."""
+        slots expert i got, P_i its mean routing probability (sigmoid scores normalised per token).
+
+        Under sequence parallelism f is the whole micro-batch's (the shards' counts summed) and this rank's
+        term is E * sum_i f_i P_i(its tokens) / tp: the terms sum to the micro-batch's loss and each one's
+        gradient is the loss's gradient with respect to this rank's scores."""
         probs = scores if self.args.score == "softmax" else scores / (scores.sum(-1, keepdim=True) + 1e-20)
-        fraction = counts.float() / max(tokens * self.args.top_k, 1)
-        return self.args.experts * torch.sum(fraction * probs.mean(dim=0))
+        shards = 1
+        if self.sequence is not None:
+            counts, shards = self.sequence.sum(counts), self.sequence.size
+        fraction = counts.float() / max(tokens * shards * self.args.top_k, 1)
+        return self.args.experts * torch.sum(fraction * probs.mean(dim=0)) / shards
+
+    def _earlier_slots(self, flat_ids: torch.Tensor, order: torch.Tensor, batch: int) -> torch.Tensor:
+        """Under sequence parallelism, per slot of `order`: the slots of its expert that one process would
+        see before it on the other shards, in one process's token order (sequence by sequence, each
+        sequence's shards in tp-rank order), so that capacity keeps the same slots as one process."""
+        seq = self.sequence
+        experts = self.args.experts
+        row_of = order // (flat_ids.numel() // batch)  # the slot's sequence in the micro-batch
+        expert_of = flat_ids[order]
+        mine = torch.zeros(batch * experts, dtype=torch.int64, device=flat_ids.device).scatter_add_(
+            0, row_of * experts + expert_of, torch.ones_like(order)).reshape(batch, experts)
+        every = seq.gather(mine)  # [tp, batch, experts]
+        others = every.sum(0) - mine
+        earlier_rows = torch.cumsum(others, 0) - others  # other shards' slots in the earlier sequences
+        earlier_shards = every[:seq.rank].sum(0)  # lower tp ranks' slots of the same sequence
+        return (earlier_rows + earlier_shards)[row_of, expert_of]
 
     @torch.no_grad()
     def _record(self, counts: torch.Tensor, kept: int, routed: int, aux: torch.Tensor | None) -> None:
@@ -251,6 +293,7 @@ class MoE(nn.Module):
         self.stat_dropped += float(routed - kept) if self.args.capacity_factor is not None else 0.0
         if aux is not None:
             self.stat_aux.append(aux.detach())
+            self.stat_aux_count += 1.0 / (self.sequence.size if self.sequence is not None else 1)
 
     @torch.no_grad()
     def update_bias(self, counts: torch.Tensor) -> None:

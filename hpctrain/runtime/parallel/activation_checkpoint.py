@@ -122,10 +122,13 @@ def apply_ac(modules: nn.Module | Iterable[nn.Module], mode: str) -> None:
         for block in root.modules():
             if isinstance(block, TransformerBlock):
                 block.ac_mode = mode
-                for gathered in (block.attention, block.feed_forward):
-                    setattr(gathered, CHECKPOINTED_ATTR, mode != "none")
+                # a MoE block's gathered FFN is its shared experts (tensor.py); a MoE without them has none
+                ffn = getattr(block.feed_forward, "shared", block.feed_forward)
+                for gathered in (block.attention, ffn):
+                    if gathered is not None:
+                        setattr(gathered, CHECKPOINTED_ATTR, mode != "none")
                 if mode == "selective" and not getattr(block, "_hpctrain_row_hooks", False):
-                    for proj in (block.attention.wo, getattr(block.feed_forward, "w2", None)):
+                    for proj in (block.attention.wo, getattr(ffn, "w2", None)):
                         if isinstance(proj, nn.Linear) and isinstance(proj.weight, DTensor):  # TP applied
                             proj.register_forward_pre_hook(_enter_row_parallel)
                             proj.register_forward_hook(_leave_row_parallel, always_call=True)

@@ -6,7 +6,7 @@ Every rank builds its share of the model in torchtitan's order; each step is one
     1. meta     the full model on the meta device (no memory)                    model/transformer.py
     2. PP       cut this rank's pipeline stages out of it                        pipeline.py
     3. TP       tensor parallel (+ sequence parallel, vocab-parallel embedding)  tensor.py
-    3b. EP      routed experts split over ep of the dp ranks (Shard(0) DTensors)  expert.py
+    3b. EP      routed experts split over ep of the dp x tp ranks (Shard(0) DTensors) expert.py
     4. LoRA     adapters, after TP (they take the base's placements), before FSDP  model/lora.py
     5. AC       activation checkpointing                                         activation_checkpoint.py
     6. compile  torch.compile per block (`train.compile`), after TP and AC       compile.py
@@ -82,7 +82,7 @@ class _Layout:
     virtual: int  # pipeline stages per pp rank
     n_microbatches: int
     fsdp: bool
-    experts_mesh: Any = None  # ("pp", "efsdp", "ep", "tp") over the same ranks when parallel.ep > 1
+    experts_mesh: Any = None  # ("efsdp", "ep") over this stage's dp x tp ranks when parallel.ep > 1
 
 
 def _layout(job: Job, device: torch.device) -> _Layout:

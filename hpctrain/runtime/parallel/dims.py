@@ -41,15 +41,18 @@ class ParallelDims:
     dp: int
     tp: int
     world_size: int
-    ep: int = 1  # expert parallelism borrows its ranks from dp: dp = efsdp x ep (runtime/parallel/expert.py)
+    ep: int = 1  # expert parallelism borrows its ranks from dp and tp: dp x tp = efsdp x ep (runtime/parallel/expert.py)
 
     def __post_init__(self) -> None:
         problems = _degree_problems({name: getattr(self, name) for name in ("pp", "dp", "tp", "world_size", "ep")})
         if problems:
             raise ConfigError(problems)
-        if self.dp % self.ep:
-            raise ConfigError(f"parallel.ep: got {self.ep}; must divide parallel.dp={self.dp} "
-                              "(expert parallelism borrows its ranks from dp)")
+        if (self.dp * self.tp) % self.ep:
+            raise ConfigError(f"parallel.ep: got {self.ep}; must divide parallel.dp x parallel.tp = "
+                              f"{self.dp * self.tp} (expert parallelism borrows its ranks from dp and tp)")
+        if self.ep > 1 and self.ep % self.tp:
+            raise ConfigError(f"parallel.ep: got {self.ep}; must be a multiple of parallel.tp={self.tp} "
+                              "(the experts are not tensor-parallel: an ep group spans whole tp groups)")
         if self.pp * self.dp * self.tp != self.world_size:
             raise ConfigError(
                 f"parallel: pp={self.pp} x dp={self.dp} x tp={self.tp} = "
@@ -77,6 +80,12 @@ class ParallelDims:
                         f"model.{field}: got {value}; must be divisible by parallel.tp={self.tp} "
                         "(tensor parallelism splits it evenly across ranks)"
                     )
+            moe = getattr(model_cfg, "moe", None)
+            if moe is not None and moe.shared_ffn_hidden % self.tp:
+                problems.append(
+                    f"model.moe.shared_experts x shared_ffn_hidden: got {moe.shared_ffn_hidden}; must be divisible "
+                    f"by parallel.tp={self.tp} (the shared experts are tensor-parallel like a dense FFN)"
+                )
         stages = self.pp * virtual_stages
         if self.pp > 1 and model_cfg.layers < stages:
             problems.append(
@@ -104,8 +113,8 @@ class ParallelDims:
 
     @property
     def efsdp(self) -> int:
-        """The data-parallel degree of the routed experts: dp / ep (each expert shard's FSDP group)."""
-        return self.dp // self.ep
+        """The data-parallel degree of the routed experts: dp x tp / ep (each expert shard's FSDP group)."""
+        return self.dp * self.tp // self.ep
 
     def coords(self, rank: int) -> dict[str, int]:
         """A rank's (pp, dp, tp) coordinates in the grid `arange(world).view(pp, dp, tp)`."""

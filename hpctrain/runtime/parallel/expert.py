@@ -1,18 +1,32 @@
-"""Expert parallelism (`parallel.ep`): the routed experts split over ep of the data-parallel ranks.
+"""Expert parallelism (`parallel.ep`): the routed experts split over ep of the data- and tensor-parallel ranks.
 
-The mesh (torchtitan's `ParallelDims` does the same, torchtitan/distributed/parallel_dims.py): the dense
-part of the model sees ("pp", "dp", "tp"); the routed experts see the same ranks with dp unflattened into
-("efsdp", "ep"), ep innermost, so one ep group is ep neighbouring dp ranks:
+The mesh (torchtitan's `ParallelDims` with expert tensor parallelism 1 does the same,
+torchtitan/distributed/parallel_dims.py): the dense part of the model sees ("pp", "dp", "tp"); the routed
+experts see the same ranks with (dp, tp) flattened (tp innermost) and unflattened again into ("efsdp", "ep"),
+ep innermost, so one ep group is ep / tp neighbouring dp indices times all their tp ranks:
 
-    dp rank d = efsdp index * ep + ep index        (dp4 ep2: ep groups {0, 1}, {2, 3}; efsdp {0, 2}, {1, 3})
+    (dp, tp) index d * tp + t = efsdp index * ep + ep index
+    dp4 ep2 (tp1): ep groups {0, 1}, {2, 3}; efsdp {0, 2}, {1, 3}
+    dp2 tp2 ep2:   ep groups = the tp groups {0, 1}, {2, 3}; efsdp {0, 2}, {1, 3}
+    dp2 tp2 ep4:   one ep group {0, 1, 2, 3}; efsdp of one rank each
+
+With tp > 1 ep must be a multiple of tp and sequence parallelism is on (config/job.py and dims.py refuse
+otherwise): each tp rank holds a different slice of the sequence at the MoE input and routes its own tokens,
+which the all-to-all below moves like any other rank's; attention and the shared experts stay tensor-parallel
+and the router is replicated over tp, its gradient summed over the sequence shards (tensor.py
+`_moe_over_tp`); the balancing loss and the capacity see the whole micro-batch's counts (moe.py, through
+sequence.py's `SequenceShards`), so every layout computes what one process does.
 
 Parameters: ep rank r holds experts [r*E/ep, (r+1)*E/ep) of `experts.w1/w2/w3` as DTensors Shard(0) over
 the "ep" mesh (so the names and global shapes are those of one process: DCP saves global tensors, and
 sharded initialisation and Hugging Face reading fill each rank's box of experts). FSDP then shards each
 MoE block's experts over "efsdp" as a unit of its own (the rest of the block over "dp" as before). An
 expert's gradient sums its tokens from the ep group (the all-to-all's backward brings them); the
-reduce-scatter over efsdp sums the rest of the dp ranks, and the divide factor dp (not efsdp) makes it the
-global-batch mean, the same as one process (torchtitan's moe_sharding: `set_gradient_divide_factor`).
+reduce-scatter over efsdp sums the rest of the dp x tp ranks (each rank's tokens are its own: dp ranks hold
+other sequences, tp ranks other positions of them), and the divide factor dp (not efsdp, not dp x tp: the tp
+ranks of one dp rank share one loss) makes it the global-batch mean, the same as one process (torchtitan's
+moe_sharding: `set_gradient_divide_factor`). The gradient norm counts each expert element once: the experts
+are sharded over efsdp x ep = dp x tp ranks, all of a stage's (grad_norm.py).
 
 Dispatch, per MoE layer and micro-batch (after routing, capacity and the sort by expert, moe.py):
   1. the per-expert counts [E] go to their owners (all_to_all_single of counts: ep x E/ep each way),
@@ -27,8 +41,8 @@ backward is the reverse all-to-all, as torch's `all_to_all_single_autograd`): se
 checkpointing saves their outputs (activation_checkpoint.py) instead of communicating again, and ranks never
 recompute a different routing. Every exchange waits through `wait_all_to_all`, which the communication timer
 times as all-to-all (runtime/observe/comm_timing.py: `time_all_to_all_s` in metrics.jsonl).
-The router, shared experts and dense blocks are untouched; tensor parallelism of experts is not built
-(config/job.py refuses tp > 1 with model.moe).
+The experts themselves are never tensor-parallel (expert tensor parallelism, Megatron-Core's ETP > 1, is not
+built).
 """
 
 from __future__ import annotations
@@ -62,16 +76,19 @@ class ExpertGroup:
 
 
 def sparse_mesh(mesh: Any, ep: int) -> Any:
-    """The experts' mesh ("pp", "efsdp", "ep", "tp") over the same ranks as the dense ("pp", "dp", "tp")."""
+    """The experts' mesh ("efsdp", "ep") of this rank's pipeline stage: its (dp, tp) ranks flattened (tp
+    innermost) and unflattened again, ep innermost (module docstring); the same root mesh as the dense
+    ("pp", "dp", "tp"), which FSDP needs to shard the ep-sharded experts over efsdp."""
     from torch.distributed.fsdp import FSDPModule
 
-    missing = [name for owner, name in ((mesh, "_unflatten"), (FSDPModule, "set_force_sum_reduction_for_comms"))
+    missing = [name for owner, name in ((mesh, "_unflatten"), (mesh, "_flatten"),
+                                        (FSDPModule, "set_force_sum_reduction_for_comms"))
                if not hasattr(owner, name)]
     if missing:  # torch's own versions of both: expert parallelism is built and tested on torch 2.13
         raise ConfigError(f"parallel.ep: got {ep}; this torch ({torch.__version__}) lacks {', '.join(missing)}, "
                           "which expert parallelism needs; set parallel.ep: 1, or use torch 2.13")
-    dp = mesh["dp"].size()
-    return mesh._unflatten("dp", (dp // ep, ep), ("efsdp", "ep"))
+    region = mesh["dp", "tp"]._flatten("dp_tp")  # rank index dp * tp + tp: whole tp groups side by side
+    return region._unflatten(0, (region.size() // ep, ep), ("efsdp", "ep"))
 
 
 def apply_ep(modules: Iterable[nn.Module], ep_mesh: Any) -> None:

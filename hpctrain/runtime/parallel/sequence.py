@@ -123,3 +123,28 @@ def gather_sequence_input(module: nn.Module, mesh: DeviceMesh) -> None:
     all-gathered, replicated x; its backward all-gathers x again instead of keeping it."""
     module.register_forward_pre_hook(lambda m, a: _pre_hook(mesh, m, a))
     module.register_forward_hook(_post_hook, always_call=True)
+
+
+class SequenceShards:
+    """The tp group of a MoE layer under sequence parallelism (tensor.py sets `MoE.sequence`): each tp rank
+    routes the tokens of its own sequence shard [b, s/tp, h], so what one process computes over the whole
+    micro-batch (the balancing loss's load fractions, the capacity's slot positions) needs the counts of the
+    other shards. Small integer tensors, no gradient; torch's functional collectives."""
+
+    def __init__(self, mesh: DeviceMesh) -> None:
+        self.group = mesh.get_group()
+        self.size = mesh.size()
+        self.rank = mesh.get_local_rank()
+
+    def sum(self, t: torch.Tensor) -> torch.Tensor:
+        """The elementwise sum over the group's ranks."""
+        import torch.distributed._functional_collectives as funcol
+
+        return funcol.wait_tensor(funcol.all_reduce(t.contiguous(), "sum", self.group))
+
+    def gather(self, t: torch.Tensor) -> torch.Tensor:
+        """[size, *t.shape]: every rank's t, in tp-rank (sequence) order."""
+        import torch.distributed._functional_collectives as funcol
+
+        out = funcol.wait_tensor(funcol.all_gather_single(t.contiguous(), 0, self.group))
+        return out.reshape(self.size, *t.shape)

@@ -11,6 +11,11 @@ reduce-scatter + all-gather pairs and activation memory outside attention/MLP dr
 gathered inputs of attention and the FFN are not kept for backward: only their sequence shards
 are, and backward gathers again (sequence.py; Korthikanti et al. 2022, section 4.2.2).
 
+MoE blocks (model.moe): attention and the shared experts (w1/w3 column-, w2 row-parallel, as the dense
+FFN) as above; the router is replicated over tp and the routed experts are left to expert parallelism
+(expert.py), whose ep groups span whole tp groups; sequence parallelism is required, and each tp rank routes
+its own sequence shard (`_moe_over_tp`).
+
 Loss parallel is always on when tp > 1: the head's logits stay sharded over the vocabulary and the
 cross-entropy is computed without gathering them (`torch.distributed.tensor.parallel.loss_parallel`),
 saving a [batch, seq, vocab] all-gather. Forward and backward of the loss must run inside
@@ -21,8 +26,9 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     RowwiseParallel,
@@ -30,8 +36,11 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from hpctrain.errors import ConfigError
+from hpctrain.runtime.model.feed_forward import FeedForward
+from hpctrain.runtime.model.moe import MoE
 from hpctrain.runtime.model.transformer import Transformer, TransformerBlock
-from hpctrain.runtime.parallel.sequence import gather_sequence_input
+from hpctrain.runtime.parallel.sequence import SequenceShards, gather_sequence_input
 from hpctrain.runtime.parallel.vocab import use_vocab_parallel_lookup
 
 
@@ -67,11 +76,14 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh, *, sequence_parallel: bool
             "attention.wk": ColwiseParallel(),
             "attention.wv": ColwiseParallel(),
             "attention.wo": RowwiseParallel(output_layouts=between_blocks),
-            "feed_forward.w1": ColwiseParallel(),
-            "feed_forward.w2": RowwiseParallel(output_layouts=between_blocks),
         }
-        if block.feed_forward.w3 is not None:
-            plan["feed_forward.w3"] = ColwiseParallel()
+        dense = tp_dense_ffn(block)  # the dense FFN, or a MoE block's shared experts (None: it has none)
+        if dense is not None:
+            prefix = "feed_forward" if dense is block.feed_forward else "feed_forward.shared"
+            plan[f"{prefix}.w1"] = ColwiseParallel()
+            plan[f"{prefix}.w2"] = RowwiseParallel(output_layouts=between_blocks)
+            if dense.w3 is not None:
+                plan[f"{prefix}.w3"] = ColwiseParallel()
         if sequence_parallel:
             plan.update(
                 {
@@ -84,4 +96,28 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh, *, sequence_parallel: bool
             # Instead of PrepareModuleInput(Shard(1) -> Replicate): the same all-gather, but the
             # matmuls keep the sequence shard for backward and gather again there.
             gather_sequence_input(block.attention, tp_mesh)
-            gather_sequence_input(block.feed_forward, tp_mesh)
+            if dense is not None:
+                gather_sequence_input(dense, tp_mesh)
+        if isinstance(block.feed_forward, MoE):
+            _moe_over_tp(block.feed_forward, tp_mesh, sequence_parallel)
+
+
+def tp_dense_ffn(block: TransformerBlock) -> FeedForward | None:
+    """The block's tensor-parallel FFN: the dense one, or on a MoE block its shared experts (or None)."""
+    ffn = block.feed_forward
+    return ffn.shared if isinstance(ffn, MoE) else ffn
+
+
+def _moe_over_tp(moe: MoE, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
+    """A MoE layer under tp (torchtitan's layout with expert tensor parallelism 1): the routed experts are not
+    tensor-parallel (expert parallelism spans whole tp groups, expert.py); under sequence parallelism each tp
+    rank routes its own sequence shard, so the router's weight is replicated over tp and its gradient is the
+    sum of the shards' (Partial, reduced where the gradient takes the parameter's placement: FSDP, or
+    Training._match_grad_placements). config/job.py requires sequence parallelism with model.moe and tp > 1."""
+    if not sequence_parallel:
+        raise ConfigError("parallel.sequence_parallel: got false; must be true with model.moe and parallel.tp > 1 "
+                          "(each tp rank routes its own sequence shard); set parallel.sequence_parallel: true")
+    gate = moe.router.gate
+    gate.weight = nn.Parameter(DTensor.from_local(gate.weight.detach(), tp_mesh, [Replicate()], run_check=False),
+                               requires_grad=gate.weight.requires_grad)
+    moe.sequence = SequenceShards(tp_mesh)
