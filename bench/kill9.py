@@ -4,10 +4,10 @@ uninterrupted run (issue 30: "the 16-trial kill -9 schedule and the 6 layout-cha
 
     python bench/kill9.py [--seed 7] [--kills 16] [--layouts 6] [--json OUT] [--check]
 
-The job: the tiny preset (4 layers: pp2 balances), fp32, the local executor, a checkpoint every 2 steps, validation
-every 4 steps (8 batches), the TensorBoard
-tracker, restart.requeue false (a kill ends the attempt; the bench resumes it). HPCTRAIN_TEST_STEP_DELAY_S
-slows each step so that the faults land mid-run.
+The job: the tiny preset (4 layers, so that pp2 balances), fp32, the local executor, 32 steps, a checkpoint
+every 2 steps, validation every 4 steps (8 batches), the TensorBoard tracker, restart.requeue false (a kill
+ends the attempt; the bench resumes it). HPCTRAIN_TEST_STEP_DELAY_S=0.15 slows each step so that the
+faults land mid-run. The uninterrupted reference (no delay) runs alongside the trials.
 
 Kill schedule (one run, one rank): 16 trials in a seeded order, 4 of each moment, each a SIGKILL to the
 rank or to its local supervisor (seeded; a killed supervisor takes its rank along, PR_SET_PDEATHSIG):
@@ -17,9 +17,12 @@ rank or to its local supervisor (seeded; a killed supervisor takes its rank alon
   tracker   the first growth of the TensorBoard event file after the attempt's 1st-3rd step
 Each moment is watched by polling every 2 ms; what the run directory held at the kill is recorded
 (`hit`), so a missed window shows in the output. Then `hpctrain resume`. After the last trial the run
-resumes to the end. Checks: COMPLETED; steps 1..N once in metrics.jsonl; loss and grad_norm equal to the
-uninterrupted reference's (same job, no faults) bit for bit at every step; the final checkpoint's
-tensors (model and optimizer) equal the reference's bit for bit; the TensorBoard log has each step once.
+resumes to the end. Checks: COMPLETED; steps 1..N once in metrics.jsonl; loss, grad_norm and val_loss
+equal to the uninterrupted reference's (same job, no faults) bit for bit at every step; the final checkpoint's
+tensors (model and optimizer, read with DCP's dcp_to_torch_save) equal the reference's bit for bit;
+TensorBoard's reader (which applies each resumed writer's purge_step) shows each step once.
+
+Measured (2-core VM shared with other jobs, load average 8-12): 230 s and 282 s for the whole --check.
 
 Layout trials (a second run, started alongside): the 1-rank run is killed (SIGKILL of its rank after a
 new checkpoint) and resumed on another layout, 6 times in a chain: 1 -> dp2 -> tp2 -> dp2 -> pp2 ->
