@@ -44,12 +44,14 @@ def session_pids(sid: int) -> list[int]:
 class RayCluster:
     """One Ray head with `cpus` CPUs and no GPUs; `address` is its Jobs API (dashboard) URL."""
 
-    def __init__(self, log_path: Path, *, cpus: int = 2, pythonpath: Optional[str] = None) -> None:
+    def __init__(self, log_path: Path, *, cpus: int = 2, pythonpath: Optional[str] = None,
+                 ports: Optional[tuple[int, int]] = None) -> None:
+        """`ports`: (GCS, dashboard) to start on, e.g. a dead head's, to stand in for it at its address."""
         self.log_path = log_path
         self.cpus = cpus
         self.pythonpath = pythonpath
         self.proc: Optional[subprocess.Popen[bytes]] = None
-        gcs, dashboard = free_ports(2)
+        gcs, dashboard = ports or free_ports(2)
         self.gcs_port, self.dashboard_port = gcs, dashboard
         self.address = f"http://127.0.0.1:{dashboard}"
         self.temp_dir = f"/tmp/hpct-ray-{os.getpid()}-{dashboard}"  # Ray's socket paths must stay short
@@ -76,6 +78,18 @@ class RayCluster:
                     self.stop()
                     raise RuntimeError(f"Ray did not start: {self.log_path.read_text()[-2000:]}") from None
                 time.sleep(0.5)
+
+    def gcs_pid(self) -> Optional[int]:
+        """The pid of this head's `gcs_server` (a process of this head's session only), or None."""
+        assert self.proc is not None
+        for pid in session_pids(self.proc.pid):
+            try:
+                argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+            except OSError:
+                continue
+            if os.path.basename(argv0) == b"gcs_server":
+                return pid
+        return None
 
     def stop(self) -> None:
         if self.proc is None:

@@ -44,6 +44,10 @@ REQUEUE_REQUESTED = "requeue requested"
 STOPPED = "stopped"
 FINISHED = "finished"
 FAILED = "failed"  # also the launcher's, with stage="submit", when the scheduler refused the job
+# The `reason` of the Ray driver's `failed` event (stage "ray-driver") when it lost its head, and of `status`
+# for a Ray job that its head no longer knows (hpctrain/launch/ray/driver.py, executor.py).
+RAY_HEAD_GONE = "the Ray head is gone"
+RAY_HEAD_LOST_JOB = "the Ray head lost the job"
 # The runtime, the Ray driver and the batch script's exit path (sbatch_templates/exit_path.sh.j2, deciding
 # with rundir/restart.py), with their `reason` / `why_not` words, so that status and the doctor can explain them.
 REQUEUED = "requeued"

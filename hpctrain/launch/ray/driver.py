@@ -11,7 +11,16 @@ One dead rank stops the others (srun --kill-on-bad-exit). A failed attempt is st
 restart policy says so (rundir/restart.py `decide`, the batch script's exit path's rules: exit 2 and a
 second crash at the same step are final; within restart.max_requeues) and resumes from the newest
 checkpoint; a `requeued` / `not_requeued` event says why. On SIGTERM (`hpctrain cancel`, Ray's
-stop_job) the ranks are stopped. This module runs on the Ray cluster only: it imports ray at the top, the login path never imports it.
+stop_job) the ranks are stopped.
+
+The head can die under a running job (only its `gcs_server` killed, a head node lost): every Ray call then
+blocks, and a driver left alone waits forever (issue 30: at "starting attempt 1" for minutes, its ranks
+orphaned). A watchdog thread (HeadWatch) opens a TCP connection to the GCS every HEAD_CHECK_S; after
+HEAD_MISSES refusals in a row (~10 s) the driver records a `failed` event (stage "ray-driver", reason
+RAY_HEAD_GONE), stops the ranks on its node (SIGTERM, SIGKILL after STOP_GRACE_S; by pid, only processes
+whose command line names this run) and exits: no Ray call is needed for any of it. Ranks on other nodes
+die with their actors when those nodes' raylets give up on the GCS (PR_SET_PDEATHSIG).
+This module runs on the Ray cluster only: it imports ray at the top, the login path never imports it.
 """
 
 from __future__ import annotations
@@ -21,7 +30,9 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
@@ -30,7 +41,7 @@ import ray
 from hpctrain.config import load_job
 from hpctrain.launch.rank_group import RankGroup, RankPlace, rank_env
 from hpctrain.launch.stages import rank_argv
-from hpctrain.rundir.events import NOT_REQUEUED, REQUEUED, append_event
+from hpctrain.rundir.events import FAILED, NOT_REQUEUED, RAY_HEAD_GONE, REQUEUED, append_event
 from hpctrain.rundir.layout import BAD_INPUT_MARKER, REQUEUE_MARKER, RESOLVED_FILE
 from hpctrain.rundir.metrics import last_metrics
 from hpctrain.rundir.ranks import next_attempt
@@ -41,6 +52,81 @@ POLL_S = 0.5
 STOP_GRACE_S = 2.0  # Ray's stop_job escalates to SIGKILL after a few seconds: stop the ranks within them
 DRIVER_LOG = "ray-driver.log"  # in logs/
 WORKER_LOST = -9  # the exit code recorded for a rank whose actor (or node) died
+HEAD_CHECK_S = 2.0  # how often the watchdog knocks at the GCS
+HEAD_MISSES = 5  # refusals in a row before the head counts as gone (a GCS restarting in place takes less)
+HEAD_GONE_EXIT = 1
+
+
+class HeadWatch:
+    """A daemon thread that calls on_gone() once, after `misses` failed TCP connects in a row to the
+    head's GCS (host, port), checked every `every_s`. A TCP connect, not a Ray call: with the GCS gone
+    Ray's own calls block (they wait for it to come back) instead of answering."""
+
+    def __init__(self, host: str, port: int, on_gone: Callable[[], None], *, every_s: float = HEAD_CHECK_S,
+                 misses: int = HEAD_MISSES) -> None:
+        self.host, self.port, self.on_gone = host, port, on_gone
+        self.every_s, self.misses = every_s, misses
+        self.missed = 0
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="ray-head-watch", daemon=True)
+
+    def start(self) -> HeadWatch:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def alive(self) -> bool:
+        try:
+            with socket.create_connection((self.host, self.port), timeout=max(0.5, self.every_s)):
+                return True
+        except OSError:
+            return False
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.missed = 0 if self.alive() else self.missed + 1
+            if self.missed >= self.misses:
+                self.on_gone()
+                return
+
+
+def gcs_host_port(address: str) -> tuple[str, int]:
+    """'10.0.0.1:6379' (Ray's GCS address, maybe with a scheme) -> ('10.0.0.1', 6379)."""
+    host, _, port = address.split("://")[-1].rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def _names_run(pid: int, run_dir: Path) -> bool:
+    """Whether `pid` is a live process whose command line names run_dir (a reused pid, a zombie: no)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return str(run_dir).encode() in argv
+
+
+def stop_pids(pids: Sequence[int], run_dir: Path, grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM to each process of `pids` that names run_dir, SIGKILL to those left after grace_s.
+    By pid: the ranks are children of actors that nobody can reach through Ray once the head is gone."""
+    def signal_all(signum: int) -> list[int]:
+        hit = []
+        for pid in pids:
+            if _names_run(pid, run_dir):
+                try:
+                    os.kill(pid, signum)
+                    hit.append(pid)
+                except OSError:
+                    pass
+        return hit
+
+    if not signal_all(signal.SIGTERM):
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(_names_run(pid, run_dir) for pid in pids):
+        time.sleep(0.1)
+    signal_all(signal.SIGKILL)
 
 
 @ray.remote(num_cpus=0)
@@ -78,6 +164,10 @@ class Driver:
         self.world = self.job.world_size
         self.workers: list[Any] = []
         self.cancelled = False
+        self.attempt: Optional[int] = None
+        self.node_ip: Optional[str] = None  # this driver's node: the ranks it can stop by pid
+        self.rank_pids: list[tuple[str, int]] = []  # (node address, pid) of the current attempt's ranks
+        self.head_alive: Callable[[], bool] = lambda: True  # HeadWatch.alive once main() started the watchdog
 
     def _gpus(self) -> int:
         """1 GPU per worker where the cluster has GPUs and the job asks for them, else 0 (a CPU slot)."""
@@ -106,9 +196,10 @@ class Driver:
             argv = rank_argv(self.run_dir, self.job, sys.executable)
             logs = self.run_dir / "logs"
             omp = max(1, int(self.job.cluster.ray.cpus_per_worker))
-            ray.get([w.start.remote(argv, slot, self._place(slot, ips, addresses[0]), self._protocol_env(), str(logs),
-                                    attempt, str(self.run_dir), omp)
-                     for slot, w in enumerate(self.workers)])
+            pids = ray.get([w.start.remote(argv, slot, self._place(slot, ips, addresses[0]), self._protocol_env(),
+                                           str(logs), attempt, str(self.run_dir), omp)
+                            for slot, w in enumerate(self.workers)])
+            self.rank_pids = list(zip(ips, (int(pid) for pid in pids)))
             self.say(f"attempt {attempt}: {self.world} rank(s) on {', '.join(dict.fromkeys(ips))}, "
                   f"rendezvous {addresses[0][0]}:{addresses[0][1]}")
             return self._wait()
@@ -153,13 +244,32 @@ class Driver:
     def on_sigterm(self, *_: Any) -> None:
         self.cancelled = True
 
+    def on_head_gone(self, where: str) -> None:
+        """The watchdog's verdict (HeadWatch): record why, stop the ranks on this node, exit now (the main
+        thread may be blocked in a Ray call that never returns)."""
+        try:
+            step = (last_metrics(self.run_dir) or {}).get("step")
+            gone_s = HEAD_CHECK_S * HEAD_MISSES
+            append_event(self.run_dir, FAILED, stage="ray-driver", reason=RAY_HEAD_GONE, attempt=self.attempt,
+                         step=step, gcs=where, source="ray-driver")
+            self.say(f"{RAY_HEAD_GONE}: no GCS at {where} for {gone_s:g} s; stopping the ranks and exiting "
+                     "(`hpctrain resume` on a running head continues from the newest checkpoint)")
+            stop_pids([pid for ip, pid in self.rank_pids if self.node_ip in (None, ip)], self.run_dir)
+        finally:
+            os._exit(HEAD_GONE_EXIT)
+
     def run(self) -> int:
         logs = self.run_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         attempt = first = next_attempt(logs)
         last_failed_step: Optional[FailedStep] = None
         while True:
+            self.attempt = attempt
             code = self.run_attempt(attempt)
+            if code != 0 and not self.cancelled and not self.head_alive():
+                # The ranks' actors died with the head: no requeue on a dead head; the watchdog decides (it
+                # exits the driver when the head stays gone; if the head is back, the attempt is judged as usual).
+                time.sleep(HEAD_CHECK_S * (HEAD_MISSES + 2))
             raw = (last_metrics(self.run_dir) or {}).get("step")
             step = raw if isinstance(raw, int) and not isinstance(raw, bool) else None
             fields = {"attempt": attempt, "exit_code": code, "step": raw, "source": "ray-driver"}
@@ -190,7 +300,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     driver = Driver(args.run_dir.resolve())
     signal.signal(signal.SIGTERM, driver.on_sigterm)
     ray.init(log_to_driver=False)
-    return driver.run()
+    driver.node_ip = ray.util.get_node_ip_address()
+    gcs = str(ray.get_runtime_context().gcs_address)
+    host, port = gcs_host_port(gcs)
+    watch = HeadWatch(host, port, lambda: driver.on_head_gone(gcs)).start()
+    driver.head_alive = watch.alive
+    try:
+        return driver.run()
+    finally:
+        watch.stop()
 
 
 if __name__ == "__main__":

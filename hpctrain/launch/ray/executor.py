@@ -8,6 +8,13 @@ point as srun does, with the rendezvous (MASTER_ADDR/PORT) from Ray, and restart
 within restart.max_requeues (resuming from the newest checkpoint). The run directory must be visible
 to the cluster's nodes at the same path, as on Slurm. Job ids are Ray submission ids.
 
+A job that the head no longer knows (a new head at the address: the old one died with its job table)
+or whose head does not answer is UNKNOWN at first, then FAILED with the reason RAY_HEAD_LOST_JOB once
+the run directory has been quiet (no write to events.jsonl, metrics.jsonl or logs/) for NOT_KNOWN_AFTER_S
+(the head answers, without the job) or NO_ANSWER_AFTER_S (no answer: the head or the way to it may come
+back). A run whose runtime recorded `finished` for this submission is COMPLETED instead.
+HPCTRAIN_RAY_LOST_AFTER_S sets both bounds (tests).
+
 Ray is an optional extra (`pip install 'hpctrain[ray]'`): `import ray` happens inside these functions
 only, so the login path (validate, plan, render, status of other runs) never pays for it.
 """
@@ -25,12 +32,19 @@ from hpctrain.config import Job
 from hpctrain.errors import ConfigError, SubmissionError
 from hpctrain.launch.executor import Executor, Handle, Prepared, SchedulerState, TaskSpec
 from hpctrain.render.context import rank_python
+from hpctrain.rundir.events import FAILED, FINISHED, RAY_HEAD_LOST_JOB, SUBMITTED, read_events
+from hpctrain.rundir.layout import EVENTS_FILE, METRICS_FILE
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
 DRIVER_MODULE = "hpctrain.launch.ray.driver"
 # Ray's job states -> the Slurm words status and cancel already understand.
 STATES = {"PENDING": "PENDING", "RUNNING": "RUNNING", "SUCCEEDED": "COMPLETED", "FAILED": "FAILED",
           "STOPPED": "CANCELLED"}
+NOT_KNOWN_AFTER_S = 60.0  # the head answers and has no such job: a new head (Ray keeps its job table in the GCS)
+NO_ANSWER_AFTER_S = 300.0  # nothing answers at the address: the head, or only the way to it, may be down
+LOST_AFTER_ENV = "HPCTRAIN_RAY_LOST_AFTER_S"
+# How the head answered about a job (ask()).
+KNOWN, NOT_KNOWN, NO_ANSWER = "known", "not-known", "no-answer"
 _FORWARDED_PREFIXES = ("HPCTRAIN_",)  # the submitter's settings the ranks honour (test knobs, timeouts)
 
 
@@ -60,7 +74,13 @@ class RayExecutor(Executor):
 
     def state(self, submitted: Mapping[str, Any], jobs: Sequence[tuple[str, Path]]) -> dict[str, SchedulerState]:
         address = str(submitted.get("address") or "")
-        return {job_id: SchedulerState(*job_record(job_id, address)) for job_id, _ in jobs}
+        out = {}
+        for job_id, run_dir in jobs:
+            state, reason, answer = ask(job_id, address)
+            if answer != KNOWN:
+                state, reason = settle(run_dir, reason, answer, lost_after(self.env))
+            out[job_id] = SchedulerState(state, reason)
+        return out
 
     def cancel(self, submitted: Mapping[str, Any], job_id: str, task_id: Optional[int] = None) -> bool:
         if task_id is not None:
@@ -119,14 +139,86 @@ def submit(run_dir: Path, job: Job, python: str) -> tuple[str, str]:
 
 def job_record(job_id: str, address: str) -> tuple[str, Optional[str]]:
     """(state in Slurm's words, reason or None) of a Ray job; UNKNOWN when the cluster does not answer."""
+    state, reason, _ = ask(job_id, address)
+    return state, reason
+
+
+def ask(job_id: str, address: str) -> tuple[str, Optional[str], str]:
+    """(state, reason, KNOWN / NOT_KNOWN / NO_ANSWER): the head's answer about job_id. NOT_KNOWN only when
+    the head answers and its list of jobs lacks job_id (not read from an error's wording)."""
     try:
         client = _client(address)
+    except Exception as exc:
+        return "UNKNOWN", f"Ray at {address} did not answer: {_first(exc)}", NO_ANSWER
+    try:
         info = client.get_job_info(job_id)
-    except Exception as exc:  # gone cluster, forgotten job: status must still show the run directory
-        return "UNKNOWN", f"Ray at {address} did not answer: {str(exc).strip()[:200]}"
+    except Exception as exc:  # a forgotten job, or a head that stopped answering in between
+        try:
+            known = any(getattr(j, "submission_id", None) == job_id for j in client.list_jobs())
+        except Exception:
+            return "UNKNOWN", f"Ray at {address} did not answer: {_first(exc)}", NO_ANSWER
+        if not known:
+            return "UNKNOWN", f"the Ray head at {address} does not know job {job_id}", NOT_KNOWN
+        return "UNKNOWN", f"Ray at {address} did not answer: {_first(exc)}", NO_ANSWER
     state = STATES.get(str(getattr(info.status, "value", info.status)), "UNKNOWN")
     message = info.message if state in ("FAILED", "CANCELLED") else None
-    return state, message
+    return state, message, KNOWN
+
+
+def _first(exc: BaseException) -> str:
+    return str(exc).strip()[:200] or type(exc).__name__
+
+
+def lost_after(environ: Optional[Mapping[str, str]] = None) -> tuple[float, float]:
+    """(NOT_KNOWN bound, NO_ANSWER bound) in seconds; HPCTRAIN_RAY_LOST_AFTER_S sets both."""
+    raw = (os.environ if environ is None else environ).get(LOST_AFTER_ENV)
+    try:
+        value = float(raw) if raw is not None else None
+    except ValueError:
+        value = None
+    if value is None or not 0 <= value < 1e9:
+        return NOT_KNOWN_AFTER_S, NO_ANSWER_AFTER_S
+    return value, value
+
+
+def last_sign_of_life(run_dir: Path) -> Optional[float]:
+    """The newest modification time (epoch s) of what a live run writes: events.jsonl (the submit, the
+    driver, the runtime), metrics.jsonl and its logs; None when none of them exists."""
+    paths = [run_dir / EVENTS_FILE, run_dir / METRICS_FILE]
+    try:
+        paths += [p for p in (run_dir / "logs").iterdir()]
+    except OSError:
+        pass
+    times = []
+    for path in paths:
+        try:
+            times.append(path.stat().st_mtime)
+        except OSError:
+            pass
+    return max(times) if times else None
+
+
+def settle(run_dir: Path, reason: Optional[str], answer: str, bounds: tuple[float, float],
+           now: Optional[float] = None) -> tuple[str, Optional[str]]:
+    """The state of a job its head does not know (NOT_KNOWN) or does not answer for (NO_ANSWER): UNKNOWN
+    while the run directory was written less than the bound ago, then FAILED (RAY_HEAD_LOST_JOB), or
+    COMPLETED when the runtime recorded `finished` after the last submission."""
+    bound = bounds[0] if answer == NOT_KNOWN else bounds[1]
+    seen = last_sign_of_life(run_dir)
+    quiet = (time.time() if now is None else now) - (seen if seen is not None else 0.0)
+    if quiet < bound:
+        return "UNKNOWN", f"{reason}; FAILED if nothing changes in the run for {bound - quiet:.0f} s more"
+    try:
+        events = read_events(run_dir)
+    except Exception:  # a damaged events file: the head's answer alone decides
+        events = []
+    starts = [i for i, e in enumerate(events) if e.get("event") == SUBMITTED]
+    current = events[starts[-1]:] if starts else events
+    if any(e.get("event") == FINISHED for e in current):
+        return "COMPLETED", None
+    recorded = [e.get("reason") for e in current if e.get("event") == FAILED and isinstance(e.get("reason"), str)]
+    detail = f"; the run recorded: {recorded[-1]}" if recorded else ""
+    return "FAILED", f"{RAY_HEAD_LOST_JOB} ({reason}, nothing written to the run for {quiet:.0f} s{detail})"
 
 
 def cancel(job_id: str, address: str) -> bool:
