@@ -217,3 +217,24 @@ def test_gpu_index_never_wraps_two_ranks_onto_one_gpu() -> None:
     assert _gpu_index(3, 8) == 3
     with pytest.raises(ConfigError, match="local rank 4 but only 2 GPU"):
         _gpu_index(4, 2)
+
+
+def test_resume_onto_a_pipeline_with_a_tied_head(tmp_path) -> None:
+    """A tied head is one parameter without pipelining and its own copy on a pipeline's last stage
+    (checkpoint/tied.py): a checkpoint saved by one process loads onto pp2 (the head's weights and
+    optimizer state from the embedding's) and onto one process again, on the curve of one process."""
+    shape = dict(model={"layers": 4, "tie_embeddings": True}, train={"micro_batch": 1, "global_batch": 4})
+    job = make_job(**shape)
+    full = str(tmp_path / "full")
+    assert run_entry(job, full) == [0]
+    run = copy_run(full, str(tmp_path / "run"))
+    shutil.rmtree(os.path.join(run, "checkpoints", "step-6"))
+    with open(os.path.join(run, "metrics.jsonl")) as handle:
+        lines = handle.readlines()
+    with open(os.path.join(run, "metrics.jsonl"), "w") as handle:
+        handle.writelines(lines[:3])
+    assert run_entry(make_job(pp=2, **shape), run) == [0, 0]
+    ma, mb = metrics(full), metrics(run)
+    assert [m["step"] for m in mb] == [1, 2, 3, 4, 5, 6]
+    for a, b in zip(ma[3:], mb[3:]):
+        assert abs(a["loss"] - b["loss"]) <= 1e-5 and abs(a["grad_norm"] - b["grad_norm"]) <= 1e-5 * a["grad_norm"]

@@ -61,6 +61,7 @@ from hpctrain.errors import ConfigError, HpctrainError
 from hpctrain.runtime.checkpoint import rng_state
 from hpctrain.runtime.checkpoint.files import describe_failure, fsync_dir, fsync_file, remove_all
 from hpctrain.runtime.checkpoint.hashing import HashingWriter
+from hpctrain.runtime.checkpoint import tied
 from hpctrain.runtime.checkpoint.safe_dcp import SafePlanner, SafeReader, UnsafeIndex, read_index
 from hpctrain.runtime.distributed import barrier
 from hpctrain.rundir.checkpoints import (  # noqa: F401 - re-exported: the runtime's names for them
@@ -475,7 +476,11 @@ class Checkpointer:
         body = read_metadata(path)
         per_part = self._per_part()
         state = self._merge(per_part)
-        dcp.load(state, storage_reader=SafeReader(path), planner=SafePlanner())  # nothing unpickled freely
+        tied_copy = any(getattr(part, "has_tied_copy", False) for part in self.parts)
+        alias = tied.aliases(state, set(read_index(path).state_dict_metadata), tied_copy)
+        load = tied.rename_for_load(state, alias)
+        dcp.load(load, storage_reader=SafeReader(path), planner=SafePlanner())  # nothing unpickled freely
+        tied.restore(state, load, alias)
         for (m, o), part, opt in zip(per_part, self.parts, self.optimizers):
             frozen = any(not p.requires_grad for p in part.parameters())
             set_state_dict(part, opt, model_state_dict={k: state["model"][k] for k in m},
