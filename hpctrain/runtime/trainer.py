@@ -86,7 +86,7 @@ class Trainer:
             "data": self.data.state_dict(),
             "lr_scheduler": self.lr_schedulers.state_dict(),
             "loss_scaler": scaler.state_dict() if scaler is not None else None,
-            "layout": {"pp": dims.pp, "dp": dims.dp, "tp": dims.tp,
+            "layout": {"pp": dims.pp, "dp": dims.dp, "tp": dims.tp, "cp": dims.cp,
                        "virtual_stages": len(self.training.model_parts),
                        "schedule": self.job.parallel.schedule if dims.pp_enabled else None,
                        "zero": self.job.parallel.zero if self.training.fsdp else None},
