@@ -64,6 +64,7 @@ class Trainer:
                                    Throughput.for_job(job, env.world_size, device.type),
                                    self.tokens_per_step, memory)
         self.telemetry.all_to_all = self.training.dims.ep_enabled
+        self.telemetry.context = self.training.dims.cp_enabled
         self.telemetry.extra.update(coords=self.coords, local_rank=env.local_rank, launcher=env.launcher,
                                     param_count_local=self.training.param_count_local())
         self.checkpointer = Checkpointer(job, run_dir, self.training.model_parts, self.optimizers,
