@@ -16,7 +16,7 @@ def layout_json(lay: Layout, model: Any) -> dict[str, Any]:
     """One entry of plan.json `layouts` (issue 4 item 7 lists the required keys)."""
     c = lay.cost
     return {
-        "tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "micro_batch": lay.micro_batch,
+        "tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "cp": lay.cp, "micro_batch": lay.micro_batch,
         "schedule": lay.schedule, "virtual_stages": lay.virtual_stages, "ac": lay.ac, "zero": lay.zero,
         "offload_optimizer": lay.offload_optimizer, "sequence_parallel": lay.sequence_parallel,
         "memory_gib": lay.memory.gib(),
@@ -52,6 +52,10 @@ def layouts_table(result: PlanResult, top: int) -> str:
                      f"{c.comm_share:.1%}", f"{c.bubble_share:.1%}", f"{c.step_time_s:.3f}"])
     headers = ["#", "tp", "pp", "dp", "mb", "schedule", "ac", "zero", "offload", "mem GiB", "tokens/s",
                "TFLOP/s/GPU", "MFU", "comm", "bubble", "step s"]
+    if any(lay.cp > 1 for lay in result.layouts[:top]):  # context parallelism: a cp column after dp
+        headers.insert(4, "cp")
+        for row, lay in zip(rows, result.layouts[:top]):
+            row.insert(4, lay.cp)
     return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
 
 

@@ -148,8 +148,10 @@ class ContextParallel:
         outs = []
         for half, end, bias in self.chunks:  # chunk i: keys [0, (i+1)c), query j sees keys <= i*c + j
             qi = q[:, half * c:(half + 1) * c].transpose(1, 2)       # [b, heads, c, d]
-            outs.append(F.scaled_dot_product_attention(qi, kt[:, :, :end], vt[:, :, :end], attn_mask=bias))
-        return torch.cat(outs, dim=2).transpose(1, 2)                # [b, s/cp, heads, d]
+            outs.append(F.scaled_dot_product_attention(qi, kt[:, :, :end], vt[:, :, :end],
+                                                       attn_mask=bias).transpose(1, 2))
+        # Joined along the sequence in [b, s/cp, heads, d] order: wo's input is a view of it, not a copy.
+        return torch.cat(outs, dim=1)
 
 
 def apply_cp(module: nn.Module, context: ContextParallel) -> None:
