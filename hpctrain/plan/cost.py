@@ -114,6 +114,7 @@ class StepCost:
     tflops_per_gpu: float
     mfu: float
     dp_comm_total_s: float = 0.0  # all of FSDP's collectives, hidden or not
+    cp_comm_s: float = 0.0  # of tp_comm_s: context parallelism's K/V exchanges (on the critical path too)
 
     @property
     def comm_exposed_s(self) -> float:
@@ -281,6 +282,7 @@ def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int) -> Step
         tflops_per_gpu=flops_per_token(model, c.ac) * tokens_per_s / world / 1e12,
         mfu=model_flops_per_token(model) * tokens_per_s / world / hw.gpu.peak_flops_per_s(c.precision),
         dp_comm_total_s=dp_total,
+        cp_comm_s=c.micro_batches * cp_mb,
     )
 
 

@@ -29,7 +29,7 @@ def layout_json(lay: Layout, model: Any) -> dict[str, Any]:
         "time_s": {"compute": round(c.compute_s, 6), "tp_comm": round(c.tp_comm_s, 6),
                    "pp_comm": round(c.pp_comm_s, 6), "dp_comm_exposed": round(c.dp_comm_exposed_s, 6),
                    "bubble": round(c.bubble_s, 6), "optimizer": round(c.optimizer_s, 6),
-                   "dp_comm_total": round(c.dp_comm_total_s, 6)},
+                   "dp_comm_total": round(c.dp_comm_total_s, 6), "cp_comm": round(c.cp_comm_s, 6)},
         "stage_layers": [list(r) for r in lay.stage_layers], "stage_imbalance": round(lay.stage_imbalance, 4),
     }
 
@@ -133,7 +133,8 @@ def three_walls(result: PlanResult, lay: Layout) -> list[str]:
     compute = (f"compute wall: {c.tflops_per_gpu:.0f} TFLOP/s per GPU{_RECOMPUTE[lay.ac]}, MFU {c.mfu:.1%}; compute is "
                f"{c.compute_s / c.step_time_s:.0%} of the {c.step_time_s:.3f} s step, pipeline bubble "
                f"{c.bubble_share:.1%}")
-    comms = {"TP": c.tp_comm_s, "PP": c.pp_comm_s, "DP (exposed)": c.dp_comm_exposed_s}
+    comms = {"TP": c.tp_comm_s - c.cp_comm_s, "CP (K/V all-gathers)": c.cp_comm_s, "PP": c.pp_comm_s,
+             "DP (exposed)": c.dp_comm_exposed_s}
     worst = max(comms, key=lambda key: comms[key])
     communication = (f"communication wall: {c.comm_share:.1%} of the step"
                      + (f", mostly {worst} ({comms[worst]:.3f} s)" if comms[worst] > 0 else ", none exposed"))
