@@ -250,7 +250,7 @@ def _elastic_problems(job: Job) -> list[Problem]:
         return [Problem("cluster.nodes", f"a node range needs a layout that can change, but tp, pp and dp are all "
                         f"fixed (tp*pp*dp = {tp * pp * dp} GPUs)", f"{c.min_nodes}-{c.max_nodes}",
                         "set parallel.dp: auto, or use a fixed node count")]
-    fixed = (tp or 1) * (pp or 1) * (dp or 1)
+    fixed = (tp or 1) * (pp or 1) * (dp or 1) * p.cp
     misfits = [n for n in c.node_counts if (n * c.gpus_per_node) % fixed]
     if misfits:
         return [Problem("cluster.nodes", f"the fixed degrees multiply to {fixed}, which does not divide the GPUs of "
@@ -258,7 +258,7 @@ def _elastic_problems(job: Job) -> list[Problem]:
                         "narrow the range to counts that fit, or set the degrees to auto")]
     mb = _fixed(t.micro_batch) or 1
     if tp is not None and pp is not None:
-        bad = [n for n in c.node_counts if t.global_batch % (mb * n * c.gpus_per_node // (tp * pp))]
+        bad = [n for n in c.node_counts if t.global_batch % (mb * n * c.gpus_per_node // (tp * pp * p.cp))]
         if bad:
             return [Problem("train.global_batch", f"must be divisible by micro_batch*dp at every node count of the "
                             f"range; it is not at {', '.join(map(str, bad))} node(s)", t.global_batch,
