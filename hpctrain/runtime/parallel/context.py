@@ -26,8 +26,12 @@ value (V) tensors, and then compute attention output for the local query (Q) ten
 a ring for GQA's small K/V and for arbitrary masks). A ring (Liu et al., Ring Attention, 2023; torch's
 `context_parallel`) would keep one K/V chunk in flight instead of the whole sequence's K/V and overlap
 the transfers with compute; here the whole sequence's K/V of one layer is held while that layer
-runs (and saved for its backward): 2 · S · kv_heads/tp · head_dim elements per layer and micro-batch, what
-the planner adds as the K/V buffer (plan/memory.py `cp_kv_bytes`).
+runs (and saved for its backward): 2 · S · heads/tp · head_dim elements per layer and micro-batch (the K/V
+after the GQA repeat: the repeat runs after the exchange, so only kv heads travel, but SDPA keeps its repeated
+inputs; torch's lower-right causal kernels take no `enable_gqa`), what the planner adds as the K/V buffer
+(plan/context.py `cp_kv_extra_bytes`). With activation checkpointing (selective or full) nothing of it is
+kept: the layer's recompute in backward all-gathers again (one more exchange per layer, as sequence
+parallelism's all-gathers are recomputed).
 
 **Why not torch's `context_parallel`.** On this CPU + gloo torch 2.13 it fails: SDPA runs as
 `aten._scaled_dot_product_flash_attention_for_cpu`, which torch's context-parallel dispatcher does not
