@@ -1,6 +1,7 @@
 """Activation bytes one transformer layer keeps for backward, against Korthikanti et al. 2022.
 
     python bench/activation_memory.py          # the table (TP 2/4/8 x SP x AC none/selective x dp 1/2)
+                                               # and the context-parallel rows (cp 1/2/4, AC none)
 
 Measured on the runtime's own model (`build_training`, bf16, sequence parallel, no dropout) in one
 process over torch's fake process group (torch.testing._internal.distributed.fake_pg: collectives
@@ -131,6 +132,73 @@ def measure_bytes_per_token(tp: int, dp: int, ac: str) -> float:
     return _with_fake_group(tp * dp, run)
 
 
+# ----------------------------------------------------------------------------- context parallelism
+# Per layer and sequence on a cp rank (runtime/parallel/context.py): every per-token tensor for
+# seq_len / cp tokens, plus the stated K/V buffers (plan/context.py): the other ranks' K and V
+# (cp_kv_extra_bytes) and the joined output of the rank's two chunks (cp_output_join_bytes). The CPU's
+# materialised causal masks have no batch dimension: the per-sequence difference cancels them.
+CP_TOLERANCE = 0.05
+
+
+def _cp_job(layers: int, cp: int, batch: int) -> Any:
+    from hpctrain.config import job_from_dict
+
+    return job_from_dict({
+        "name": "act-cp", "model": {"preset": None, "layers": layers, **MODEL},
+        "train": {"global_batch": batch, "micro_batch": batch, "precision": "bf16",
+                  "activation_checkpointing": "none", "optimizer": {"name": "adamw"}},
+        "parallel": {"tp": 1, "pp": 1, "dp": 1, "cp": cp, "zero": 2},
+        "cluster": {"executor": "local", "nodes": 1, "gpus_per_node": cp},
+    })
+
+
+def _cp_forward_live_bytes(layers: int, cp: int, batch: int) -> int:
+    import torch
+
+    from hpctrain.runtime.parallel.build import build_training
+
+    training = build_training(_cp_job(layers, cp, batch), torch.device("cpu"))
+    tokens = training.local_tokens(torch.randint(0, MODEL["vocab"], (batch, MODEL["seq_len"])))
+    tracker = _LiveStorages()
+    with training._contexts(), tracker.mode:
+        out = training.model_parts[0](tokens)
+        live = tracker.live_bytes()
+    del out
+    return live
+
+
+def measure_cp_bytes_per_sequence(cp: int) -> float:
+    """Bytes one layer keeps per sequence on context-parallel rank 0 (bf16, no checkpointing)."""
+    def run() -> float:
+        live = {(n, b): _cp_forward_live_bytes(n, cp, b) for n in (1, 3) for b in (1, 2)}
+        return (live[3, 2] - live[1, 2] - live[3, 1] + live[1, 1]) / 2
+
+    return float(run()) if cp == 1 else _with_fake_group(cp, run)
+
+
+def cp_stated_buffers(cp: int) -> float:
+    """The K/V buffers the planner states per layer and sequence (plan/context.py), bf16."""
+    from types import SimpleNamespace
+
+    from hpctrain.plan.context import cp_kv_extra_bytes, cp_output_join_bytes
+
+    model = SimpleNamespace(**MODEL, head_dim=0)
+    return cp_kv_extra_bytes(model, 1, cp, 1, 2.0) + cp_output_join_bytes(model, 1, cp, 1, 2.0)
+
+
+def cp_table(cps: tuple[int, ...] = (2, 4)) -> list[dict[str, Any]]:
+    """Measured per layer and sequence at each cp against the no-CP figure / cp plus the stated buffers."""
+    base = measure_cp_bytes_per_sequence(1)
+    rows = [{"cp": 1, "measured": base, "buffers": 0.0, "expected": base, "ratio": 1.0}]
+    for cp in cps:
+        measured = measure_cp_bytes_per_sequence(cp)
+        buffers = cp_stated_buffers(cp)
+        expected = base / cp + buffers
+        rows.append({"cp": cp, "measured": measured, "buffers": buffers, "expected": expected,
+                     "ratio": (measured - buffers) / (base / cp)})
+    return rows
+
+
 def table(cases: list[tuple[int, int, str]]) -> list[dict[str, Any]]:
     rows = []
     for tp, dp, ac in cases:
@@ -157,6 +225,13 @@ def main() -> int:
         bad += not ok
         print(f"{r['tp']:>3} {r['dp']:>3} {r['ac']:>10} {r['measured']:>11.1f} {r['formula']:>10.1f} "
               f"{r['measured'] / h:>9.2f} {r['formula'] / h:>12.2f} {r['ratio']:>6.3f}{'' if ok else '  OFF'}")
+    print(f"\ncontext parallelism: per layer per sequence of {MODEL['seq_len']} tokens on cp rank 0 (bf16, ac none, tp 1)")
+    print(f"{'cp':>3} {'measured B':>11} {'K/V buffers B':>14} {'no-CP/cp + buffers B':>21} {'(meas-buf)/(no-CP/cp)':>22}")
+    for r in cp_table():
+        ok = abs(r["ratio"] - 1) <= CP_TOLERANCE
+        bad += not ok
+        print(f"{r['cp']:>3} {r['measured']:>11.0f} {r['buffers']:>14.0f} {r['expected']:>21.0f} "
+              f"{r['ratio']:>22.3f}{'' if ok else '  OFF'}")
     return 1 if bad else 0
 
 

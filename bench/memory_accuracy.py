@@ -74,14 +74,14 @@ class Config:
                "sequence_parallel": False, "offload_optimizer": False, **self.parallel}
         train = {"global_batch": 2, "micro_batch": 2, "precision": "bf16", "activation_checkpointing": "none",
                  "optimizer": {"name": "adamw"}, **self.train}
-        world = par["tp"] * par["pp"] * par["dp"]
+        world = par["tp"] * par["pp"] * par["dp"] * par.get("cp", 1)
         return job_from_dict({"name": self.name, "model": {"preset": None, **self.model}, "train": train,
                               "parallel": par, "cluster": {"executor": "local", "nodes": 1, "gpus_per_node": world}})
 
 
 def _c(name: str, kind: str, model: dict, pp_rank: int = 0, **kw: Any) -> Config:
     par = {k: v for k, v in kw.items() if k in ("tp", "pp", "dp", "schedule", "virtual_stages", "zero",
-                                                 "sequence_parallel")}
+                                                 "sequence_parallel", "cp")}
     train = {k: v for k, v in kw.items() if k not in par}
     return Config(name, kind, model, par, train, pp_rank)
 
@@ -124,6 +124,20 @@ CONFIGS: list[Config] = [
        global_batch=8, micro_batch=1, activation_checkpointing="selective"),
 ]
 
+# Context parallelism (runtime/parallel/context.py): real tensors over the fake process group (the K/V
+# all-gather returns uninitialised values there, which memory does not depend on). 2 x 2048-token
+# sequences: 1024 (cp2) or 512 (cp4) tokens per rank, plus the other ranks' K/V per layer.
+CP_SMALL = dict(SMALL, seq_len=2048)
+CP_CONFIGS: list[Config] = [
+    _c("cp2 fp32", "real", CP_SMALL, cp=2, precision="fp32"),
+    _c("cp2 bf16", "real", CP_SMALL, cp=2),
+    _c("cp4 bf16 selective", "real", CP_SMALL, cp=4, activation_checkpointing="selective"),
+    _c("cp2 tp2 sp bf16", "real", CP_SMALL, cp=2, tp=2, sequence_parallel=True),
+    _c("cp2 dp2 zero3 bf16 full", "real", CP_SMALL, cp=2, dp=2, zero=3, global_batch=4,
+       activation_checkpointing="full"),
+]
+CONFIGS += CP_CONFIGS
+
 
 def predict(cfg: Config) -> dict[str, float]:
     """The planner's bytes per MemTracker category for the configuration's rank."""
@@ -138,7 +152,8 @@ def predict(cfg: Config) -> dict[str, float]:
                       schedule=p.schedule if p.pp > 1 else "none", virtual_stages=p.virtual_stages,
                       ac=t.activation_checkpointing, zero=p.zero, offload_optimizer=p.offload_optimizer,
                       sequence_parallel=p.sequence_parallel, precision=t.precision, optimizer="adamw",
-                      foreach=False, overhead_bytes=0.0, lora=lora_shape(job))
+                      foreach=False, overhead_bytes=0.0, lora=lora_shape(job), cp=p.cp,
+                      cpu_attention=True, cp_rank=0)  # measured on the CPU, on rank 0
     memory = rank_memory(job.model, balanced_stage_split(job.model, p.pp, p.virtual_stages), setup, cfg.pp_rank)
     out = dict.fromkeys(CATEGORIES, 0.0)
     for item, value in memory.items:
@@ -348,7 +363,7 @@ def _measure_in_process(cfg: Config) -> dict[str, float]:
 
     torch.set_num_threads(1)
     job = cfg.job()
-    world = job.parallel.tp * job.parallel.pp * job.parallel.dp
+    world = job.parallel.tp * job.parallel.pp * job.parallel.dp * job.parallel.cp
     return _with_fake_group(world, lambda: _measure_here(cfg, fake=cfg.kind == "fake"))
 
 

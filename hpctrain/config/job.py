@@ -147,16 +147,17 @@ def _parallel_problems(job: Job) -> list[Problem]:
     if pp is not None and m.layers and pp > m.layers:
         out.append(Problem("parallel.pp", f"exceeds model.layers={m.layers}", pp, f"use pp <= {m.layers}"))
     degrees = [d for d in (tp, pp, dp) if d is not None]
-    product = 1
+    product = p.cp  # context parallelism takes its ranks beside tp, pp and dp (1 without it)
     for d in degrees:
         product *= d
+    cp_tag, cp_term = (f" cp={p.cp}", "*cp") if p.cp > 1 else ("", "")
     if len(degrees) == 3 and product != world:
-        out.append(Problem("parallel", f"tp*pp*dp = {product} but the cluster has {world} GPUs "
-                           f"({c.nodes} nodes x {c.gpus_per_node})", f"tp={tp} pp={pp} dp={dp}",
-                           "make tp*pp*dp equal nodes*gpus_per_node, or set one of them to auto"))
-    elif degrees and world % product:
+        out.append(Problem("parallel", f"tp*pp*dp{cp_term} = {product} but the cluster has {world} GPUs "
+                           f"({c.nodes} nodes x {c.gpus_per_node})", f"tp={tp} pp={pp} dp={dp}{cp_tag}",
+                           f"make tp*pp*dp{cp_term} equal nodes*gpus_per_node, or set one of them to auto"))
+    elif (degrees or p.cp > 1) and world % product:
         out.append(Problem("parallel", f"the fixed degrees multiply to {product}, which does not divide the "
-                           f"{world} GPUs", f"tp={p.tp} pp={p.pp} dp={p.dp}", "choose divisors of the GPU count"))
+                           f"{world} GPUs", f"tp={p.tp} pp={p.pp} dp={p.dp}{cp_tag}", "choose divisors of the GPU count"))
     mb = _fixed(t.micro_batch)
     if mb is not None and dp is not None and t.global_batch % (mb * dp):
         out.append(Problem("train.global_batch", f"must be divisible by micro_batch*dp = {mb}*{dp}",
@@ -177,9 +178,31 @@ def _parallel_problems(job: Job) -> list[Problem]:
     if p.sequence_parallel and tp == 1:
         out.append(Problem("parallel.sequence_parallel", "needs tp > 1", True, "set parallel.tp >= 2 or disable it"))
     out += _ep_problems(job, dp, tp)
+    out += _cp_problems(job, tp)
     if t.compile and tp is not None and tp > 1:
         out.append(Problem("train.compile", f"does not combine with tensor parallel yet (parallel.tp={tp}): "
                            "its blocks do not compile", True, "set train.compile: false, or parallel.tp: 1"))
+    return out
+
+
+def _cp_problems(job: Job, tp: int | None) -> list[Problem]:
+    """parallel.cp: each sequence in 2 x cp chunks, a head and its mirror tail per rank (runtime/parallel/context.py)."""
+    cp, m = job.parallel.cp, job.model
+    if cp == 1:
+        return []
+    out = []
+    seq = m.seq_len if m is not None else None
+    if isinstance(seq, int) and seq % (2 * cp):
+        out.append(Problem("model.seq_len", f"must be a multiple of 2 x parallel.cp = {2 * cp} (each context-parallel "
+                           "rank holds a head chunk and its mirror tail chunk)", seq,
+                           f"use a multiple of {2 * cp}, or a smaller parallel.cp"))
+    elif isinstance(seq, int) and job.parallel.sequence_parallel and tp is not None and (seq // cp) % tp:
+        out.append(Problem("model.seq_len", f"seq_len / cp = {seq // cp} must be divisible by parallel.tp={tp} "
+                           "(sequence parallelism splits each context-parallel rank's tokens over tp)", seq,
+                           f"use a multiple of {2 * cp * tp}"))
+    if job.parallel.ep > 1:
+        out.append(Problem("parallel.cp", f"does not combine with expert parallelism yet (parallel.ep={job.parallel.ep})",
+                           cp, "set parallel.cp: 1, or parallel.ep: 1"))
     return out
 
 
@@ -236,7 +259,7 @@ def _elastic_problems(job: Job) -> list[Problem]:
         return [Problem("cluster.nodes", f"a node range needs a layout that can change, but tp, pp and dp are all "
                         f"fixed (tp*pp*dp = {tp * pp * dp} GPUs)", f"{c.min_nodes}-{c.max_nodes}",
                         "set parallel.dp: auto, or use a fixed node count")]
-    fixed = (tp or 1) * (pp or 1) * (dp or 1)
+    fixed = (tp or 1) * (pp or 1) * (dp or 1) * p.cp
     misfits = [n for n in c.node_counts if (n * c.gpus_per_node) % fixed]
     if misfits:
         return [Problem("cluster.nodes", f"the fixed degrees multiply to {fixed}, which does not divide the GPUs of "
@@ -244,7 +267,7 @@ def _elastic_problems(job: Job) -> list[Problem]:
                         "narrow the range to counts that fit, or set the degrees to auto")]
     mb = _fixed(t.micro_batch) or 1
     if tp is not None and pp is not None:
-        bad = [n for n in c.node_counts if t.global_batch % (mb * n * c.gpus_per_node // (tp * pp))]
+        bad = [n for n in c.node_counts if t.global_batch % (mb * n * c.gpus_per_node // (tp * pp * p.cp))]
         if bad:
             return [Problem("train.global_batch", f"must be divisible by micro_batch*dp at every node count of the "
                             f"range; it is not at {', '.join(map(str, bad))} node(s)", t.global_batch,

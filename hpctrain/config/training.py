@@ -74,7 +74,7 @@ class TrainConfig(Section):
 
 
 class ParallelConfig(Section):
-    """The layout: tensor (tp), pipeline (pp), data (dp) and expert (ep) parallel degrees and how each runs."""
+    """The layout: tensor (tp), pipeline (pp), data (dp), context (cp) and expert (ep) parallel degrees and how each runs."""
 
     tp: TpDegree = Field("auto", description="Tensor-parallel degree (kept inside an NVLink island).")
     pp: PpDegree = Field("auto", description="Pipeline-parallel degree (stages).")
@@ -82,6 +82,9 @@ class ParallelConfig(Section):
     ep: int = Field(1, ge=1, le=L.MAX_WORLD, description="Expert-parallel degree (model.moe): the routed experts "
                     "are split over ep of the dp x tp ranks, tokens reach them by all-to-all; must divide dp x tp and the "
                     "experts, and be a multiple of tp.")
+    cp: int = Field(1, ge=1, le=L.MAX_WORLD, description="Context-parallel degree: every sequence split over cp ranks "
+                    "(a head chunk and its mirror tail chunk each, for a causal balance); attention all-gathers K/V over "
+                    "them; weights are sharded over dp x cp (runtime/parallel/context.py). seq_len must be a multiple of 2 x cp.")
     schedule: Literal["auto", "gpipe", "1f1b", "interleaved-1f1b"] = Field("auto", description="Pipeline schedule.")
     virtual_stages: VirtualStages = Field("auto", description="Model chunks per pipeline rank (interleaved-1f1b).")
     zero: ZeroStage = Field("auto", description="ZeRO stage over dp: 0/1/2 keep params unsharded in compute, 3 reshards.")

@@ -62,14 +62,16 @@ def rank_host(rank: dict[str, Any]) -> str:
 
 def rank_coords(rank: dict[str, Any], layout: dict[str, Any]) -> dict[str, int]:
     """pp/dp/tp coordinates of a rank summary: as recorded, else from the rank grid
-    arange(world).view(pp, dp, tp) (tp innermost: docs/architecture.md, runtime/parallel/dims.py)."""
+    arange(world).view(pp, dp, tp) (tp innermost: docs/architecture.md, runtime/parallel/dims.py); with
+    parallel.cp > 1 arange(world).view(pp, dp, cp, tp)."""
     coords = rank.get("coords")
     if isinstance(coords, dict) and all(k in coords for k in ("pp", "dp", "tp")):
         return {k: int(coords[k]) for k in ("pp", "dp", "tp")}
     tp = int(layout.get("tp") or 1)
     dp = int(layout.get("dp") or 1)
+    cp = int(layout.get("cp") or 1)
     r = int(rank["rank"])
-    return {"pp": r // (dp * tp), "dp": (r // tp) % dp, "tp": r % tp}
+    return {"pp": r // (dp * cp * tp), "dp": (r // (cp * tp)) % dp, "tp": r % tp}
 
 
 def timed_ranks(run: RunData) -> list[dict[str, Any]]:

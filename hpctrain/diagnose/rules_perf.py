@@ -53,6 +53,9 @@ def comm_rule(ctx: Context) -> list[Finding]:
     dimension, lines = _comm_dimension(ctx)
     evidence = [f"exposed communication is {pct(share[0])} of the step time ({share[1]}); "
                 f"threshold {pct(ctx.thresholds.comm_share)}", *lines]
+    cp_kv = measured_share(ctx.run, "time_cp_kv_s")  # logged only when parallel.cp > 1
+    if cp_kv is not None and cp_kv[0] > 0:
+        evidence.append(f"of it the context-parallel K/V exchanges: {pct(cp_kv[0])} of the step time ({cp_kv[1]})")
     worst = max(timed_ranks(ctx.run), key=lambda r: (r.get("time_comm_exposed_s") or 0) / r["step_time_s"],
                 default=None)
     if worst is not None:

@@ -96,6 +96,9 @@ class CostSetup:
     rank_params: float  # parameters of the busiest pipeline rank on one TP rank
     sequence_parallel: bool = False  # norm-region element-wise work split over tp
     attention: str = "flash"  # the attention kernel (ATTENTION_KERNELS)
+    # Context parallelism (plan/context.py): a rank computes seq_len / cp tokens of each micro-batch, `dp`
+    # is then dp x cp (FSDP's group, the ranks sharing the step's tokens), and each layer all-gathers K/V.
+    cp: int = 1
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,7 @@ class StepCost:
     tflops_per_gpu: float
     mfu: float
     dp_comm_total_s: float = 0.0  # all of FSDP's collectives, hidden or not
+    cp_comm_s: float = 0.0  # of tp_comm_s: context parallelism's K/V exchanges (on the critical path too)
 
     @property
     def comm_exposed_s(self) -> float:
@@ -213,7 +217,7 @@ def forward_share(ac: str) -> float:
 
 def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int) -> StepCost:
     """Step time and throughput of one layout (see the module docstring for each term)."""
-    tokens_mb = c.micro_batch * model.seq_len
+    tokens_mb = c.micro_batch * model.seq_len // c.cp
     act_bytes = HALF_BYTES if c.precision != "fp32" else 4
     layer_s = layer_time_per_token_s(model, hw, c.tp, c.ac, c.precision, c.sequence_parallel, c.attention,
                                      tokens=tokens_mb)
@@ -238,6 +242,17 @@ def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int) -> Step
         hop = comm.NET_STEP_LATENCY_S if pp_link.nodes > 1 else comm.NVLINK_STEP_LATENCY_S
         pp_mb = 2.0 * c.virtual_stages * (message / pp_link.bandwidth_bytes_per_s + comm.RING_BASE_LATENCY_S + hop)
 
+    # CP: each layer all-gathers K/V forward and reduce-scatters their gradients backward (one more
+    # gather when checkpointing recomputes the layer), on the critical path (runtime/parallel/context.py).
+    cp_mb = 0.0
+    if c.cp > 1:
+        from hpctrain.plan.context import cp_kv_message_bytes
+
+        cp_link = group_link(hw, c.tp, c.cp)
+        gathers = 2 if c.ac == "none" else 3
+        cp_mb = c.max_rank_layers * gathers * collective_s(
+            c.cp * cp_kv_message_bytes(model, c.micro_batch, c.cp, c.tp, act_bytes), cp_link, all_reduce=False)
+    tp_mb += cp_mb  # reported with the model-parallel communication on the critical path
     slot_s = compute_mb + tp_mb + pp_mb
     # Bubble: (p-1)/v micro-batch slots for GPipe, 1F1B and interleaved 1F1B alike (Narayanan et
     # al. 2021, sections 2.2.1-2.2.2; v = 1 but for the interleaved schedule).
@@ -267,6 +282,7 @@ def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int) -> Step
         tflops_per_gpu=flops_per_token(model, c.ac) * tokens_per_s / world / 1e12,
         mfu=model_flops_per_token(model) * tokens_per_s / world / hw.gpu.peak_flops_per_s(c.precision),
         dp_comm_total_s=dp_total,
+        cp_comm_s=c.micro_batches * cp_mb,
     )
 
 

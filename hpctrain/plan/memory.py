@@ -34,6 +34,7 @@ from hpctrain.plan.activations import (
     precision_mode,
     weight_copy_bytes_per_layer,
 )
+from hpctrain.plan.context import cp_kv_extra_bytes, cp_output_join_bytes, cpu_causal_mask_bytes, tokens_per_rank
 from hpctrain.plan.lora import LoraShape, adapter_params, adapter_params_per_layer, lora_activations
 from hpctrain.plan.model_stats import (
     attention_params as attention_param_count,
@@ -98,6 +99,14 @@ class RankSetup:
     overhead_bytes: float = DEFAULT_RUNTIME_OVERHEAD_BYTES
     lora: LoraShape | None = None  # train.lora: only the adapters train (plan/lora.py)
     attention: str = "flash"  # cost.ATTENTION_KERNELS; "materialized" keeps the score matrix
+    cp: int = 1  # parallel.cp: each rank holds seq_len / cp tokens; FSDP shards over dp x cp (plan/context.py)
+    cpu_attention: bool = False  # planning for `gpu: cpu`: SDPA materialises context parallelism's causal masks
+    cp_rank: int | None = None  # the context-parallel rank to account (None: the most loaded)
+
+    @property
+    def fsdp(self) -> bool:
+        """Whether the runtime shards with FSDP: over dp x cp ranks, or to offload the optimizer."""
+        return self.dp * self.cp > 1 or self.offload_optimizer
 
 
 def optimizer_bytes_per_param(optimizer: str) -> int:
@@ -157,7 +166,7 @@ class _States:
 
 def _states(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, pp_rank: int, fsdp: bool, mode: str,
             params: int, layers: int) -> _States:
-    shard = s.dp if fsdp else 1
+    shard = s.dp * s.cp if fsdp else 1
     on_gpu = 0.0 if s.offload_optimizer else 1.0
     layer_params = layer_param_count(model) / s.tp
     compute_bytes = HALF_BYTES if mode == "fsdp-mp" else FP32_BYTES
@@ -223,13 +232,14 @@ def _phase_items(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, 
     """Bytes per item at each phase's peak: the loss (end of forward, every activation alive),
     the start of backward (the oldest micro-batch's last layer), the end of backward (the rank's
     first layer, where full recompute peaks as gradients pile up) and the optimizer step."""
-    fsdp = s.dp > 1 or s.offload_optimizer
+    fsdp = s.fsdp
     mode = precision_mode(s.precision, fsdp)
     params, layers = _rank_params(model, stage_layers, s, pp_rank)
     st = _states(model, stage_layers, s, pp_rank, fsdp, mode, params, layers)
     first, last = pp_rank == 0, pp_rank == s.pp - 1
-    tokens = s.micro_batch * model.seq_len
+    tokens = tokens_per_rank(s.micro_batch, model.seq_len, s.cp)
     layer = layer_activations(model, tokens, s.tp, s.sequence_parallel, s.ac, mode)
+    layer = _context_parallel_layer(layer, model, s, mode)
     head = head_activations(model, tokens, s.tp, s.sequence_parallel, mode)
     if s.attention == "materialized":
         layer = materialized_score_activations(layer, model, tokens, s.tp, s.ac)
@@ -313,7 +323,7 @@ def _late_backward_phases(model: Any, s: RankSetup, label: str, backward: dict[s
     stage, the embedding's backward (the micro-batch's first chunk is freed; a weight-sized
     gradient). Selective recomputation is left out: its FFN-norm input is recomputed."""
     phases: dict[str, dict[str, float]] = {}
-    mode = precision_mode(s.precision, s.dp > 1 or s.offload_optimizer)
+    mode = precision_mode(s.precision, s.fsdp)
     ffn_part = ffn_saved_bytes_per_token(model, s.tp, s.sequence_parallel, mode) * tokens
     if s.ac in ("none", "full"):
         if s.ac == "none":
@@ -332,6 +342,23 @@ def _late_backward_phases(model: Any, s: RankSetup, label: str, backward: dict[s
             "backward gradient buffers": embedding_backward_transient_bytes(model, tokens, s.tp, s.sequence_parallel, mode),
             "gradients": grads if grads else st.grads_fresh_at_embedding}
     return phases
+
+
+def _context_parallel_layer(layer: Any, model: Any, s: RankSetup, mode: str) -> Any:
+    """A layer's activations with context parallelism's K/V buffer (plan/context.py): the other ranks' K/V,
+    saved without checkpointing, else alive while the layer's backward recomputes it."""
+    from dataclasses import replace
+
+    matmul = dtypes(mode).matmul
+    extra = cp_kv_extra_bytes(model, s.micro_batch, s.cp, s.tp, matmul)
+    if not extra:
+        return layer
+    extra += cp_output_join_bytes(model, s.micro_batch, s.cp, s.tp, matmul)
+    if s.cpu_attention:
+        extra += cpu_causal_mask_bytes(model.seq_len, s.cp, matmul, s.cp_rank)
+    if s.ac == "none":
+        return replace(layer, saved_bytes=layer.saved_bytes + extra)
+    return replace(layer, recompute_peak_bytes=layer.recompute_peak_bytes + extra)
 
 
 def pipeline_buffer_bytes(model: Any, s: RankSetup, pp_rank: int, tokens: int, in_flight: float, mode: str) -> float:

@@ -50,7 +50,9 @@ class PlanResult:
         """Placement of a layout (default: the best): stage layers, rank order, --switches."""
         lay = layout or self.best
         hw = self.hardware
-        order = rank_order(lay.tp, lay.pp, lay.dp, hw.gpus_per_node, local_gpu_order(hw.gpus_per_node, self.gpu_topology))
+        # cp sits between dp and tp in the rank grid (runtime/parallel/dims.py): the placement treats
+        # dp x cp as one data-parallel dimension, tp innermost.
+        order = rank_order(lay.tp, lay.pp, lay.dp * lay.cp, hw.gpus_per_node, local_gpu_order(hw.gpus_per_node, self.gpu_topology))
         return PlacementPlan([list(r) for r in lay.stage_layers], order, switches_request(hw.nodes, self.switch_tree))
 
     def to_json(self, top: Optional[int] = None) -> dict[str, Any]:
@@ -148,7 +150,7 @@ def resolve_job(job: Job) -> tuple[Job, PlanResult]:
 
     result = plan_job(job)
     best = result.best
-    parallel = {"tp": best.tp, "pp": best.pp, "dp": best.dp, "zero": best.zero,
+    parallel = {"tp": best.tp, "pp": best.pp, "dp": best.dp, "cp": best.cp, "zero": best.zero,
                 "schedule": "1f1b" if best.schedule == "none" else best.schedule,
                 "virtual_stages": best.virtual_stages, "offload_optimizer": best.offload_optimizer}
     if job.parallel.sequence_parallel and best.tp == 1:

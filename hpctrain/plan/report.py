@@ -16,7 +16,7 @@ def layout_json(lay: Layout, model: Any) -> dict[str, Any]:
     """One entry of plan.json `layouts` (issue 4 item 7 lists the required keys)."""
     c = lay.cost
     return {
-        "tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "micro_batch": lay.micro_batch,
+        "tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "cp": lay.cp, "micro_batch": lay.micro_batch,
         "schedule": lay.schedule, "virtual_stages": lay.virtual_stages, "ac": lay.ac, "zero": lay.zero,
         "offload_optimizer": lay.offload_optimizer, "sequence_parallel": lay.sequence_parallel,
         "memory_gib": lay.memory.gib(),
@@ -29,7 +29,7 @@ def layout_json(lay: Layout, model: Any) -> dict[str, Any]:
         "time_s": {"compute": round(c.compute_s, 6), "tp_comm": round(c.tp_comm_s, 6),
                    "pp_comm": round(c.pp_comm_s, 6), "dp_comm_exposed": round(c.dp_comm_exposed_s, 6),
                    "bubble": round(c.bubble_s, 6), "optimizer": round(c.optimizer_s, 6),
-                   "dp_comm_total": round(c.dp_comm_total_s, 6)},
+                   "dp_comm_total": round(c.dp_comm_total_s, 6), "cp_comm": round(c.cp_comm_s, 6)},
         "stage_layers": [list(r) for r in lay.stage_layers], "stage_imbalance": round(lay.stage_imbalance, 4),
     }
 
@@ -52,6 +52,10 @@ def layouts_table(result: PlanResult, top: int) -> str:
                      f"{c.comm_share:.1%}", f"{c.bubble_share:.1%}", f"{c.step_time_s:.3f}"])
     headers = ["#", "tp", "pp", "dp", "mb", "schedule", "ac", "zero", "offload", "mem GiB", "tokens/s",
                "TFLOP/s/GPU", "MFU", "comm", "bubble", "step s"]
+    if any(lay.cp > 1 for lay in result.layouts[:top]):  # context parallelism: a cp column after dp
+        headers.insert(4, "cp")
+        for row, lay in zip(rows, result.layouts[:top]):
+            row.insert(4, lay.cp)
     return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
 
 
@@ -129,7 +133,8 @@ def three_walls(result: PlanResult, lay: Layout) -> list[str]:
     compute = (f"compute wall: {c.tflops_per_gpu:.0f} TFLOP/s per GPU{_RECOMPUTE[lay.ac]}, MFU {c.mfu:.1%}; compute is "
                f"{c.compute_s / c.step_time_s:.0%} of the {c.step_time_s:.3f} s step, pipeline bubble "
                f"{c.bubble_share:.1%}")
-    comms = {"TP": c.tp_comm_s, "PP": c.pp_comm_s, "DP (exposed)": c.dp_comm_exposed_s}
+    comms = {"TP": c.tp_comm_s - c.cp_comm_s, "CP (K/V all-gathers)": c.cp_comm_s, "PP": c.pp_comm_s,
+             "DP (exposed)": c.dp_comm_exposed_s}
     worst = max(comms, key=lambda key: comms[key])
     communication = (f"communication wall: {c.comm_share:.1%} of the step"
                      + (f", mostly {worst} ({comms[worst]:.3f} s)" if comms[worst] > 0 else ", none exposed"))

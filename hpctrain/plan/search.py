@@ -43,10 +43,12 @@ class Layout:
     memory: MemoryBreakdown
     peak_rank: int
     cost: StepCost
+    cp: int = 1  # context parallelism: dp x cp x tp x pp == world
 
     def label(self) -> str:
         sched = "" if self.pp == 1 else f" {self.schedule}" + (f" v={self.virtual_stages}" if self.virtual_stages > 1 else "")
-        return (f"tp={self.tp} pp={self.pp} dp={self.dp} mb={self.micro_batch}{sched} ac={self.ac} "
+        cp = f" cp={self.cp}" if self.cp > 1 else ""
+        return (f"tp={self.tp} pp={self.pp} dp={self.dp}{cp} mb={self.micro_batch}{sched} ac={self.ac} "
                 f"zero={self.zero}" + (" offload" if self.offload_optimizer else ""))
 
 
@@ -108,15 +110,17 @@ def search(model: Any, hw: Hardware, choices: Choices, settings: SearchSettings)
     evaluated = 0
     world = hw.world_size
     stages = _StageCache(model)
-    for tp in choices.tp:
-        for pp in choices.pp:
-            if world % (tp * pp):
+    for tp, pp, cp in ((tp, pp, cp) for tp in choices.tp for pp in choices.pp for cp in choices.cp):
+            if world % (tp * pp * cp):
                 continue
             family = (tp, pp)
-            dp = world // (tp * pp)
+            dp = world // (tp * pp * cp)
             if choices.dp is not None and dp != choices.dp:
                 continue
-            tag = f"tp={tp} pp={pp} dp={dp}"
+            tag = f"tp={tp} pp={pp} dp={dp}" + (f" cp={cp}" if cp > 1 else "")
+            if cp > 1 and (choices.ep > 1 or (choices.sequence_parallel and tp > 1 and (model.seq_len // cp) % tp)):
+                rejected.add("cp_does_not_split_sequence", f"{tag}: seq_len={model.seq_len} ep={choices.ep}", family)
+                continue
             if tp > hw.nvlink_island_gpus or hw.nvlink_island_gpus % tp:
                 rejected.add("tp_exceeds_nvlink_island", f"{tag}: NVLink islands of {hw.nvlink_island_gpus} GPU(s)", family)
                 continue
@@ -133,7 +137,7 @@ def search(model: Any, hw: Hardware, choices: Choices, settings: SearchSettings)
             if settings.global_batch % dp:
                 rejected.add("global_batch_not_divisible", f"{tag}: global_batch={settings.global_batch}", family)
                 continue
-            evaluated += _search_family(model, hw, choices, settings, tp, pp, dp, stages, layouts, rejected)
+            evaluated += _search_family(model, hw, choices, settings, tp, pp, dp, stages, layouts, rejected, cp)
     layouts = prefer_selective(layouts, rejected)
     layouts.sort(key=lambda lay: (-lay.cost.tokens_per_s, AC_ORDER[lay.ac], lay.memory.total))
     return layouts, rejected, evaluated
@@ -148,7 +152,7 @@ def prefer_selective(layouts: list[Layout], rejected: Rejections) -> list[Layout
     more TP collectives per layer (Korthikanti et al. 2022, table 2: selective recomputes ~2-5 %
     of the FLOPs, full ~33 %), so it is only worth its time where selective does not fit."""
     def twin(lay: Layout) -> tuple[Any, ...]:
-        return (lay.tp, lay.pp, lay.dp, lay.micro_batch, lay.schedule, lay.virtual_stages, lay.zero,
+        return (lay.tp, lay.pp, lay.dp, lay.cp, lay.micro_batch, lay.schedule, lay.virtual_stages, lay.zero,
                 lay.offload_optimizer)
 
     selective = {twin(lay) for lay in layouts if lay.ac == "selective"}
@@ -162,8 +166,8 @@ def prefer_selective(layouts: list[Layout], rejected: Rejections) -> list[Layout
 
 
 def _search_family(model: Any, hw: Hardware, choices: Choices, settings: SearchSettings, tp: int, pp: int, dp: int,
-                   stages: _StageCache, layouts: list[Layout], rejected: Rejections) -> int:
-    family, tag = (tp, pp), f"tp={tp} pp={pp} dp={dp}"
+                   stages: _StageCache, layouts: list[Layout], rejected: Rejections, cp: int = 1) -> int:
+    family, tag = (tp, pp), f"tp={tp} pp={pp} dp={dp}" + (f" cp={cp}" if cp > 1 else "")
     sp = choices.sequence_parallel and tp > 1
     local_batch = settings.global_batch // dp
     evaluated = 0
@@ -189,7 +193,8 @@ def _search_family(model: Any, hw: Hardware, choices: Choices, settings: SearchS
                                           virtual_stages=v, ac=ac, zero=zero, offload_optimizer=offload,
                                           sequence_parallel=sp, precision=settings.precision,
                                           optimizer=settings.optimizer, overhead_bytes=settings.overhead_bytes,
-                                          lora=settings.lora, attention=settings.attention)
+                                          lora=settings.lora, attention=settings.attention, cp=cp,
+                                          cpu_attention=hw.gpu.name == "cpu")
                         rank, memory = peak_rank_memory(model, stage_layers, setup)
                         label = f"{tag} mb={mb} {schedule} v={v} ac={ac} zero={zero}{' offload' if offload else ''}"
                         if memory.total > settings.budget_bytes:
@@ -197,11 +202,11 @@ def _search_family(model: Any, hw: Hardware, choices: Choices, settings: SearchS
                                                      f"{settings.budget_bytes / 2**30:.1f} GiB", family, memory.total)
                             continue
                         cost = step_cost(model, hw, CostSetup(
-                            tp=tp, pp=pp, dp=dp, micro_batch=mb, micro_batches=m, virtual_stages=v, ac=ac, zero=zero,
+                            tp=tp, pp=pp, dp=dp * cp, cp=cp, micro_batch=mb, micro_batches=m, virtual_stages=v, ac=ac, zero=zero,
                             offload_optimizer=offload, precision=settings.precision, max_rank_layers=busiest_layers,
                             max_rank_has_head=busiest_head, rank_params=busiest_params, sequence_parallel=sp,
                             attention=settings.attention),
                             settings.global_batch)
                         layouts.append(Layout(tp, pp, dp, mb, schedule, v, ac, zero, offload, sp, tuple(stage_layers),
-                                              imbalance, memory, rank, cost))
+                                              imbalance, memory, rank, cost, cp))
     return evaluated

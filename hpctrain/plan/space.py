@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from hpctrain.plan.context import cp_candidates
 from hpctrain.plan.model_stats import AC_MODES
 
 if TYPE_CHECKING:
@@ -28,6 +29,7 @@ REASONS: dict[str, str] = {
                          f"{MAX_STAGE_IMBALANCE:.0%}, embedding and head counted)",
     "global_batch_not_divisible": "global batch not divisible by dp",
     "ep_does_not_divide_dp": "parallel.ep does not divide dp (expert parallelism borrows its ranks from dp)",
+    "cp_does_not_split_sequence": "seq_len / cp not divisible by tp under sequence parallelism, or cp > 1 with ep > 1",
     "local_batch_not_divisible": "local batch (global_batch / dp) not divisible by micro_batch",
     "too_few_micro_batches": "fewer micro-batches than pipeline stages (or not a multiple of pp for interleaving)",
     "memory_over_budget": "memory over budget on the most loaded rank",
@@ -44,6 +46,7 @@ REASON_UNITS: dict[str, str] = {
     "pp_exceeds_layers": "(tp, pp) families",
     "global_batch_not_divisible": "(tp, pp) families",
     "ep_does_not_divide_dp": "(tp, pp) families",
+    "cp_does_not_split_sequence": "(tp, pp) families",
     "stages_imbalanced": "pipeline splits",
     "local_batch_not_divisible": "micro-batch sizes",
     "too_few_micro_batches": "micro-batch sizes",
@@ -76,6 +79,7 @@ class Choices:
     offload: tuple[bool, ...]
     sequence_parallel: bool
     ep: int = 1  # parallel.ep, never searched: only dp that it divides are tried
+    cp: tuple[int, ...] = (1,)  # parallel.cp: the job's, or 1 and more for a long sequence (plan/context.py)
 
     @classmethod
     def from_job(cls, job: Job) -> Choices:
@@ -96,6 +100,7 @@ class Choices:
             offload=(False, True) if offload == AUTO else (bool(offload),),
             sequence_parallel=bool(par.sequence_parallel),
             ep=par.ep,
+            cp=cp_candidates(par.cp, int(job.transformer.seq_len or 0), world),
         )
 
     def micro_batches(self, local_batch: int) -> list[int]:

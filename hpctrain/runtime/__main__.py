@@ -44,7 +44,7 @@ def unresolved(job: Job) -> list[str]:
               ("train.micro_batch", t.micro_batch), ("train.activation_checkpointing", t.activation_checkpointing)]
     if p.pp != 1:
         fields += [("parallel.schedule", p.schedule), ("parallel.virtual_stages", p.virtual_stages)]
-    if p.dp != 1 or p.offload_optimizer:
+    if p.dp != 1 or p.cp != 1 or p.offload_optimizer:  # FSDP shards over dp x cp
         fields.append(("parallel.zero", p.zero))
     return [f"{name}: got 'auto'; the runtime needs a resolved job: {fix}" for name, value in fields if value == "auto"]
 

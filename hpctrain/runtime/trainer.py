@@ -64,6 +64,7 @@ class Trainer:
                                    Throughput.for_job(job, env.world_size, device.type),
                                    self.tokens_per_step, memory)
         self.telemetry.all_to_all = self.training.dims.ep_enabled
+        self.telemetry.context = self.training.dims.cp_enabled
         self.telemetry.extra.update(coords=self.coords, local_rank=env.local_rank, launcher=env.launcher,
                                     param_count_local=self.training.param_count_local())
         self.checkpointer = Checkpointer(job, run_dir, self.training.model_parts, self.optimizers,
@@ -86,7 +87,7 @@ class Trainer:
             "data": self.data.state_dict(),
             "lr_scheduler": self.lr_schedulers.state_dict(),
             "loss_scaler": scaler.state_dict() if scaler is not None else None,
-            "layout": {"pp": dims.pp, "dp": dims.dp, "tp": dims.tp,
+            "layout": {"pp": dims.pp, "dp": dims.dp, "tp": dims.tp, "cp": dims.cp,
                        "virtual_stages": len(self.training.model_parts),
                        "schedule": self.job.parallel.schedule if dims.pp_enabled else None,
                        "zero": self.job.parallel.zero if self.training.fsdp else None},

@@ -29,6 +29,7 @@ from hpctrain.runtime.model.init import ShardFill, init_parameters, random_fill
 from hpctrain.runtime.model.lora import init_lora, is_adapter
 from hpctrain.runtime.model.moe import MoE
 from hpctrain.runtime.model.transformer import ModelArgs, Transformer, cross_entropy_loss
+from hpctrain.runtime.parallel.context import shard_sequence
 from hpctrain.runtime.parallel.dims import ParallelDims
 from hpctrain.runtime.parallel.fsdp import sync_every_microbatch, zero_stage
 from hpctrain.runtime.parallel.grad_norm import clip_to, is_sharded, weighted_grad_sq
@@ -117,6 +118,20 @@ class Training:
             total += math.prod(shape)
         return total
 
+    @property
+    def cp_rank(self) -> int:
+        return self.mesh["cp"].get_local_rank() if self.mesh is not None and self.dims.cp_enabled else 0
+
+    def local_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        """This rank's columns of [batch, seq] inputs or labels: under context parallelism its head and
+        tail chunks (runtime/parallel/context.py), else all of them."""
+        return shard_sequence(tokens, self.dims.cp, self.cp_rank)
+
+    @property
+    def loss_replicas(self) -> int:
+        """Ranks whose loss terms the global mean averages: the last stage's dp x cp x tp ranks."""
+        return self.dims.dp * self.dims.cp * self.dims.tp
+
     def _contexts(self) -> contextlib.ExitStack:
         stack = contextlib.ExitStack()
         if self.dims.tp_enabled:
@@ -136,7 +151,7 @@ class Training:
     def forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """train_step without blocking the host: this rank's loss term as a device tensor (the
         mean over its dp rank's batch on last-stage ranks, 0 elsewhere); `finish_step` reduces it."""
-        inputs, labels = inputs.to(self.device), labels.to(self.device)
+        inputs, labels = self.local_tokens(inputs.to(self.device)), self.local_tokens(labels.to(self.device))
         if inputs.shape[0] % self.n_microbatches:
             raise ConfigError(
                 f"train_step: a local batch of {inputs.shape[0]} sequences does not split into "
@@ -232,12 +247,13 @@ class Training:
         return mean / scale
 
     def _global_mean(self, local_loss: torch.Tensor) -> float:
-        """Mean over dp of the per-dp-rank losses, known on the last stage, sent to every rank."""
+        """Mean over dp (and cp: each rank holds S/cp tokens of every sequence) of the per-rank losses,
+        known on the last stage, sent to every rank."""
         if self.mesh is None or self.dims.world_size == 1:
             return float(local_loss)
         total = local_loss.detach().reshape(1).float().to(self.device)
         dist.all_reduce(total)  # every (dp, tp) rank of the last stage contributes its dp's loss
-        return float(total) / (self.dims.dp * self.dims.tp)
+        return float(total) / self.loss_replicas
 
     def _match_grad_placements(self) -> None:
         """Give every DTensor gradient its parameter's placements.
@@ -297,7 +313,7 @@ class Training:
             rows = table.tolist()  # the step's one host transfer
         else:
             rows = [vec.tolist()]
-        loss = sum(row[0] for row in rows) / (self.dims.dp * self.dims.tp)
+        loss = sum(row[0] for row in rows) / self.loss_replicas
         norm = math.sqrt(sum(row[1] for row in rows))
         agreed = [int(max(row[2 + i] for row in rows)) for i in range(len(flags))]
         self._clip(norm, max_norm)

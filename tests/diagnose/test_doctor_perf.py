@@ -137,3 +137,22 @@ def test_an_all_to_all_above_the_communication_threshold_is_a_finding_with_fewer
     assert [fix.sets for fix in finding.fixes] == [("parallel.ep=2",), ("train.micro_batch=4",)]
     quiet = diagnose_run(_moe_run(tmp_path, 0.5, name="quiet")).findings  # 25 %: below the threshold
     assert "all_to_all" not in [f.family for f in quiet]
+
+
+def test_the_context_parallel_kv_exchanges_are_part_of_the_communication_finding(tmp_path):
+    """time_cp_kv_s (runtime/parallel/context.py's waits) is inside time_comm_exposed_s: a run whose exposed
+    communication is mostly the K/V all-gathers gets the communication finding, which names their share."""
+    job = gpu_job(cluster=TWO_NODES, parallel={"tp": 2, "dp": 4, "cp": 2})
+    ranks = []
+    for r in range(16):
+        summary = rank_summary(r, step_time_s=2.0, comm_s=1.0, host=f"node{1 + r // 8}")
+        summary["time_cp_kv_s"] = 0.7
+        ranks.append(summary)
+    run = make_run(tmp_path, job, metrics=metrics_lines(20, 2.0, comm_s=1.0, mfu=0.42, tflops=135.0), ranks=ranks)
+    finding = next(f for f in diagnose_run(run).findings if f.family == "comm")
+    assert finding.title.startswith("communication takes 50 % of each step")
+    assert "of it the context-parallel K/V exchanges: 35 % of the step time (median over 16 rank(s))" in finding.evidence
+    quiet = [rank_summary(r, step_time_s=2.0, comm_s=1.0) for r in range(16)]  # no cp: no such line
+    plain = next(f for f in diagnose_run(make_run(tmp_path, job, metrics=metrics_lines(20, 2.0, comm_s=1.0), ranks=quiet,
+                                                  name="plain")).findings if f.family == "comm")
+    assert not any("context-parallel" in line for line in plain.evidence)

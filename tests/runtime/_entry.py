@@ -60,7 +60,7 @@ def run_entry(job: dict[str, Any], run_dir: str, world: int | None = None, *extr
     """Run the entry point on `world` ranks (default: the job's tp*pp*dp); exit codes per rank. `env`: extra
     variables for the ranks (the ranks fork from a server started earlier: os.environ changes miss them)."""
     p = job["parallel"]
-    world = world or p["tp"] * p["pp"] * p["dp"]
+    world = world or p["tp"] * p["pp"] * p["dp"] * p.get("cp", 1)
     os.makedirs(run_dir, exist_ok=True)
     path = write_job(job, os.path.join(os.path.dirname(os.path.abspath(run_dir)),
                                        os.path.basename(run_dir) + ".job.yaml"))

@@ -27,3 +27,13 @@ def test_selective_within_korthikanti(tp: int, dp: int) -> None:
     row = bench.table([(tp, dp, "selective")])[0]
     assert row["ratio"] <= 1 + bench.TOLERANCE, row
 
+
+
+def test_context_parallel_keeps_one_cpth_plus_the_stated_kv_buffers() -> None:
+    """Per layer and sequence on a cp rank: the no-CP bytes / cp, plus the K/V buffers plan/context.py states
+    (the other ranks' K and V, the joined chunk output), within 5 % (issue 25)."""
+    rows = {r["cp"]: r for r in bench.cp_table((2, 4))}
+    for cp in (2, 4):
+        assert rows[cp]["buffers"] > 0
+        assert abs(rows[cp]["ratio"] - 1) <= bench.CP_TOLERANCE, rows[cp]
+    assert rows[4]["measured"] < rows[2]["measured"] < rows[1]["measured"]

@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from hpctrain.runtime.observe.comm_timing import (ALL_TO_ALL, COLLECTIVE, CUDA_EVENTS, HOST, P2P, CommTimer, EventClock, HostEvent,
+from hpctrain.runtime.observe.comm_timing import (ALL_TO_ALL, COLLECTIVE, CP_KV, CUDA_EVENTS, HOST, P2P, CommTimer, EventClock, HostEvent,
                                                   clock_for)
 
 from ._dist import run_distributed
@@ -44,7 +44,7 @@ def test_timer_sums_outermost_waits_per_kind_and_only_while_active() -> None:
     # inactive wait was counted (the nested wait counted twice would put it in both kinds).
     assert 0.02 <= seconds[COLLECTIVE] < 0.3
     assert 0.02 <= seconds[P2P] < 0.3
-    assert timer.reset() == {COLLECTIVE: 0.0, P2P: 0.0, ALL_TO_ALL: 0.0}
+    assert timer.reset() == {COLLECTIVE: 0.0, P2P: 0.0, ALL_TO_ALL: 0.0, CP_KV: 0.0}
 
 
 def _late_peer() -> float:

@@ -64,3 +64,20 @@ def test_validation_loss_is_identical_across_layouts(bpe_tokens, tmp_path) -> No
     for name, values in got.items():
         assert len(values) == 2
         assert all(abs(a - b) <= 1e-5 for a, b in zip(values, got["single"])), (name, values, got["single"])
+
+
+@pytest.mark.dist
+def test_context_parallel_training_and_validation_losses_are_one_process_ones(bpe_tokens, tmp_path) -> None:
+    """parallel.cp=2 (runtime/parallel/context.py): the evaluator takes each rank's chunks of the validation
+    sequences as the training step does, and both losses average over all cp ranks' tokens."""
+    got = {}
+    for name, cp in (("single", 1), ("cp2", 2)):
+        job = _job(bpe_tokens, steps=2, eval_every=1)
+        job["parallel"]["cp"] = cp
+        job["cluster"]["gpus_per_node"] = cp
+        run_dir = str(tmp_path / name)
+        assert run_entry(job, run_dir) == [0] * cp, name
+        got[name] = [(m["loss"], m["val_loss"]) for m in metrics(run_dir)]
+    assert len(got["cp2"]) == 2
+    for (loss, val), (loss_1, val_1) in zip(got["cp2"], got["single"]):
+        assert abs(loss - loss_1) <= 1e-5 and abs(val - val_1) <= 1e-5, (got["cp2"], got["single"])

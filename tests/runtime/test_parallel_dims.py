@@ -19,6 +19,37 @@ def test_enabled_flags_and_coords() -> None:
     assert dims.coords(23) == {"pp": 1, "dp": 2, "tp": 3}
 
 
+def test_context_parallel_coords_are_torchtitans_grid() -> None:
+    """cp between dp and tp: arange(world).view(pp, dp, cp, tp), FSDP over dp x cp."""
+    import torch
+
+    dims = ParallelDims(pp=2, dp=2, tp=2, cp=3, world_size=24)
+    grid = torch.arange(24).view(2, 2, 3, 2)
+    for rank in range(24):
+        c = dims.coords(rank)
+        assert int(grid[c["pp"], c["dp"], c["cp"], c["tp"]]) == rank
+    assert (dims.cp_enabled, dims.dp_cp) == (True, 6)
+    assert "cp" not in ParallelDims(pp=1, dp=2, tp=1, world_size=2).coords(1)
+
+
+def test_chunk_positions_are_a_head_and_its_mirror_tail() -> None:
+    """Every position once over the cp ranks; each rank's queries see the same number of keys causally."""
+    import torch
+
+    from hpctrain.runtime.parallel.context import chunk_positions, shard_sequence
+
+    assert chunk_positions(16, 4, 1).tolist() == [2, 3, 12, 13]
+    for cp in (1, 2, 4):
+        held = torch.cat([chunk_positions(32, cp, r) for r in range(cp)])
+        assert sorted(held.tolist()) == list(range(32))
+        work = {int((chunk_positions(32, cp, r) + 1).sum()) for r in range(cp)}  # keys seen, causal
+        assert len(work) == 1, (cp, work)
+    tokens = torch.arange(32).view(2, 16)
+    assert shard_sequence(tokens, 2, 1).tolist() == [[4, 5, 6, 7, 8, 9, 10, 11], [20, 21, 22, 23, 24, 25, 26, 27]]
+    with pytest.raises(ConfigError, match=r"model.seq_len: got 12; must be a multiple of 2 x parallel.cp = 8"):
+        chunk_positions(12, 4, 0)
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [
@@ -30,6 +61,8 @@ def test_enabled_flags_and_coords() -> None:
         (dict(pp=1, dp=2, tp=2, world_size=4, ep=8), r"parallel.ep: got 8; must divide parallel.dp x parallel.tp = 4"),
         (dict(pp=1, dp=3, tp=2, world_size=6, ep=3), r"parallel.ep: got 3; must be a multiple of parallel.tp=2"),
         (dict(pp=1, dp=2, tp=1, world_size=2, ep=0), "parallel.ep: got 0"),
+        (dict(pp=1, dp=2, tp=1, world_size=2, cp=2), r"dp=2 x cp=2 x tp=1 = 4, but the world size is 2"),
+        (dict(pp=1, dp=2, tp=1, world_size=4, cp=2, ep=2), "parallel.cp: got 2; does not combine with parallel.ep=2"),
     ],
 )
 def test_bad_degrees(kwargs: dict, match: str) -> None:

@@ -52,7 +52,8 @@ class Evaluator:
         try:
             total = 0.0
             for _ in range(self.batches):
-                inputs, labels = (torch.from_numpy(a).to(training.device) for a in sampler.next_batch())
+                inputs, labels = (training.local_tokens(torch.from_numpy(a).to(training.device))
+                                  for a in sampler.next_batch())
                 with training._contexts():
                     local = self._pipelined(inputs, labels) if training.schedule is not None \
                         else self._plain(inputs, labels)

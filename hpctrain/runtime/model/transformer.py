@@ -157,6 +157,9 @@ class Attention(nn.Module):
         # Qwen3: an RMSNorm over each head's dimensions of q and k, before RoPE.
         self.q_norm = RMSNorm(args.head_dim, eps=args.norm_eps) if args.qk_norm else None
         self.k_norm = RMSNorm(args.head_dim, eps=args.norm_eps) if args.qk_norm else None
+        # Context parallelism (runtime/parallel/context.py apply_cp): attention over the whole sequence
+        # from this rank's chunks; None: the sequence is all here.
+        self.context: Any = None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         batch, seq, _ = x.shape
@@ -167,6 +170,8 @@ class Attention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos[:seq], sin[:seq]), apply_rope(k, cos[:seq], sin[:seq])
+        if self.context is not None:  # only the kv heads travel (GQA); repeated after the exchange
+            return self.wo(self.context.attention(q, k, v).reshape(batch, seq, -1))
         rep = q.shape[2] // k.shape[2]
         if rep > 1:  # explicit repeat keeps every SDPA backend (flash included) available
             k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
@@ -215,6 +220,7 @@ class Transformer(nn.Module):
 
     rope_cos: torch.Tensor
     rope_sin: torch.Tensor
+    context: Any = None  # context parallelism: RoPE at this rank's global positions (parallel/context.py)
 
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
@@ -240,6 +246,9 @@ class Transformer(nn.Module):
         # One 16-bit copy of the RoPE tables per forward, shared by every layer (a per-layer
         # cast would make each layer save its own copies).
         cos, sin = self.rope_cos.to(_compute_dtype(h)), self.rope_sin.to(_compute_dtype(h))
+        if self.context is not None:  # this rank's tokens sit at global positions: head and tail chunks
+            where = self.context.positions(cos.device)
+            cos, sin = cos.index_select(0, where), sin.index_select(0, where)
         for layer in self.layers.values():
             h = layer(h, cos, sin)
         if self.norm is not None:

@@ -15,6 +15,10 @@ Expert parallelism's all-to-alls (runtime/parallel/expert.py) wait through a fou
 `expert.wait_all_to_all`, timed as **all-to-all**: exposed communication too, also reported on its
 own (`time_all_to_all_s`), forward and backward (the dispatch's backward exchanges wait through it as well).
 
+Context parallelism's K/V exchanges (runtime/parallel/context.py: the all-gather in forward, the
+reduce-scatter of the K/V gradients in backward) wait through `context.wait_kv`, timed as **cp_kv**:
+exposed communication too, also reported on its own (`time_cp_kv_s`).
+
 Waits inside `_wait_batch_p2p` count as **pipeline wait** (reported as `time_bubble_s`: the bubble
 plus the point-to-point transfer time that is not hidden); all other waits count as **exposed
 communication**. Nested waits are counted once, by the outermost wrapper. Only time inside an
@@ -48,6 +52,7 @@ from typing import Any, Callable
 COLLECTIVE = "collective"
 P2P = "p2p"
 ALL_TO_ALL = "all_to_all"  # expert parallelism's dispatch; part of the exposed communication
+CP_KV = "cp_kv"  # context parallelism's K/V all-gathers and their gradients' reduce-scatters; part of it too
 
 
 HOST = "host"
@@ -91,7 +96,7 @@ class EventClock:
         """Seconds per kind since the last collect. On CUDA this waits for the last event, which
         the step's own host synchronisation has already passed (finish_step)."""
         pairs, self._pairs = self._pairs, []
-        out = {COLLECTIVE: 0.0, P2P: 0.0, ALL_TO_ALL: 0.0}
+        out = {COLLECTIVE: 0.0, P2P: 0.0, ALL_TO_ALL: 0.0, CP_KV: 0.0}
         if pairs:
             pairs[-1][2].synchronize()
         for kind, start, end in pairs:
@@ -156,10 +161,11 @@ class CommTimer:
         import torch.distributed._functional_collectives as funcol
         from torch._C._distributed_c10d import Work
 
-        from hpctrain.runtime.parallel import expert
+        from hpctrain.runtime.parallel import context, expert
 
         targets: list[tuple[Any, str, str | None]] = [(Work, "wait", None), (funcol, "wait_tensor", None),
-                                                      (expert, "wait_all_to_all", ALL_TO_ALL)]
+                                                      (expert, "wait_all_to_all", ALL_TO_ALL),
+                                                      (context, "wait_kv", CP_KV)]
         try:
             from torch.distributed.pipelining import schedules
 

@@ -19,6 +19,7 @@ Fields of a metrics line, and where each comes from:
 | time_comm_exposed_s, time_bubble_s | measured waits (comm_timing.py), mean per step: host-blocked time on CPU, the compute stream's stall between CUDA events on a GPU |
 | time_compute_s | derived: step_time_s - time_comm_exposed_s - time_bubble_s |
 | time_all_to_all_s | parallel.ep > 1 only: the expert-parallel all-to-alls' waits, mean per step (a part of time_comm_exposed_s) |
+| time_cp_kv_s | parallel.cp > 1 only: the context-parallel K/V exchanges' waits, mean per step (a part of time_comm_exposed_s) |
 | attempt | the start's attempt as the launcher counted it from the run directory (HPCTRAIN_ATTEMPT; the logs are named by it), else SLURM_RESTART_COUNT |
 | time | Unix time when the line was written (wall-clock progress, gaps between attempts) |
 """
@@ -34,7 +35,16 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from hpctrain.runtime.observe.comm_timing import ALL_TO_ALL, COLLECTIVE, CUDA_EVENTS, HOST, P2P, CommTimer, clock_for
+from hpctrain.runtime.observe.comm_timing import (
+    ALL_TO_ALL,
+    COLLECTIVE,
+    CP_KV,
+    CUDA_EVENTS,
+    HOST,
+    P2P,
+    CommTimer,
+    clock_for,
+)
 
 from hpctrain.rundir.events import append_line, now_iso as _now
 from hpctrain.rundir.layout import EVENTS_FILE, METRICS_FILE, RANKS_DIR
@@ -136,9 +146,12 @@ class StepTimes:
     comm_s: float = 0.0
     bubble_s: float = 0.0
     all_to_all_s: float = 0.0  # included in comm_s
+    cp_kv_s: float = 0.0  # included in comm_s
 
-    def add(self, step_s: float, comm_s: float, bubble_s: float, all_to_all_s: float = 0.0) -> None:
+    def add(self, step_s: float, comm_s: float, bubble_s: float, all_to_all_s: float = 0.0,
+            cp_kv_s: float = 0.0) -> None:
         self.steps += 1
+        self.cp_kv_s += cp_kv_s
         self.step_s += step_s
         self.comm_s += comm_s
         self.bubble_s += bubble_s
@@ -163,6 +176,7 @@ class Telemetry:
     extra: dict[str, Any] = field(default_factory=dict)  # static facts for the rank summary
     steps_this_attempt: int = 0
     all_to_all: bool = False  # expert parallelism: log time_all_to_all_s
+    context: bool = False  # context parallelism: log time_cp_kv_s
 
     def __post_init__(self) -> None:
         if self.timer.method == HOST:  # the default clock: CUDA events when the device is a GPU
@@ -190,11 +204,11 @@ class Telemetry:
     def end_step(self, step_s: float) -> None:
         self.timer.active = False
         waits = self.timer.reset()
-        comm = waits[COLLECTIVE] + waits[ALL_TO_ALL]
-        self.interval.add(step_s, comm, waits[P2P], waits[ALL_TO_ALL])
+        comm = waits[COLLECTIVE] + waits[ALL_TO_ALL] + waits[CP_KV]
+        self.interval.add(step_s, comm, waits[P2P], waits[ALL_TO_ALL], waits[CP_KV])
         self.steps_this_attempt += 1
         if self.steps_this_attempt > 1:  # the first step of an attempt warms up (allocations, plans)
-            self.totals.add(step_s, comm, waits[P2P], waits[ALL_TO_ALL])
+            self.totals.add(step_s, comm, waits[P2P], waits[ALL_TO_ALL], waits[CP_KV])
 
     def log(self, step: int, loss: float, lr: float, grad_norm: float, tokens: int, **extra: Any) -> dict[str, Any]:
         """Build the metrics line for `step` from the interval since the last one; rank 0 appends it."""
@@ -210,6 +224,7 @@ class Telemetry:
             "time_compute_s": max(0.0, step_s - comm_s - bubble_s),
             "time_comm_exposed_s": comm_s, "time_bubble_s": bubble_s,
             **({"time_all_to_all_s": t.all_to_all_s / n} if self.all_to_all else {}),
+            **({"time_cp_kv_s": t.cp_kv_s / n} if self.context else {}),
             "attempt": self.attempt, "time": time.time(), **extra,
         }
         self.interval = StepTimes()
@@ -230,6 +245,7 @@ class Telemetry:
             "time_comm_exposed_s": t.comm_s / n,
             "time_bubble_s": t.bubble_s / n,
             **({"time_all_to_all_s": t.all_to_all_s / n} if self.all_to_all else {}),
+            **({"time_cp_kv_s": t.cp_kv_s / n} if self.context else {}),
             "timing_method": TIMING_METHODS[self.timer.method],
             "peak_memory_bytes": self.memory.peak_bytes(),
             "peak_memory_source": self.memory.source,

@@ -48,6 +48,11 @@ def _saved_ops() -> set[Any]:
     cudnn = getattr(aten, "_scaled_dot_product_cudnn_attention", None)
     if cudnn is not None:
         ops.add(cudnn.default)
+    # Context parallelism's lower-right causal attention (runtime/parallel/context.py) reaches the
+    # memory-efficient kernel through this op on a GPU (torch/nn/attention/bias.py CausalBias._dispatch).
+    efficient = getattr(aten, "_efficient_attention_forward", None)
+    if efficient is not None:
+        ops.add(efficient.default)
     grouped = getattr(aten, "_grouped_mm", None)  # the MoE experts' GEMMs (runtime/model/moe.py)
     if grouped is not None:
         ops.add(grouped.default)

@@ -7,14 +7,14 @@ Every rank builds its share of the model in torchtitan's order; each step is one
     2. PP       cut this rank's pipeline stages out of it                        pipeline.py
     3. TP       tensor parallel (+ sequence parallel, vocab-parallel embedding)  tensor.py
     3b. EP      routed experts split over ep of the dp x tp ranks (Shard(0) DTensors) expert.py
+    3c. CP      context parallel: RoPE at global positions, K/V all-gathered       context.py
     4. LoRA     adapters, after TP (they take the base's placements), before FSDP  model/lora.py
     5. AC       activation checkpointing                                         activation_checkpoint.py
     6. compile  torch.compile per block (`train.compile`), after TP and AC       compile.py
     7. FSDP2    shard over dp (ZeRO 1-3, optimizer offload); EP's experts over efsdp fsdp.py
+                (over the flattened dp x cp, "dp_cp", with context parallelism)
     8. init     materialise (`to_empty`), build the pipeline schedule over the stages, and fill each
                 rank's shards from the seed (model/init.py; not when a checkpoint will be loaded)
-
-Context parallelism (context.py) takes its place in this list when it comes.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from hpctrain.runtime.model.lora import apply_lora
 from hpctrain.runtime.model.transformer import ModelArgs, Transformer, build_model
 from hpctrain.runtime.parallel.activation_checkpoint import apply_ac
 from hpctrain.runtime.parallel.compile import apply_compile
+from hpctrain.runtime.parallel.context import ContextParallel, apply_cp
 from hpctrain.runtime.parallel.dims import ParallelDims
 from hpctrain.runtime.parallel.expert import apply_ep, sparse_mesh
 from hpctrain.runtime.parallel.fsdp import apply_fsdp, zero_stage
@@ -59,6 +60,8 @@ def build_training(job: Job, device: torch.device, initialise: bool = True) -> T
     for module in modules:
         _tensor_parallel(job.parallel, layout, module)                  # 3. TP
         _expert_parallel(layout, module)                                # 3b. EP
+        if layout.context is not None:                                  # 3c. CP
+            apply_cp(module, layout.context)
         _lora(job.train, layout, module)                                # 4. LoRA
         apply_ac(module, job.train.activation_checkpointing)            # 5. AC
         if job.train.compile:                                           # 6. compile
@@ -83,6 +86,8 @@ class _Layout:
     n_microbatches: int
     fsdp: bool
     experts_mesh: Any = None  # ("efsdp", "ep") over this stage's dp x tp ranks when parallel.ep > 1
+    context: ContextParallel | None = None  # parallel.cp > 1: this rank's place in its cp group
+    fsdp_mesh: Any = None  # what FSDP shards over: "dp", or the flattened "dp_cp" with context parallelism
 
 
 def _layout(job: Job, device: torch.device) -> _Layout:
@@ -100,14 +105,20 @@ def _layout(job: Job, device: torch.device) -> _Layout:
         raise ConfigError(f"parallel.virtual_stages: got {virtual!r}; must be an integer >= 1")
     dims.validate_model(args, virtual)
     n_micro = _micro_batches(job.train, dims)
-    fsdp = dims.dp_enabled or bool(par.offload_optimizer)
+    fsdp = dims.dp_cp > 1 or bool(par.offload_optimizer)  # cp ranks hold the same weights: FSDP reduces over them
     if fsdp and not initialised:
         raise ConfigError("parallel.offload_optimizer: needs a process group (run through the runtime entry point)")
     mesh = dims.build_mesh(device.type) if initialised else None
     if dims.world_size > 1 or fsdp:
         assert mesh is not None  # world_size > 1 implies an initialised group; fsdp checked above
     experts_mesh = sparse_mesh(mesh, dims.ep) if dims.ep_enabled and mesh is not None else None
-    return _Layout(args, dims, mesh, rank, virtual, n_micro, fsdp, experts_mesh)
+    context, fsdp_mesh = None, (mesh["dp"] if mesh is not None else None)
+    if dims.cp_enabled:
+        assert mesh is not None  # cp > 1 means world_size > 1: an initialised group
+        cp_mesh = mesh["cp"]
+        context = ContextParallel(cp_mesh.get_group(), dims.cp, cp_mesh.get_local_rank(), args.seq_len)
+        fsdp_mesh = mesh["dp", "cp"]._flatten("dp_cp")  # torchtitan's dp_shard_cp
+    return _Layout(args, dims, mesh, rank, virtual, n_micro, fsdp, experts_mesh, context, fsdp_mesh)
 
 
 def _micro_batches(train: TrainConfig, dims: ParallelDims) -> int:
@@ -157,7 +168,7 @@ def _fsdp(job: Job, layout: _Layout, modules: list[Transformer]) -> None:
         assert layout.mesh is not None
         apply_fsdp(
             modules,
-            layout.mesh["dp"],
+            layout.fsdp_mesh,
             zero=zero_stage(job.parallel),
             precision=job.train.precision,
             offload_optimizer=bool(job.parallel.offload_optimizer),
@@ -201,18 +212,18 @@ def _training(job: Job, device: torch.device, layout: _Layout, parts: list[tuple
             training.tied_group = _tied_group(mesh, layout.rank)
         training.schedule = apply_pp(parts, mesh["pp"], device, schedule=job.parallel.schedule,
                                      n_microbatches=layout.n_microbatches, loss_fn=training._loss_fn)
-    training._norm_weights = norm_weights(training.model_parts, dims.dp * dims.tp, training.tied_group is not None)
+    training._norm_weights = norm_weights(training.model_parts, dims.dp * dims.cp * dims.tp,
+                                          training.tied_group is not None)
     return training
 
 
 def _tied_group(mesh: Any, rank: int) -> Any:
-    """A group {first-stage rank, last-stage rank} per (dp, tp) slot; every rank creates all."""
+    """A group {first-stage rank, last-stage rank} per (dp, [cp,] tp) slot; every rank creates all."""
     grid = mesh.mesh
     mine = None
-    for d in range(grid.shape[1]):
-        for t in range(grid.shape[2]):
-            pair = [int(grid[0, d, t]), int(grid[-1, d, t])]
-            group = dist.new_group(pair)
-            if rank in pair:
-                mine = group
+    for first, last in zip(grid[0].flatten().tolist(), grid[-1].flatten().tolist()):
+        pair = [int(first), int(last)]
+        group = dist.new_group(pair)
+        if rank in pair:
+            mine = group
     return mine

@@ -4,6 +4,9 @@
 process group (so tests and the planner-facing code can check a layout cheaply) and builds the
 `DeviceMesh` only when asked. The rank grid is `arange(world).view(pp, dp, tp)`: tp is innermost so
 tensor-parallel peers are neighbouring ranks (same node, fastest links), pp is outermost.
+With context parallelism (cp > 1) the grid is `arange(world).view(pp, dp, cp, tp)`, torchtitan's order
+(torchtitan/distributed/parallel_dims.py: cp between the data-parallel dims and tp), and the mesh is 4-D
+("pp", "dp", "cp", "tp"); FSDP shards over the flattened ("dp", "cp") dim, "dp_cp" (runtime/parallel/context.py).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ if TYPE_CHECKING:
     from hpctrain.config import Job
 
 MESH_DIM_NAMES = ("pp", "dp", "tp")
+CP_MESH_DIM_NAMES = ("pp", "dp", "cp", "tp")  # cp > 1 only: a run without context parallelism keeps the 3-D mesh
 
 
 def _degree_problems(degrees: dict[str, object]) -> list[str]:
@@ -42,9 +46,10 @@ class ParallelDims:
     tp: int
     world_size: int
     ep: int = 1  # expert parallelism borrows its ranks from dp and tp: dp x tp = efsdp x ep (runtime/parallel/expert.py)
+    cp: int = 1  # context parallelism: ranks of its own, pp * dp * cp * tp == world_size (runtime/parallel/context.py)
 
     def __post_init__(self) -> None:
-        problems = _degree_problems({name: getattr(self, name) for name in ("pp", "dp", "tp", "world_size", "ep")})
+        problems = _degree_problems({name: getattr(self, name) for name in ("pp", "dp", "tp", "world_size", "ep", "cp")})
         if problems:
             raise ConfigError(problems)
         if (self.dp * self.tp) % self.ep:
@@ -53,10 +58,14 @@ class ParallelDims:
         if self.ep > 1 and self.ep % self.tp:
             raise ConfigError(f"parallel.ep: got {self.ep}; must be a multiple of parallel.tp={self.tp} "
                               "(the experts are not tensor-parallel: an ep group spans whole tp groups)")
-        if self.pp * self.dp * self.tp != self.world_size:
+        if self.cp > 1 and self.ep > 1:
+            raise ConfigError(f"parallel.cp: got {self.cp}; does not combine with parallel.ep={self.ep} yet "
+                              "(set one of them to 1)")
+        if self.pp * self.dp * self.cp * self.tp != self.world_size:
+            cp = f" x cp={self.cp}" if self.cp > 1 else ""
             raise ConfigError(
-                f"parallel: pp={self.pp} x dp={self.dp} x tp={self.tp} = "
-                f"{self.pp * self.dp * self.tp}, but the world size is {self.world_size}; "
+                f"parallel: pp={self.pp} x dp={self.dp}{cp} x tp={self.tp} = "
+                f"{self.pp * self.dp * self.cp * self.tp}, but the world size is {self.world_size}; "
                 "the product of the degrees must equal the number of processes "
                 "(change the degrees or cluster.nodes x cluster.gpus_per_node)"
             )
@@ -67,7 +76,7 @@ class ParallelDims:
         pp, dp, tp = job.parallel.pp, job.parallel.dp, job.parallel.tp
         if not (isinstance(pp, int) and isinstance(dp, int) and isinstance(tp, int)):  # 'auto' left
             raise ConfigError(_degree_problems({"pp": pp, "dp": dp, "tp": tp, "world_size": world_size}))
-        return cls(pp=pp, dp=dp, tp=tp, world_size=world_size, ep=job.parallel.ep)
+        return cls(pp=pp, dp=dp, tp=tp, world_size=world_size, ep=job.parallel.ep, cp=job.parallel.cp)
 
     def validate_model(self, model_cfg: Any, virtual_stages: int = 1) -> None:
         """Check the degrees against a model shape; raises ConfigError naming each problem."""
@@ -108,6 +117,15 @@ class ParallelDims:
         return self.tp > 1
 
     @property
+    def cp_enabled(self) -> bool:
+        return self.cp > 1
+
+    @property
+    def dp_cp(self) -> int:
+        """The ranks FSDP shards over: dp x cp (context-parallel ranks hold the same weights)."""
+        return self.dp * self.cp
+
+    @property
     def ep_enabled(self) -> bool:
         return self.ep > 1
 
@@ -117,7 +135,15 @@ class ParallelDims:
         return self.dp * self.tp // self.ep
 
     def coords(self, rank: int) -> dict[str, int]:
-        """A rank's (pp, dp, tp) coordinates in the grid `arange(world).view(pp, dp, tp)`."""
+        """A rank's (pp, dp, tp) coordinates in the grid `arange(world).view(pp, dp, tp)`; with cp > 1
+        (pp, dp, cp, tp) in `arange(world).view(pp, dp, cp, tp)`."""
+        if self.cp_enabled:
+            return {
+                "pp": rank // (self.dp * self.cp * self.tp),
+                "dp": (rank // (self.cp * self.tp)) % self.dp,
+                "cp": (rank // self.tp) % self.cp,
+                "tp": rank % self.tp,
+            }
         return {
             "pp": rank // (self.dp * self.tp),
             "dp": (rank // self.tp) % self.dp,
@@ -135,6 +161,8 @@ class ParallelDims:
         """
         from torch.distributed.device_mesh import init_device_mesh
 
+        if self.cp_enabled:
+            return init_device_mesh(device_type, (self.pp, self.dp, self.cp, self.tp), mesh_dim_names=CP_MESH_DIM_NAMES)
         return init_device_mesh(
             device_type, (self.pp, self.dp, self.tp), mesh_dim_names=MESH_DIM_NAMES
         )
