@@ -96,6 +96,7 @@ class CostSetup:
     rank_params: float  # parameters of the busiest pipeline rank on one TP rank
     sequence_parallel: bool = False  # norm-region element-wise work split over tp
     attention: str = "flash"  # the attention kernel (ATTENTION_KERNELS)
+    embedding_on_cpu: bool = False  # the lookup on the host: its output and gradient cross PCIe
 
 
 @dataclass(frozen=True)
@@ -211,6 +212,13 @@ def forward_share(ac: str) -> float:
     return 0.25 if ac == "full" else 1.0 / 3.0
 
 
+def embedding_transfer_s(model: Any, hw: Hardware, tokens: int, act_bytes: int) -> float:
+    """train.embedding_on_cpu, per micro-batch: the lookup's output [tokens, hidden] goes host -> device and
+    its gradient device -> host over the host link, one direction each (on the critical path: layer 0
+    waits for it, and the embedding's backward for the gradient); the CPU gather itself is not counted."""
+    return 2.0 * tokens * model.hidden * act_bytes / hw.gpu.pcie_bytes_per_s
+
+
 def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int) -> StepCost:
     """Step time and throughput of one layout (see the module docstring for each term)."""
     tokens_mb = c.micro_batch * model.seq_len
@@ -238,7 +246,8 @@ def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int) -> Step
         hop = comm.NET_STEP_LATENCY_S if pp_link.nodes > 1 else comm.NVLINK_STEP_LATENCY_S
         pp_mb = 2.0 * c.virtual_stages * (message / pp_link.bandwidth_bytes_per_s + comm.RING_BASE_LATENCY_S + hop)
 
-    slot_s = compute_mb + tp_mb + pp_mb
+    slot_s = compute_mb + tp_mb + pp_mb + (embedding_transfer_s(model, hw, tokens_mb, act_bytes)
+                                           if c.embedding_on_cpu else 0.0)
     # Bubble: (p-1)/v micro-batch slots for GPipe, 1F1B and interleaved 1F1B alike (Narayanan et
     # al. 2021, sections 2.2.1-2.2.2; v = 1 but for the interleaved schedule).
     bubble_slots = (c.pp - 1) / c.virtual_stages
