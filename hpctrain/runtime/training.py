@@ -66,6 +66,7 @@ class Training:
     tied_group: Any = None  # process group pairing first and last stage (tied embeddings, pp > 1)
     float8_scales: bool = False  # fp8 tensorwise under FSDP: the weights' scales after each optimizer step
     host_embedding_group: Any = None  # train.embedding_on_cpu with dp > 1: the group averaging its gradient
+    _float8_scales_ready: bool = False
     _norm_weights: list[tuple[nn.Parameter, float]] = field(default_factory=list)
     _params: list[nn.Parameter] = field(default_factory=list)
 
@@ -150,6 +151,12 @@ class Training:
                 f"{self.n_microbatches} micro-batches"
             )
         self._prepare_moe()
+        if self.float8_scales and not self._float8_scales_ready:
+            # The first step's (after initialisation or a checkpoint load): without precomputed scales FSDP's
+            # fp8 all-gather would scale each tp shard by its own amax; these are the whole tensor's, as one
+            # process computes them (float8.py).
+            precompute_scales(self.model_parts)
+            self._float8_scales_ready = True
         with self._contexts():
             if self.schedule is not None:
                 local_loss = self._pipelined_step(inputs, labels)

@@ -22,7 +22,12 @@ Float8Linear modules.
   (torchao's float8 TP styles assume tensorwise scaling).
 - FSDP2: tensorwise all-gathers the weights in fp8 (`enable_fsdp_float8_all_gather`), and after each
   optimizer step `precompute_float8_dynamic_scale_for_fsdp` computes every weight's scale in one
-  all-reduce (torchtitan's `post_optimizer_hook`).
+  all-reduce (torchtitan's `post_optimizer_hook`); `Training` also runs it before the first step of a
+  start. Without it FSDP's pre-all-gather cast scales each shard by an amax reduced over dp only, so
+  under tp x dp each tp shard got its own scale (measured: losses 7e-5 off one process at step 1); the
+  precomputed scale is the whole DTensor's, the one a single process uses.
+- Scales are dynamic: tensorwise takes one amax over a micro-batch's activations (and output
+  gradients), so a layout matches one process when it casts the same micro-batches (the parity test).
 - LoRA: the frozen base's GEMM runs in fp8 (model/lora.py keeps the Float8Linear forward under the
   adapters'); the adapters themselves are small and stay in high precision.
 """
