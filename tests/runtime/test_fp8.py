@@ -98,9 +98,12 @@ REAL_TEXT_STEPS = 100
 
 
 def _real_text_job(tokens: str, **train: Any) -> dict:
-    return make_job(model={"preset": "tiny", "layers": 2, "seq_len": 64},
-                    train={"global_batch": 4, "micro_batch": 4, "steps": REAL_TEXT_STEPS, "data": tokens,
-                           "optimizer": {"lr": 0.003, "weight_decay": 0.0}, "lr_schedule": {"warmup_steps": 5},
+    # ffn_hidden 192 (a multiple of 16): the MLP's linears are converted too, not only attention's. lr 1e-3: at
+    # 3e-3 this tiny model's trajectory is chaotic enough that bf16 and fp32 already part by 6 % at some step
+    # (measured), which would say nothing about fp8; at 1e-3 bf16 vs fp8 stayed within 0.75 % (tensorwise).
+    return make_job(model={"preset": "tiny", "layers": 2, "seq_len": 64, "ffn_hidden": 192},
+                    train={"global_batch": 8, "micro_batch": 8, "steps": REAL_TEXT_STEPS, "data": tokens,
+                           "optimizer": {"lr": 0.001, "weight_decay": 0.0}, "lr_schedule": {"warmup_steps": 5},
                            **train},
                     checkpoint={"every_steps": 1000, "keep_last": 1, "final": False})
 
@@ -117,7 +120,7 @@ def test_fp8_follows_bf16_on_real_text(tokens, tmp_path) -> None:
     print(f"[fp8] real text, {REAL_TEXT_STEPS} steps: loss {want[0]:.3f} -> {want[-1]:.3f} (bf16), "
           f"{got[0]:.3f} -> {got[-1]:.3f} (fp8); worst relative gap {worst:.2%}")
     assert worst <= 0.02
-    assert want[-1] < want[0] - 1.0  # it learned: the comparison is over a falling curve
+    assert want[-1] < want[0] - 2.0  # it learned: the comparison is over a falling curve
     assert {m["fp8_recipe"] for m in metrics(fp8)} == {"tensorwise (emulated)"}
 
 
