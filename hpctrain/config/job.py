@@ -283,6 +283,9 @@ def _memory_lever_problems(job: Job) -> list[Problem]:
     if t.attention_kernel == "flash" and t.precision == "fp32" and job.cluster.gpu != "cpu":
         out.append(Problem("train.attention_kernel", "flash needs 16-bit inputs on a GPU (train.precision: fp32)",
                            "flash", "use attention_kernel: efficient or auto, or train.precision: bf16"))
+    if t.attention_kernel == "efficient" and job.cluster.gpu == "cpu":
+        out.append(Problem("train.attention_kernel", "torch has no memory-efficient SDPA kernel for the CPU "
+                           "(cluster.gpu: cpu)", "efficient", "use flash, math or auto on the CPU"))
     return out
 
 

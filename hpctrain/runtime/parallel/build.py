@@ -189,9 +189,13 @@ def _materialise(parallel: ParallelConfig, device: torch.device, modules: list[T
     """Real (uninitialised) storage for each rank's shards; rope tables and buffers on the device."""
     init_device = torch.device("cpu") if parallel.offload_optimizer else device
     for module in modules:
-        module.to_empty(device=init_device)
-        if isinstance(module.tok_embeddings, HostEmbedding):  # train.embedding_on_cpu
-            module.tok_embeddings.to_empty(device=HOST)
+        host = module.tok_embeddings if isinstance(module.tok_embeddings, HostEmbedding) else None
+        if host is None:
+            module.to_empty(device=init_device)
+        else:  # train.embedding_on_cpu: the table is allocated on the host only, never on the device
+            for child in module.children():
+                child.to_empty(device=HOST if child is host else init_device)
+            module.to_empty(device=init_device, recurse=False)
         module.tie_weights()
         module.rope_cos.data = module.rope_cos.data.to(device)
         module.rope_sin.data = module.rope_sin.data.to(device)
