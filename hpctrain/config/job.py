@@ -280,7 +280,8 @@ def _memory_lever_problems(job: Job) -> list[Problem]:
         out.append(Problem("train.embedding_on_cpu", "does not combine with model.tie_embeddings: the head shares "
                            "the table and computes on the device", True,
                            "set train.embedding_on_cpu: false, or model.tie_embeddings: false"))
-    if t.attention_kernel == "flash" and t.precision == "fp32" and job.cluster.gpu != "cpu":
+    compute = t.fp8.high_precision if t.precision == "fp8" else t.precision  # what attention computes in
+    if t.attention_kernel == "flash" and compute == "fp32" and job.cluster.gpu != "cpu":
         out.append(Problem("train.attention_kernel", "flash needs 16-bit inputs on a GPU (train.precision: fp32)",
                            "flash", "use attention_kernel: efficient or auto, or train.precision: bf16"))
     if t.attention_kernel == "efficient" and job.cluster.gpu == "cpu":

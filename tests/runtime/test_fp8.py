@@ -5,7 +5,8 @@
   so does pp2 x dp2 with selective activation checkpointing;
   in the same 4-process group train.embedding_on_cpu over dp4 trains like the on-device single process.
 - Against bf16 on real text, the fp8 loss stays within 2 % at every one of 100 steps.
-- A crash and a resume under dp2 (fp8 all-gather) reproduce the uninterrupted run bit for bit.
+- A crash and a resume under dp2 (fp8 all-gather) reproduce the uninterrupted run bit for bit, and the
+  checkpoint loads into a job without fp8 (it holds the ordinary fp32 weights).
 - Without emulation, the runtime refuses fp8 on the CPU before any step (exit 2, the reason in one line).
 """
 
@@ -143,6 +144,12 @@ def test_fp8_resume_is_bit_identical(tmp_path) -> None:
     assert [e["step"] for e in events(crashed) if e["event"] == "resumed"] == [3]
     a, b = metrics(full), metrics(crashed)
     assert [(m["step"], m["loss"], m["grad_norm"]) for m in b] == [(m["step"], m["loss"], m["grad_norm"]) for m in a]
+    # The checkpoint holds the ordinary fp32 weights (not torchao's subclass): a plain job resumes from it.
+    plain = str(tmp_path / "plain")
+    step3 = os.path.join(full, "checkpoints", "step-3")
+    assert run_entry(make_job(dp=2, train={"micro_batch": 1, "optimizer": {"lr": 0.003}}), plain, 2,
+                     "--resume-from", step3) == [0, 0]
+    assert [e["step"] for e in events(plain) if e["event"] == "resumed"] == [3]
 
 
 def test_fp8_without_emulation_is_refused_on_the_cpu(tmp_path) -> None:
