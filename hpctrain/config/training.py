@@ -57,7 +57,7 @@ class Fp8Config(Section):
                                                       "(more accurate, weights all-gathered in 16 bits).")
     # torchao's own auto-filter (float8_linear_utils._auto_filter_for_tensorwise) skips tensorwise layers with
     # K <= 4096 and N <= 1024 from its H100 table; one width bound is simpler to state: 1024 by default.
-    min_width: int = Field(1024, ge=16, le=L.MAX_HIDDEN, description="Convert a linear layer only if both its "
+    min_width: int = Field(1024, ge=16, le=L.MAX_HIDDEN, description="Default 1024. Convert a linear layer only if both its "
                            "input and output widths are at least this (and multiples of 16, the fp8 GEMM's tile): "
                            "smaller GEMMs lose more to the casts than fp8 gains.")
     emulate: bool = Field(False, description="torchao's emulation: fp8 casts with 16/32-bit GEMMs, on any device "

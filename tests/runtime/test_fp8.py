@@ -161,3 +161,23 @@ def test_fp8_without_emulation_is_refused_on_the_cpu(tmp_path) -> None:
                                                       "which has no FP8 tensor cores")
     assert "train.fp8.emulate: true" in failed[0]["reason"]
     assert not os.path.exists(os.path.join(run, "metrics.jsonl"))  # before any step
+
+
+@pytest.mark.parametrize("device, capability, want", [
+    ("cpu", None, "this rank runs on the cpu, which has no FP8 tensor cores"),
+    ("cuda", (8, 0), "this rank's GPU is sm_80; FP8 GEMMs need compute capability 8.9"),
+    ("cuda", (7, 0), "this rank's GPU is sm_70"),
+    ("cuda", (8, 9), None),
+    ("cuda", (9, 0), None),
+])
+def test_which_devices_run_fp8(device, capability, want) -> None:
+    from hpctrain.errors import ConfigError
+    from hpctrain.runtime.distributed import check_fp8_device, fp8_device_reason
+
+    reason = fp8_device_reason(device, capability)
+    assert reason is None if want is None else want in reason
+    check_fp8_device("fp8", True, device, capability)  # emulated: runs anywhere
+    check_fp8_device("bf16", False, device, capability)
+    if want is not None:
+        with pytest.raises(ConfigError, match="train.fp8.emulate: true"):
+            check_fp8_device("fp8", False, device, capability)
