@@ -11,6 +11,12 @@ Each run has global batch = 4 micro-batches and --steps steps; tokens/s is wall 
 steps after --warmup (from metrics.jsonl), MFU = flops_per_token(model, "none") x tokens/s / the
 catalog's dense bf16 peak (h200-141gb: 989 TFLOP/s), peak memory = torch.cuda.max_memory_allocated.
 
+Then, at that micro-batch, the precision/compile rows (--rows, default bf16, bf16+compile, fp8+compile:
+`train.compile`, `train.precision: fp8` with torchao's tensorwise recipe, issue 27), each measured and
+next to the planner's prediction of the same job. The planner prices fp8 as bf16 (plan/planner.py
+`planned_precision`: its fp8 GEMM speed-up is the planner's precision dimension's), and compile as
+eager: the measured/planner ratio of those rows is the speed-up the planner does not model yet.
+
 Without CUDA it prints the planner's predictions and says the measurement was skipped (exit 0).
 
     python bench/gpu_mfu.py                      # one H200, ~3-5 minutes
@@ -35,11 +41,16 @@ sys.path.insert(0, REPO)
 GIB = 2**30
 
 
-def make_job(seq_len: int, micro_batch: int, steps: int, gpu: str, ac: str) -> dict[str, Any]:
+ROWS = {"bf16": ("bf16", False), "bf16+compile": ("bf16", True), "fp8+compile": ("fp8", True), "fp8": ("fp8", False)}
+
+
+def make_job(seq_len: int, micro_batch: int, steps: int, gpu: str, ac: str, row: str = "bf16") -> dict[str, Any]:
+    precision, compile_ = ROWS[row]
     return {
-        "name": f"gpu-mfu-mb{micro_batch}",
+        "name": f"gpu-mfu-mb{micro_batch}-{row.replace('+', '-')}",
         "model": {"preset": "llama3-1b", "seq_len": seq_len},
-        "train": {"global_batch": 4 * micro_batch, "micro_batch": micro_batch, "steps": steps, "precision": "bf16",
+        "train": {"global_batch": 4 * micro_batch, "micro_batch": micro_batch, "steps": steps, "precision": precision,
+                  "compile": compile_, "fp8": {"recipe": "tensorwise"},
                   "activation_checkpointing": ac, "log_every": 1, "data": "synthetic",
                   "optimizer": {"lr": 3e-4, "weight_decay": 0.1}, "lr_schedule": {"warmup_steps": 2}},
         "parallel": {"tp": 1, "pp": 1, "dp": 1, "zero": 1, "schedule": "1f1b", "virtual_stages": 1},
@@ -117,7 +128,13 @@ def main() -> int:
     parser.add_argument("--gpu", default="h200-141gb", help="catalog name for the planner and the MFU peak")
     parser.add_argument("--max-runs", type=int, default=3)
     parser.add_argument("--timeout-s", type=int, default=300, help="per run")
+    parser.add_argument("--rows", default="bf16,bf16+compile,fp8+compile",
+                        help=f"comma-separated rows measured at the largest micro-batch that ran ({', '.join(ROWS)})")
     args = parser.parse_args()
+    rows = [r.strip() for r in args.rows.split(",") if r.strip()]
+    unknown = [r for r in rows if r not in ROWS]
+    if unknown:
+        parser.error(f"--rows: unknown {', '.join(unknown)}; known: {', '.join(ROWS)}")
 
     sizes = sorted(set(args.micro_batches), reverse=True)
     preds = {mb: predict(make_job(args.seq_len, mb, args.steps, args.gpu, args.ac)) for mb in sizes}
@@ -128,6 +145,12 @@ def main() -> int:
     import torch
 
     if not torch.cuda.is_available():
+        mb = next((m for m in sizes if preds[m] is not None), sizes[-1])
+        print(f"\nPlanner predictions of the rows at mb={mb}:")
+        for row in rows:
+            p = predict(make_job(args.seq_len, mb, args.steps, args.gpu, args.ac, row))
+            print(f"  {row:<14}" + ("does not fit" if p is None else f"{p['tokens_per_s']:>10,.0f} tok/s  "
+                                    f"MFU {p['mfu']:.1%}  {p['memory_bytes'] / GIB:.1f} GiB"))
         print(f"\nbench/gpu_mfu.py: no CUDA device here (torch {torch.__version__}); measurement skipped. "
               "Run it on a machine with one GPU (it was prepared for one H200).")
         return 0
@@ -169,7 +192,30 @@ def main() -> int:
     print(f"  TFLOP/s per GPU (hardware FLOPs): {got['tflops_per_gpu']:.0f}; final loss {got['loss']:.3f}")
     print("  (peak memory measured = torch.cuda.max_memory_allocated; the planner's figure includes its "
           "runtime overhead allowance)")
+    _rows_table(args, rows, mb, got)
     return 0
+
+
+def _rows_table(args: argparse.Namespace, rows: list[str], mb: int, bf16: dict[str, Any]) -> None:
+    """Each row at micro-batch `mb`: measured against the planner's prediction of the same job."""
+    print(f"\nPrecision / compile rows at mb={mb} (MFU against the bf16 peak, as torchtitan quotes fp8 runs):")
+    print(f"  {'row':<14}{'tok/s':>10}{'planner':>10}{'ratio':>7}{'MFU':>8}{'planner':>9}{'peak GiB':>10}{'planner':>9}")
+    with tempfile.TemporaryDirectory(prefix="hpctrain-gpu-mfu-rows-") as workdir:
+        for row in rows:
+            job = make_job(args.seq_len, mb, args.steps, args.gpu, args.ac, row)
+            pred = predict(job)
+            try:
+                got = bf16 if row == "bf16" else measure(job, workdir, args.warmup, args.timeout_s)
+            except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                print(f"  {row:<14}failed: {str(exc).splitlines()[0][:200]}")
+                continue
+            if got["oom"]:
+                print(f"  {row:<14}out of memory")
+                continue
+            ratio = f"{got['tokens_per_s'] / pred['tokens_per_s']:.2f}" if pred else "-"
+            print(f"  {row:<14}{got['tokens_per_s']:>10,.0f}{(pred['tokens_per_s'] if pred else 0):>10,.0f}{ratio:>7}"
+                  f"{_pct(got['mfu']):>8}{_pct(pred['mfu'] if pred else None):>9}"
+                  f"{got['peak_memory_bytes'] / GIB:>10.1f}{(pred['memory_bytes'] / GIB if pred else 0):>9.1f}", flush=True)
 
 
 if __name__ == "__main__":

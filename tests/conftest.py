@@ -28,7 +28,8 @@ HEAVY_MODULES = frozenset({
     "test_data_refusal.py", "test_requeue.py", "test_step_sync.py", "test_compile.py", "test_injection.py",
     "test_planner_accuracy_bench.py", "test_read_errors.py", "test_init.py", "test_follow.py",
     "test_hardening.py", "test_attempts.py", "test_start_checks.py", "test_ray_head_loss.py",
-    "test_kill9.py", "test_context_parallel.py", "test_cp_memory.py",
+    "test_kill9.py", "test_context_parallel.py", "test_cp_memory.py", "test_fp8.py",
+    "test_host_embedding_attention.py",
 })
 
 

@@ -64,9 +64,9 @@ def _render_problems(job: Job) -> list[str]:
 
 def _catalog_problems(job: Job) -> list[str]:
     """GPU, node and fabric names must exist in the planner's hardware catalog (with did-you-mean)."""
-    from hpctrain.plan.hardware import check_catalog_names
+    from hpctrain.plan.hardware import check_catalog_names, precision_problems
 
-    return list(check_catalog_names(job))
+    return list(check_catalog_names(job)) + precision_problems(job)
 
 
 def run_schema(args: argparse.Namespace) -> int:

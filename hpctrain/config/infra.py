@@ -26,6 +26,9 @@ class GpuSpec(Section):
     memory_gib: float = Field(..., gt=0, le=L.MAX_GPU_MEMORY_GIB, description="Device memory in GiB.")
     peak_tflops: float = Field(..., gt=0, le=L.MAX_GPU_TFLOPS, description="Dense bf16/fp16 tensor-core peak, TFLOP/s.")
     nvlink_gbps: float = Field(0.0, ge=0, le=L.MAX_LINK_GBPS, description="NVLink bandwidth per GPU, GB/s (one direction); 0 = none.")
+    fp8_peak_tflops: Optional[float] = Field(None, ge=0, le=L.MAX_GPU_TFLOPS, description="Dense FP8 tensor-core "
+                                             "peak, TFLOP/s; 0 = no FP8 (train.precision: fp8 refused); default: "
+                                             "the catalog's figure for cluster.gpu, else 0.")
 
 
 _NODE_RANGE = re.compile(r"([0-9]{1,6})\s*-\s*([0-9]{1,6})")

@@ -300,6 +300,28 @@ def _other_problems(job: Job) -> list[Problem]:
     return out
 
 
+def _memory_lever_problems(job: Job) -> list[Problem]:
+    """train.embedding_on_cpu and train.attention_kernel against the layout and the model."""
+    t, out = job.train, []
+    tp = _fixed(job.parallel.tp)
+    if t.embedding_on_cpu and tp is not None and tp > 1:
+        out.append(Problem("train.embedding_on_cpu", f"does not combine with tensor parallel (parallel.tp={tp}): "
+                           "the vocabulary-parallel lookup reduces over the tp group on the device", True,
+                           "set train.embedding_on_cpu: false, or parallel.tp: 1"))
+    if t.embedding_on_cpu and job.model is not None and job.model.tie_embeddings:
+        out.append(Problem("train.embedding_on_cpu", "does not combine with model.tie_embeddings: the head shares "
+                           "the table and computes on the device", True,
+                           "set train.embedding_on_cpu: false, or model.tie_embeddings: false"))
+    compute = t.fp8.high_precision if t.precision == "fp8" else t.precision  # what attention computes in
+    if t.attention_kernel == "flash" and compute == "fp32" and job.cluster.gpu != "cpu":
+        out.append(Problem("train.attention_kernel", "flash needs 16-bit inputs on a GPU (train.precision: fp32)",
+                           "flash", "use attention_kernel: efficient or auto, or train.precision: bf16"))
+    if t.attention_kernel == "efficient" and job.cluster.gpu == "cpu":
+        out.append(Problem("train.attention_kernel", "torch has no memory-efficient SDPA kernel for the CPU "
+                           "(cluster.gpu: cpu)", "efficient", "use flash, math or auto on the CPU"))
+    return out
+
+
 # monitor.tracker name -> the module its runtime writer imports, and the extra that installs it
 TRACKER_PACKAGES = {"tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "wandb"),
                     "mlflow": ("mlflow", "mlflow")}
@@ -333,5 +355,5 @@ def cross_field_problems(job: Job) -> list[Problem]:
         return model
     from hpctrain.config.kubernetes_checks import kubernetes_problems
 
-    return _elastic_problems(job) or (_parallel_problems(job) + _other_problems(job) + _tracker_problems(job)
-                                      + kubernetes_problems(job))
+    return _elastic_problems(job) or (_parallel_problems(job) + _other_problems(job) + _memory_lever_problems(job)
+                                      + _tracker_problems(job) + kubernetes_problems(job))

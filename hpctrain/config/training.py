@@ -47,13 +47,40 @@ class LRSchedule(Section):
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="Final lr as a fraction of lr.")
 
 
+class Fp8Config(Section):
+    """torchao's float8 training (`train.precision: fp8`): the eligible linear layers compute their GEMMs in fp8
+    with dynamic scales; everything else (the output head, the MoE router, layers narrower than min_width, the
+    attention core, norms) runs in `high_precision`. Master weights stay fp32."""
+
+    recipe: Literal["tensorwise", "rowwise"] = Field("tensorwise", description="torchao's float8 recipe: one scale "
+                                                      "per tensor (FSDP2 all-gathers the weights in fp8) or one per row "
+                                                      "(more accurate, weights all-gathered in 16 bits).")
+    # torchao's own auto-filter (float8_linear_utils._auto_filter_for_tensorwise) skips tensorwise layers with
+    # K <= 4096 and N <= 1024 from its H100 table; one width bound is simpler to state: 1024 by default.
+    min_width: int = Field(1024, ge=16, le=L.MAX_HIDDEN, description="Default 1024. Convert a linear layer only if both its "
+                           "input and output widths are at least this (and multiples of 16, the fp8 GEMM's tile): "
+                           "smaller GEMMs lose more to the casts than fp8 gains.")
+    emulate: bool = Field(False, description="torchao's emulation: fp8 casts with 16/32-bit GEMMs, on any device "
+                          "(tests and CPU checks; slower than bf16). Never chosen silently.")
+    high_precision: Literal["bf16", "fp32"] = Field("bf16", description="Precision of what stays out of fp8 "
+                                                    "(bf16 as torchtitan; fp32 for exact layout-parity checks).")
+
+
 class TrainConfig(Section):
     """What to train and how: batch, steps, precision, optimizer, data."""
 
     global_batch: int = Field(8, ge=1, le=L.MAX_GLOBAL_BATCH, description="Sequences per optimizer step, over all data-parallel ranks.")
     micro_batch: MicroBatch = Field("auto", description="Sequences per forward pass per rank, or auto.")
     steps: int = Field(100, ge=1, le=L.MAX_STEPS, description="Optimizer steps to run.")
-    precision: Literal["bf16", "fp16", "fp32"] = Field("bf16", description="Compute precision (master weights fp32).")
+    precision: Literal["bf16", "fp16", "fp32", "fp8"] = Field("bf16", description="Compute precision (master weights "
+                                                              "fp32); fp8: torchao's float8 linears (train.fp8).")
+    fp8: Fp8Config = Field(default_factory=Fp8Config, description="FP8 training settings (train.precision: fp8).")
+    embedding_on_cpu: bool = Field(False, description="Keep the token embedding, its gradient and its optimizer "
+                                   "state in host memory; only the lookup's output moves to the device. Not with "
+                                   "parallel.tp > 1 or model.tie_embeddings.")
+    attention_kernel: Literal["auto", "flash", "efficient", "math"] = Field(
+        "auto", description="SDPA backend: auto (torch picks), flash, efficient (memory-efficient) or math "
+        "(materialises the score matrix; the planner's 'materialized' cost).")
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig, description="Optimizer settings.")
     lr_schedule: LRSchedule = Field(default_factory=LRSchedule, description="Learning-rate schedule.")
     activation_checkpointing: Literal["auto", "none", "selective", "full"] = Field(

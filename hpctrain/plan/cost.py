@@ -99,6 +99,7 @@ class CostSetup:
     # Context parallelism (plan/context.py): a rank computes seq_len / cp tokens of each micro-batch, `dp`
     # is then dp x cp (FSDP's group, the ranks sharing the step's tokens), and each layer all-gathers K/V.
     cp: int = 1
+    embedding_on_cpu: bool = False  # the lookup on the host: its output and gradient cross PCIe
 
 
 @dataclass(frozen=True)
@@ -215,6 +216,13 @@ def forward_share(ac: str) -> float:
     return 0.25 if ac == "full" else 1.0 / 3.0
 
 
+def embedding_transfer_s(model: Any, hw: Hardware, tokens: int, act_bytes: int) -> float:
+    """train.embedding_on_cpu, per micro-batch: the lookup's output [tokens, hidden] goes host -> device and
+    its gradient device -> host over the host link, one direction each (on the critical path: layer 0
+    waits for it, and the embedding's backward for the gradient); the CPU gather itself is not counted."""
+    return 2.0 * tokens * model.hidden * act_bytes / hw.gpu.pcie_bytes_per_s
+
+
 def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int) -> StepCost:
     """Step time and throughput of one layout (see the module docstring for each term)."""
     tokens_mb = c.micro_batch * model.seq_len // c.cp
@@ -253,7 +261,8 @@ def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int) -> Step
         cp_mb = c.max_rank_layers * gathers * collective_s(
             c.cp * cp_kv_message_bytes(model, c.micro_batch, c.cp, c.tp, act_bytes), cp_link, all_reduce=False)
     tp_mb += cp_mb  # reported with the model-parallel communication on the critical path
-    slot_s = compute_mb + tp_mb + pp_mb
+    slot_s = compute_mb + tp_mb + pp_mb + (embedding_transfer_s(model, hw, tokens_mb, act_bytes)
+                                           if c.embedding_on_cpu else 0.0)
     # Bubble: (p-1)/v micro-batch slots for GPipe, 1F1B and interleaved 1F1B alike (Narayanan et
     # al. 2021, sections 2.2.1-2.2.2; v = 1 but for the interleaved schedule).
     bubble_slots = (c.pp - 1) / c.virtual_stages

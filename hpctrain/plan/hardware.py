@@ -66,11 +66,16 @@ class Gpu:
     # attention forward + backward. Defaults: the A100 figures (above, with their sources).
     gemm_efficiency: float = A100_GEMM_EFFICIENCY
     attention_efficiency: float = A100_ATTENTION_EFFICIENCY
+    fp8_flops_per_s: float = 0.0  # dense FP8 tensor-core peak; 0 = no FP8 tensor cores (train.precision: fp8)
 
     def peak_flops_per_s(self, precision: str) -> float:
-        """Dense peak for the job's compute precision."""
+        """Dense peak for the job's compute precision.
+
+        fp8 answers the bf16 peak: MFU is quoted against it (torchtitan's `get_peak_flops` does so for its
+        float8 runs too), and the cost model's fp8 GEMM speed-up is not modelled here (the planner's
+        precision dimension owns it); `fp8_flops_per_s` says whether the chip has FP8 at all."""
         return {"bf16": self.bf16_flops_per_s, "fp16": self.fp16_flops_per_s,
-                "fp32": self.fp32_flops_per_s}[precision]
+                "fp32": self.fp32_flops_per_s, "fp8": self.bf16_flops_per_s}[precision]
 
 
 # PCIe host links: Gen3 x16 ~16 GB/s, Gen4 x16 ~32 GB/s, Gen5 x16 ~64 GB/s per direction (PCI-SIG).
@@ -87,16 +92,21 @@ GPUS: dict[str, Gpu] = {
                       gemm_efficiency=A100_GEMM_EFFICIENCY, attention_efficiency=A100_ATTENTION_EFFICIENCY),
     # NVIDIA H100 datasheet (SXM5): 989 TFLOPS bf16/fp16 dense (1,979 with sparsity), 67 TFLOPS FP32,
     # 3.35 TB/s HBM3, NVLink 900 GB/s (bidirectional total). nvidia-smi: 81559 MiB.
+    # FP8 (E4M3/E5M2) tensor cores: 1,979 TFLOPS dense (3,958 with sparsity), same datasheet.
     "h100-80gb": Gpu("h100-80gb", 81559 * MIB, 989 * TERA, 989 * TERA, 67 * TERA, 3350 * GB, 450 * GB, 64 * GB,
-                      gemm_efficiency=H100_GEMM_EFFICIENCY, attention_efficiency=H100_ATTENTION_EFFICIENCY),
+                      gemm_efficiency=H100_GEMM_EFFICIENCY, attention_efficiency=H100_ATTENTION_EFFICIENCY,
+                      fp8_flops_per_s=1979 * TERA),
     # NVIDIA H200 datasheet (SXM): 989 TFLOPS bf16/fp16 dense, 67 TFLOPS FP32, 141 GB HBM3e at 4.8 TB/s,
-    # NVLink 900 GB/s. nvidia-smi: 143771 MiB.
+    # NVLink 900 GB/s, FP8 1,979 TFLOPS dense. nvidia-smi: 143771 MiB.
     "h200-141gb": Gpu("h200-141gb", 143771 * MIB, 989 * TERA, 989 * TERA, 67 * TERA, 4800 * GB, 450 * GB, 64 * GB,
-                       gemm_efficiency=H100_GEMM_EFFICIENCY, attention_efficiency=H100_ATTENTION_EFFICIENCY),
+                       gemm_efficiency=H100_GEMM_EFFICIENCY, attention_efficiency=H100_ATTENTION_EFFICIENCY,
+                       fp8_flops_per_s=1979 * TERA),
     # NVIDIA L40S datasheet: 362.05 TFLOPS bf16/fp16 dense (733 with sparsity), 91.6 TFLOPS FP32,
-    # 48 GB GDDR6 at 864 GB/s, no NVLink, PCIe Gen4 x16 64 GB/s (bidirectional). nvidia-smi: 46068 MiB.
+    # 48 GB GDDR6 at 864 GB/s, no NVLink, PCIe Gen4 x16 64 GB/s (bidirectional), FP8 733 TFLOPS dense
+    # (1,466 with sparsity; Ada's fourth-generation tensor cores). nvidia-smi: 46068 MiB.
     "l40s": Gpu("l40s", 46068 * MIB, 362.05 * TERA, 362.05 * TERA, 91.6 * TERA, 864 * GB, 0.0, 32 * GB,
-                 gemm_efficiency=A100_GEMM_EFFICIENCY, attention_efficiency=A100_ATTENTION_EFFICIENCY),
+                 gemm_efficiency=A100_GEMM_EFFICIENCY, attention_efficiency=A100_ATTENTION_EFFICIENCY,
+                 fp8_flops_per_s=733 * TERA),
     # Not a GPU: one process of a local CPU run (executor local, gloo). Rough figures of a few
     # AVX2/AVX-512 cores per process and DDR4/5; "NVLink" stands for gloo's shared-memory transport
     # so that local TP is allowed. Only meant for planning test and tutorial runs: its efficiencies
@@ -238,6 +248,22 @@ def check_catalog_names(job: Job) -> list[str]:
     return problems
 
 
+def precision_problems(job: Job) -> list[str]:
+    """train.precision: fp8 on a GPU type without FP8 tensor cores (V100, A100, the CPU...), unless emulated.
+
+    The runtime checks the device each rank really has as well (runtime/distributed.py check_fp8_device)."""
+    train = job.train
+    if train.precision != "fp8" or train.fp8.emulate or check_catalog_names(job):
+        return []
+    gpu = resolve_hardware(job).gpu
+    if gpu.fp8_flops_per_s > 0:
+        return []
+    with_fp8 = ", ".join(name for name, g in GPUS.items() if g.fp8_flops_per_s > 0)
+    return [f"train.precision: {gpu.name} has no FP8 tensor cores (got 'fp8'); use bf16 on it, a GPU with FP8 "
+            f"({with_fp8}; or cluster.gpu_spec.fp8_peak_tflops), or train.fp8.emulate: true for tests and CPU "
+            "checks (slower than bf16)"]
+
+
 def resolve_hardware(job: Job, nvlink_island_gpus: Optional[int] = None) -> Hardware:
     """The job's hardware from the catalog, job.cluster.gpu_spec and an optional topology figure.
 
@@ -255,7 +281,9 @@ def resolve_hardware(job: Job, nvlink_island_gpus: Optional[int] = None) -> Hard
         peak = spec.peak_tflops * TERA
         gpu = replace(gpu, memory_bytes=int(spec.memory_gib * GIB), bf16_flops_per_s=peak, fp16_flops_per_s=peak,
                       # plain FP32 at 1/16 of the 16-bit tensor peak: the A100's ratio (312 / 19.5, datasheet)
-                      fp32_flops_per_s=gpu.fp32_flops_per_s or peak / 16, nvlink_bytes_per_s=spec.nvlink_gbps * GB)
+                      fp32_flops_per_s=gpu.fp32_flops_per_s or peak / 16, nvlink_bytes_per_s=spec.nvlink_gbps * GB,
+                      fp8_flops_per_s=spec.fp8_peak_tflops * TERA if spec.fp8_peak_tflops is not None
+                      else gpu.fp8_flops_per_s)
     profile = _lookup(NODES, cluster.node) if cluster.node else None
     fabric = _lookup(FABRICS, cluster.fabric)
     if nvlink_island_gpus is None:

@@ -99,6 +99,7 @@ class RankSetup:
     overhead_bytes: float = DEFAULT_RUNTIME_OVERHEAD_BYTES
     lora: LoraShape | None = None  # train.lora: only the adapters train (plan/lora.py)
     attention: str = "flash"  # cost.ATTENTION_KERNELS; "materialized" keeps the score matrix
+    embedding_on_cpu: bool = False  # train.embedding_on_cpu: the first stage's table, grad, states in host memory
     cp: int = 1  # parallel.cp: each rank holds seq_len / cp tokens; FSDP shards over dp x cp (plan/context.py)
     cpu_attention: bool = False  # planning for `gpu: cpu`: SDPA materialises context parallelism's causal masks
     cp_rank: int | None = None  # the context-parallel rank to account (None: the most loaded)
@@ -186,10 +187,19 @@ def _states(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, pp_ra
         unsharded_bwd = compute_bytes * (layer_params + embedding_param_count(model) / s.tp)
     elif fsdp:
         unsharded_fwd = unsharded_bwd = compute_bytes * params
+    # train.embedding_on_cpu (runtime/parallel/host_embedding.py): the first stage's table is no FSDP unit and
+    # never on the device, nor its gradient or optimizer state (tp is 1: validate refuses more).
+    host_table = float(embedding_param_count(model)) if s.embedding_on_cpu and pp_rank == 0 else 0.0
+    if host_table:
+        params = int(params - host_table)
+        if fsdp and s.zero >= 3 and s.pp == 1:
+            unsharded_bwd -= compute_bytes * host_table
+        elif fsdp:
+            unsharded_fwd = unsharded_bwd = compute_bytes * params
     # Trained parameters (everything, or LoRA's adapters): gradients, optimizer states, FSDP's
     # gradient buffers. Held parameters (fp32, FSDP-gathered) are the base plus the adapters.
     w2_params = model.hidden * model.ffn_hidden / s.tp
-    embedding = embedding_param_count(model) / s.tp if pp_rank == 0 else 0.0
+    embedding = embedding_param_count(model) / s.tp if pp_rank == 0 and not host_table else 0.0
     trained, trained_layer = float(params), layer_params
     if s.lora is not None:
         trained_layer = adapter_params_per_layer(model, s.lora, s.tp)
@@ -335,7 +345,7 @@ def _late_backward_phases(model: Any, s: RankSetup, label: str, backward: dict[s
             **backward, "saved activations": saved, "recompute of one layer (activation checkpointing)": recompute,
             "backward gradient buffers": norm_backward_transient_bytes(model, tokens, s.tp, s.sequence_parallel, mode),
             "gradients": grads if grads else st.grads_fresh_at_norm}
-    if embedding_chunk_layers:
+    if embedding_chunk_layers and not s.embedding_on_cpu:  # a host embedding's backward runs on the host
         phases[f"embedding backward, {label}"] = {
             **backward, "saved activations": saved_all - embedding_chunk_layers * layer.saved_bytes,
             "recompute of one layer (activation checkpointing)": 0.0,

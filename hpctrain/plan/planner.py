@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
 from hpctrain.errors import ConfigError, PlanError
-from hpctrain.plan.hardware import Hardware, check_catalog_names, resolve_hardware
+from hpctrain.plan.hardware import Hardware, check_catalog_names, precision_problems, resolve_hardware
 from hpctrain.plan.lora import fine_tune_notes, lora_shape
 from hpctrain.plan.memory import CPU_RUNTIME_OVERHEAD_BYTES, DEFAULT_RUNTIME_OVERHEAD_BYTES, GIB
 from hpctrain.plan.model_stats import flops_per_token, model_flops_per_token, param_count
@@ -104,15 +104,29 @@ def load_topology(job: Job) -> tuple[Optional[GpuTopology], Optional[SwitchTree]
     return gpu_topology, switch_tree
 
 
+def planned_precision(job: Job) -> str:
+    """The precision the memory and cost models price. fp8 is priced as its high precision (bf16 or fp32):
+    the converted linears save their high-precision inputs for backward (torchao's Float8Linear recasts them),
+    and the fp8 GEMM speed-up is the planner's precision dimension's to model, not this."""
+    train = job.train
+    return train.fp8.high_precision if train.precision == "fp8" else train.precision
+
+
+def planned_attention(job: Job) -> str:
+    """train.attention_kernel -> cost.ATTENTION_KERNELS: SDPA's math backend materialises the score matrix;
+    flash, efficient and auto's choices on a GPU are fused kernels that keep only the log-sum-exp."""
+    return "materialized" if job.train.attention_kernel == "math" else "flash"
+
+
 def plan_job(job: Job) -> PlanResult:
     """Search every layout the job allows; PlanError with the reasons when none fits."""
     start = time.perf_counter()
-    problems = check_catalog_names(job)
+    problems = check_catalog_names(job) or precision_problems(job)
     if problems:
         raise PlanError(problems)
     gpu_topology, switch_tree = load_topology(job)
     hw = resolve_hardware(job, gpu_topology.island_size if gpu_topology else None)
-    precision = job.train.precision
+    precision = planned_precision(job)
     if hw.gpu.peak_flops_per_s(precision) <= 0:
         raise PlanError(f"train.precision: {hw.gpu.name} has no {precision} tensor cores (got {precision!r}); "
                         "use fp16 (or fp32) on this GPU")
@@ -121,7 +135,8 @@ def plan_job(job: Job) -> PlanResult:
     overhead = default if overhead_gib is None else overhead_gib * GIB
     settings = SearchSettings(global_batch=job.train.global_batch, precision=precision, optimizer=optimizer_kind(job),
                               budget_bytes=float(hw.gpu.memory_bytes), overhead_bytes=overhead,
-                              lora=lora_shape(job))
+                              lora=lora_shape(job), attention=planned_attention(job),
+                              embedding_on_cpu=bool(job.train.embedding_on_cpu))
     layouts, rejected, evaluated = search(job.model, hw, Choices.from_job(job), settings)
     result = PlanResult(job.name, job.model, hw, layouts, rejected, evaluated, time.perf_counter() - start,
                         settings.budget_bytes, gpu_topology, switch_tree)

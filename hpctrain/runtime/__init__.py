@@ -7,7 +7,7 @@ requeue.py stops at a signal or a near time limit and asks for the requeue. By c
     model/        the transformer, its norm, sharded initialisation, LoRA, Hugging Face weights
     parallel/     one module per dimension (tensor, sequence, vocab, pipeline, fsdp), ParallelDims,
                   activation checkpointing, compile, precision, the gradient norm, and build.py:
-                  the build order (meta -> PP -> TP -> LoRA -> AC -> compile -> FSDP2 -> init)
+                  the build order (meta -> PP -> FP8 -> TP -> LoRA -> AC -> compile -> host embedding -> FSDP2 -> init)
     checkpoint/   the Checkpointer, durable files, hashing, safe DCP loading, RNG states
     data/         token streams and evaluation
     observe/      telemetry (metrics.jsonl, events, rank summaries), comm timing, trackers

@@ -183,6 +183,7 @@ def _run(job: Job, env: Any, args: argparse.Namespace) -> int:
         check_and_record(job, args.run_dir, write=env.rank == 0)
         device = init_distributed(env, need_group=bool(job.parallel.offload_optimizer), gpu=job.cluster.gpu,
                                   allow_cpu=job.runtime.allow_cpu)
+        _check_fp8(job, device)
         if env.rank == 0:
             _write_resolved(job, args.run_dir)
         event(STARTED, world_size=env.world_size, launcher=env.launcher, hosts=_hosts(), device=device.type,
@@ -227,6 +228,18 @@ def _run(job: Job, env: Any, args: argparse.Namespace) -> int:
         except Exception:  # noqa: BLE001 - reporting must not hide the original failure
             pass
         return 1
+
+
+def _check_fp8(job: Job, device: Any) -> None:
+    """train.precision fp8: the device this rank got has FP8 tensor cores, unless emulated (exit 2 if not)."""
+    if job.train.precision != "fp8":
+        return
+    import torch
+
+    from hpctrain.runtime.distributed import check_fp8_device
+
+    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    check_fp8_device(job.train.precision, job.train.fp8.emulate, device.type, capability)
 
 
 def exit_now(code: int) -> None:

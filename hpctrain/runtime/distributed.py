@@ -209,6 +209,32 @@ def check_device(gpu: str, allow_cpu: bool, cuda_build: Optional[str], device_co
                           "on the CPU on purpose set cluster.gpu: cpu or runtime.allow_cpu: true")
 
 
+# FP8 tensor cores: compute capability 8.9 (Ada) and 9.0+ (Hopper, Blackwell); torch._scaled_mm needs them
+# (CUDA C++ Programming Guide, "Compute Capabilities": FP8 tensor-core support starts at 8.9).
+FP8_MIN_CAPABILITY = (8, 9)
+
+
+def fp8_device_reason(device_type: str, capability: Optional[tuple[int, int]]) -> Optional[str]:
+    """Why this rank cannot run fp8 GEMMs (None: it can). A pure function, table-tested."""
+    if device_type != "cuda":
+        return f"this rank runs on the {device_type}, which has no FP8 tensor cores"
+    if capability is None or capability < FP8_MIN_CAPABILITY:
+        got = f"sm_{capability[0]}{capability[1]}" if capability else "an unknown GPU"
+        return f"this rank's GPU is {got}; FP8 GEMMs need compute capability 8.9 or newer (Ada, Hopper)"
+    return None
+
+
+def check_fp8_device(precision: str, emulate: bool, device_type: str, capability: Optional[tuple[int, int]]) -> None:
+    """train.precision fp8 without emulation on a device without FP8 tensor cores: ConfigError (exit 2),
+    before any step; validate refuses the GPU types without an FP8 peak already (plan/hardware.py)."""
+    if precision != "fp8" or emulate:
+        return
+    reason = fp8_device_reason(device_type, capability)
+    if reason is not None:
+        raise ConfigError(f"train.precision: fp8 but {reason}; set train.precision: bf16, or train.fp8.emulate: "
+                          "true for tests and CPU checks (torchao's emulation, slower than bf16)")
+
+
 def torch_build() -> dict[str, Any]:
     """The torch this rank runs: {"torch": torch.__version__, "cuda": torch.version.cuda (None: CPU build)}."""
     import torch

@@ -203,7 +203,10 @@ class Trainer:
                 "requeue_why_not": self.requeue.why_not, **self.last_metrics}
 
     def _log(self, loss: float, grad_norm: float, lr: float, val_loss: float | None = None) -> None:
-        extra: dict[str, Any] = dict(self.moe_stats)
+        # The SDPA backend the job asked for (train.attention_kernel; "auto": torch's choice), and fp8's recipe.
+        extra: dict[str, Any] = {"attention_kernel": self.job.train.attention_kernel, **self.moe_stats}
+        if self.job.train.precision == "fp8":
+            extra["fp8_recipe"] = self.job.train.fp8.recipe + (" (emulated)" if self.job.train.fp8.emulate else "")
         if val_loss is not None:
             extra["val_loss"] = val_loss
         if self.training.loss_scaler is not None:

@@ -34,7 +34,9 @@ from hpctrain.runtime.parallel.dims import ParallelDims
 from hpctrain.runtime.parallel.fsdp import sync_every_microbatch, zero_stage
 from hpctrain.runtime.parallel.grad_norm import clip_to, is_sharded, weighted_grad_sq
 from hpctrain.runtime.parallel.pipeline import step_kwargs
-from hpctrain.runtime.parallel.precision import LossScaler, autocast_context, local_tensor
+from hpctrain.runtime.parallel.float8 import compute_precision, precompute_scales
+from hpctrain.runtime.parallel.host_embedding import average_over_dp
+from hpctrain.runtime.parallel.precision import SDPA_BACKENDS, LossScaler, autocast_context, local_tensor, sdpa_kernel
 
 if TYPE_CHECKING:
     from hpctrain.config import Job
@@ -63,6 +65,9 @@ class Training:
     loss_scaler: LossScaler | None = None
     fsdp: bool = False
     tied_group: Any = None  # process group pairing first and last stage (tied embeddings, pp > 1)
+    float8_scales: bool = False  # fp8 tensorwise under FSDP: the weights' scales after each optimizer step
+    host_embedding_group: Any = None  # train.embedding_on_cpu with dp > 1: the group averaging its gradient
+    _float8_scales_ready: bool = False
     _norm_weights: list[tuple[nn.Parameter, float]] = field(default_factory=list)
     _params: list[nn.Parameter] = field(default_factory=list)
 
@@ -138,7 +143,10 @@ class Training:
             from torch.distributed.tensor.parallel import loss_parallel
 
             stack.enter_context(loss_parallel())
-        stack.enter_context(autocast_context(self.device, self.job.train.precision, self.fsdp))
+        stack.enter_context(autocast_context(self.device, compute_precision(self.job.train), self.fsdp))
+        backends = SDPA_BACKENDS[self.job.train.attention_kernel]
+        if backends is not None:  # train.attention_kernel; auto leaves the choice to torch
+            stack.enter_context(sdpa_kernel(backends))
         return stack
 
     def _loss_fn(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -158,6 +166,12 @@ class Training:
                 f"{self.n_microbatches} micro-batches"
             )
         self._prepare_moe()
+        if self.float8_scales and not self._float8_scales_ready:
+            # The first step's (after initialisation or a checkpoint load): without precomputed scales FSDP's
+            # fp8 all-gather would scale each tp shard by its own amax; these are the whole tensor's, as one
+            # process computes them (float8.py).
+            precompute_scales(self.model_parts)
+            self._float8_scales_ready = True
         with self._contexts():
             if self.schedule is not None:
                 local_loss = self._pipelined_step(inputs, labels)
@@ -165,6 +179,7 @@ class Training:
                 local_loss = self._plain_step(inputs, labels)
         self._match_grad_placements()
         self._sync_tied_grads()
+        self._average_host_embedding()
         if self.loss_scaler is not None:
             self.loss_scaler.unscale_(self.parameters())
         return local_loss
@@ -282,6 +297,14 @@ class Training:
         dist.all_reduce(buf, group=self.tied_group)
         grad.copy_(buf)
 
+    def _average_host_embedding(self) -> None:
+        """train.embedding_on_cpu: the host table's gradient is no FSDP gradient; average it over dp here."""
+        if self.host_embedding_group is None or not self.has_first_stage:
+            return
+        embedding = self.model_parts[0].tok_embeddings
+        if embedding is not None and embedding.weight.requires_grad:
+            average_over_dp(embedding, self.host_embedding_group, self.dims.dp)
+
     def clip_grad_norm_(self, max_norm: float | None) -> float:
         """Global L2 norm of the full-model gradient (each element once, across TP/FSDP shards,
         pipeline stages and tied copies); scales gradients so it is at most max_norm (None or
@@ -328,11 +351,11 @@ class Training:
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
         """optimizer.step(), unless fp16 loss scaling found inf/nan; returns whether it stepped."""
-        if self.loss_scaler is None:
-            optimizer.step()
-            return True
-        stepped = not self.loss_scaler.found_inf
+        stepped = self.loss_scaler is None or not self.loss_scaler.found_inf
         if stepped:
             optimizer.step()
-        self.loss_scaler.update()
+            if self.float8_scales:
+                precompute_scales(self.model_parts)
+        if self.loss_scaler is not None:
+            self.loss_scaler.update()
         return stepped

@@ -39,9 +39,11 @@ def tiny_job(
     lr: float = 0.5,
     seed: int = 1234,
     stage_layers: list[list[int]] | None = None,
+    train: dict[str, Any] | None = None,
     **model: Any,
 ) -> Any:
-    """A resolved job (no 'auto' left) for the tiny model; `model` overrides TINY_MODEL fields."""
+    """A resolved job (no 'auto' left) for the tiny model; `model` overrides TINY_MODEL fields, `train` adds
+    train-section fields."""
     placement = {"stage_layers": stage_layers or [], "rank_order": None}
     return job_from_dict(
         {
@@ -55,6 +57,7 @@ def tiny_job(
                 "activation_checkpointing": ac,
                 "optimizer": {"name": optimizer, "lr": lr},
                 "seed": seed,
+                **(train or {}),
             },
             "cluster": {"executor": "local", "nodes": 1, "gpus_per_node": tp * pp * dp * cp},
             "parallel": {

@@ -88,6 +88,25 @@ class CheckpointSaveError(HpctrainError):
     """A save that failed on some rank (e.g. a full disk); exit 1, one line, no traceback."""
 
 
+def plain_tensor(value: Any) -> Any:
+    """`value` with a wrapper subclass around its storage taken off: torchao's fp8 all-gather
+    (train.precision fp8, runtime/parallel/float8.py) keeps each weight, and the optimizer states made
+    like it, as a `WeightWithDynamicFloat8CastTensor` holding the fp32 values in `_tensor`. DCP would pickle
+    the subclass (and the allow-listed reader, rightly, refuses to unpickle it); the plain tensor shares its
+    storage, so a save writes the ordinary fp32 weights and a load fills them in place."""
+    from torch.distributed.tensor import DTensor
+
+    local = value._local_tensor if isinstance(value, DTensor) else value
+    inner = getattr(local, "_tensor", None)
+    if not isinstance(local, torch.Tensor) or type(local) in (torch.Tensor, torch.nn.Parameter) \
+            or type(inner) is not torch.Tensor:
+        return value
+    if isinstance(value, DTensor):
+        return DTensor.from_local(inner, value.device_mesh, value.placements, run_check=False,
+                                  shape=value.shape, stride=value.stride())
+    return inner
+
+
 def _rank() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
@@ -163,7 +182,9 @@ class Checkpointer:
 
     # -- state dicts ------------------------------------------------------------------------------
     def _per_part(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-        return [get_state_dict(part, opt, options=OPTIONS) for part, opt in zip(self.parts, self.optimizers)]
+        per_part = [get_state_dict(part, opt, options=OPTIONS) for part, opt in zip(self.parts, self.optimizers)]
+        return [({k: plain_tensor(v) for k, v in m.items()}, {k: plain_tensor(v) for k, v in o.items()})
+                for m, o in per_part]
 
     @staticmethod
     def _merge(per_part: list[tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, Any]:

@@ -59,7 +59,9 @@ class LoraLinear(nn.Linear):
     lora_dropout: float
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        base = F.linear(x, self.weight)
+        # The base class's matmul: nn.Linear's (no bias here), or torchao's Float8Linear's under
+        # train.precision fp8 (`_lora_class`), so a frozen base computes in fp8 as well.
+        base = super().forward(x)
         h = F.dropout(x, self.lora_dropout, self.training) if self.lora_dropout else x
         # Scale the rank-sized intermediate, not the output: fewer elements, nothing saved for it.
         return base + F.linear(F.linear(h, self.lora_A) * self.lora_scaling, self.lora_B)
@@ -95,12 +97,22 @@ def _add_adapters(linear: nn.Linear, target: str, cfg: LoraConfig, tp_mesh: Any)
                                shape=a.shape, stride=a.stride())
         b = DTensor.from_local(_local_part(b, b_place, tp_mesh), tp_mesh, [b_place], run_check=False,
                                shape=b.shape, stride=b.stride())
-    linear.__class__ = LoraLinear
+    linear.__class__ = _lora_class(type(linear))
     assert isinstance(linear, LoraLinear)  # true after the swap; lets mypy see the adapter fields
     linear.register_parameter("lora_A", nn.Parameter(a))
     linear.register_parameter("lora_B", nn.Parameter(b))
     linear.lora_scaling = cfg.alpha / cfg.rank
     linear.lora_dropout = float(cfg.dropout)
+
+
+_LORA_CLASSES: dict[type, type] = {nn.Linear: LoraLinear}
+
+
+def _lora_class(base: type) -> type:
+    """LoraLinear over `base`: itself for nn.Linear, a subclass of both for another Linear (Float8Linear)."""
+    if base not in _LORA_CLASSES:
+        _LORA_CLASSES[base] = type(f"Lora{base.__name__}", (LoraLinear, base), {})
+    return _LORA_CLASSES[base]
 
 
 def _local_part(full: torch.Tensor, placement: Any, mesh: Any) -> torch.Tensor:

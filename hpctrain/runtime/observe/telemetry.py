@@ -20,6 +20,8 @@ Fields of a metrics line, and where each comes from:
 | time_compute_s | derived: step_time_s - time_comm_exposed_s - time_bubble_s |
 | time_all_to_all_s | parallel.ep > 1 only: the expert-parallel all-to-alls' waits, mean per step (a part of time_comm_exposed_s) |
 | time_cp_kv_s | parallel.cp > 1 only: the context-parallel K/V exchanges' waits, mean per step (a part of time_comm_exposed_s) |
+| attention_kernel | train.attention_kernel: the SDPA backend the steps ran under (auto: torch's own choice) |
+| fp8_recipe | train.precision fp8 only: train.fp8.recipe, "(emulated)" with train.fp8.emulate |
 | attempt | the start's attempt as the launcher counted it from the run directory (HPCTRAIN_ATTEMPT; the logs are named by it), else SLURM_RESTART_COUNT |
 | time | Unix time when the line was written (wall-clock progress, gaps between attempts) |
 """

@@ -5,12 +5,14 @@ Every rank builds its share of the model in torchtitan's order; each step is one
 
     1. meta     the full model on the meta device (no memory)                    model/transformer.py
     2. PP       cut this rank's pipeline stages out of it                        pipeline.py
+    2b. FP8     eligible linears -> torchao Float8Linear (`train.precision: fp8`)   float8.py
     3. TP       tensor parallel (+ sequence parallel, vocab-parallel embedding)  tensor.py
     3b. EP      routed experts split over ep of the dp x tp ranks (Shard(0) DTensors) expert.py
     3c. CP      context parallel: RoPE at global positions, K/V all-gathered       context.py
     4. LoRA     adapters, after TP (they take the base's placements), before FSDP  model/lora.py
     5. AC       activation checkpointing                                         activation_checkpoint.py
     6. compile  torch.compile per block (`train.compile`), after TP and AC       compile.py
+    6b. host    the token embedding kept in host memory (`train.embedding_on_cpu`) host_embedding.py
     7. FSDP2    shard over dp (ZeRO 1-3, optimizer offload); EP's experts over efsdp fsdp.py
                 (over the flattened dp x cp, "dp_cp", with context parallelism)
     8. init     materialise (`to_empty`), build the pipeline schedule over the stages, and fill each
@@ -33,8 +35,10 @@ from hpctrain.runtime.parallel.compile import apply_compile
 from hpctrain.runtime.parallel.context import ContextParallel, apply_cp
 from hpctrain.runtime.parallel.dims import ParallelDims
 from hpctrain.runtime.parallel.expert import apply_ep, sparse_mesh
-from hpctrain.runtime.parallel.fsdp import apply_fsdp, zero_stage
+from hpctrain.runtime.parallel.float8 import apply_float8, compute_precision
+from hpctrain.runtime.parallel.fsdp import PARAM_DTYPES, apply_fsdp, zero_stage
 from hpctrain.runtime.parallel.grad_norm import norm_weights
+from hpctrain.runtime.parallel.host_embedding import HOST, HostEmbedding, host_group, keep_on_host
 from hpctrain.runtime.parallel.pipeline import apply_pp, split_model, stage_layer_ranges
 from hpctrain.runtime.parallel.precision import LossScaler
 from hpctrain.runtime.parallel.tensor import apply_tp
@@ -58,7 +62,8 @@ def build_training(job: Job, device: torch.device, initialise: bool = True) -> T
     parts = _pipeline_stages(job, layout, whole)                        # 2. PP
     modules = [module for _, module in parts]
     for module in modules:
-        _tensor_parallel(job.parallel, layout, module)                  # 3. TP
+        _float8(job, layout, module)                                    # 2b. FP8
+        _tensor_parallel(job, layout, module)                           # 3. TP
         _expert_parallel(layout, module)                                # 3b. EP
         if layout.context is not None:                                  # 3c. CP
             apply_cp(module, layout.context)
@@ -66,6 +71,7 @@ def build_training(job: Job, device: torch.device, initialise: bool = True) -> T
         apply_ac(module, job.train.activation_checkpointing)            # 5. AC
         if job.train.compile:                                           # 6. compile
             apply_compile(module)
+        _host_embedding(job.train, device, module)                      # 6b. host embedding
     _fsdp(job, layout, modules)                                         # 7. FSDP2
     _materialise(job.parallel, device, modules)                         # 8. init: to_empty,
     training = _training(job, device, layout, parts, modules)           #    the schedule,
@@ -145,11 +151,23 @@ def _pipeline_stages(job: Job, layout: _Layout, whole: Transformer) -> list[tupl
     return split_model(whole, ranges, pp_rank, layout.dims.pp)
 
 
-def _tensor_parallel(parallel: ParallelConfig, layout: _Layout, module: Transformer) -> None:
+def _float8(job: Job, layout: _Layout, module: Transformer) -> None:
+    if job.train.precision == "fp8":  # before TP and FSDP: their styles and units see Float8Linear
+        apply_float8(module, job.train.fp8, fsdp=layout.fsdp)
+
+
+def _tensor_parallel(job: Job, layout: _Layout, module: Transformer) -> None:
     if layout.dims.tp_enabled:
         assert layout.mesh is not None
-        apply_tp(module, layout.mesh["tp"], sequence_parallel=bool(parallel.sequence_parallel),
-                 loss_parallel=True)
+        train = job.train
+        apply_tp(module, layout.mesh["tp"], sequence_parallel=bool(job.parallel.sequence_parallel),
+                 loss_parallel=True, float8_tensorwise=train.precision == "fp8" and train.fp8.recipe == "tensorwise")
+
+
+def _host_embedding(train: TrainConfig, device: torch.device, module: Transformer) -> None:
+    if train.embedding_on_cpu and module.tok_embeddings is not None:
+        dtype = PARAM_DTYPES[compute_precision(train)]
+        keep_on_host(module.tok_embeddings, device, dtype)
 
 
 def _expert_parallel(layout: _Layout, module: Transformer) -> None:
@@ -170,10 +188,11 @@ def _fsdp(job: Job, layout: _Layout, modules: list[Transformer]) -> None:
             modules,
             layout.fsdp_mesh,
             zero=zero_stage(job.parallel),
-            precision=job.train.precision,
+            precision=compute_precision(job.train),
             offload_optimizer=bool(job.parallel.offload_optimizer),
             pipelined=layout.dims.pp_enabled,
             experts_mesh=layout.experts_mesh["efsdp"] if layout.experts_mesh is not None else None,
+            host_embedding=bool(job.train.embedding_on_cpu),
         )
 
 
@@ -181,7 +200,13 @@ def _materialise(parallel: ParallelConfig, device: torch.device, modules: list[T
     """Real (uninitialised) storage for each rank's shards; rope tables and buffers on the device."""
     init_device = torch.device("cpu") if parallel.offload_optimizer else device
     for module in modules:
-        module.to_empty(device=init_device)
+        host = module.tok_embeddings if isinstance(module.tok_embeddings, HostEmbedding) else None
+        if host is None:
+            module.to_empty(device=init_device)
+        else:  # train.embedding_on_cpu: the table is allocated on the host only, never on the device
+            for child in module.children():
+                child.to_empty(device=HOST if child is host else init_device)
+            module.to_empty(device=init_device, recurse=False)
         module.tie_weights()
         module.rope_cos.data = module.rope_cos.data.to(device)
         module.rope_sin.data = module.rope_sin.data.to(device)
@@ -205,7 +230,12 @@ def _training(job: Job, device: torch.device, layout: _Layout, parts: list[tuple
         has_last_stage=any(m.output is not None for m in modules),
         loss_scaler=LossScaler(device) if job.train.precision == "fp16" else None,
         fsdp=layout.fsdp,
+        # torchao's fp8 all-gather needs each weight's scale after the optimizer step (float8.py).
+        float8_scales=job.train.precision == "fp8" and job.train.fp8.recipe == "tensorwise" and layout.fsdp,
     )
+    if job.train.embedding_on_cpu and dims.dp_enabled:  # every rank: creating a group is collective
+        assert mesh is not None
+        training.host_embedding_group = host_group(mesh)
     if dims.pp_enabled:
         assert mesh is not None
         if layout.args.tie_embeddings:

@@ -95,8 +95,12 @@ def apply_fsdp(
     offload_optimizer: bool,
     pipelined: bool = False,
     experts_mesh: DeviceMesh | None = None,
+    host_embedding: bool = False,
 ) -> None:
-    """Shard each model part over `dp_mesh` as FSDP units (the table in the module docstring)."""
+    """Shard each model part over `dp_mesh` as FSDP units (the table in the module docstring).
+
+    host_embedding (train.embedding_on_cpu): the token embedding is no unit and no part of the root's; it
+    stays whole on the host (runtime/parallel/host_embedding.py)."""
     if precision not in PARAM_DTYPES:
         raise ConfigError(f"train.precision: got {precision!r}; valid: {', '.join(PARAM_DTYPES)}")
     reshard = reshard_after_forward(zero) and not pipelined
@@ -107,7 +111,8 @@ def apply_fsdp(
     for part in model_parts:
         # A tied embedding and head on one part are one parameter: one unit must own it.
         tied = part.args.tie_embeddings and part.tok_embeddings is not None and part.output is not None
-        if part.tok_embeddings is not None and not tied:
+        ignored = set(part.tok_embeddings.parameters()) if host_embedding and part.tok_embeddings is not None else None
+        if part.tok_embeddings is not None and not tied and not ignored:
             fully_shard(part.tok_embeddings, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp_policy,
                         offload_policy=offload)
         blocks = list(part.layers.values())
@@ -130,4 +135,5 @@ def apply_fsdp(
             fully_shard([part.norm, part.output], mesh=dp_mesh, reshard_after_forward=False, mp_policy=mp_policy,
                         offload_policy=offload)
         # The root: FSDP2 needs it for its step-level hooks; it owns parameters only when tied.
-        fully_shard(part, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp_policy, offload_policy=offload)
+        fully_shard(part, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp_policy, offload_policy=offload,
+                    ignored_params=ignored)

@@ -1,4 +1,4 @@
-"""Mixed precision outside FSDP (autocast) and dynamic loss scaling for fp16.
+"""Mixed precision outside FSDP (autocast), dynamic loss scaling for fp16, and the SDPA kernel choice.
 
 With FSDP2 applied, its MixedPrecisionPolicy does the casting (see fsdp.py); without it
 (dp == 1, no offload) `autocast` runs matmuls in bf16/fp16 while the parameters, the master
@@ -20,6 +20,17 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+# train.attention_kernel -> SDPA's backends (torch.nn.attention.sdpa_kernel); None: torch chooses. On the CPU
+# FLASH_ATTENTION is torch's CPU flash kernel (_scaled_dot_product_flash_attention_for_cpu); MATH is the
+# reference composite that materialises the [seq, seq] scores (the planner's "materialized" kernel).
+SDPA_BACKENDS: dict[str, list[SDPBackend] | None] = {
+    "auto": None,
+    "flash": [SDPBackend.FLASH_ATTENTION],
+    "efficient": [SDPBackend.EFFICIENT_ATTENTION],
+    "math": [SDPBackend.MATH],
+}
 
 
 def autocast_context(device: torch.device, precision: str, fsdp_casts: bool) -> Any:
@@ -82,3 +93,6 @@ class LossScaler:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.scale = float(state["scale"])
         self.clean_steps = int(state["clean_steps"])
+
+
+__all__ = ["SDPA_BACKENDS", "LossScaler", "autocast_context", "local_tensor", "sdpa_kernel"]

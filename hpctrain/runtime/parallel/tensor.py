@@ -44,8 +44,12 @@ from hpctrain.runtime.parallel.sequence import SequenceShards, gather_sequence_i
 from hpctrain.runtime.parallel.vocab import use_vocab_parallel_lookup
 
 
-def apply_tp(model: Transformer, tp_mesh: DeviceMesh, *, sequence_parallel: bool, loss_parallel: bool) -> None:
-    """Shard `model` (a full model or a pipeline stage, still on meta) over `tp_mesh`, in place."""
+def apply_tp(model: Transformer, tp_mesh: DeviceMesh, *, sequence_parallel: bool, loss_parallel: bool,
+             float8_tensorwise: bool = False) -> None:
+    """Shard `model` (a full model or a pipeline stage, still on meta) over `tp_mesh`, in place.
+
+    float8_tensorwise: the block linears that are Float8Linear (train.precision fp8, parallel/float8.py) take
+    torchao's float8 styles, the others the plain ones."""
     between_blocks = Shard(1) if sequence_parallel else Replicate()
     top: dict[str, Any] = {}
     if model.tok_embeddings is not None:
@@ -71,19 +75,20 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh, *, sequence_parallel: bool
 
     for module in model.layers.values():
         block = cast(TransformerBlock, module)
+        col, row = _styles(block, float8_tensorwise)
         plan: dict[str, Any] = {
-            "attention.wq": ColwiseParallel(),
-            "attention.wk": ColwiseParallel(),
-            "attention.wv": ColwiseParallel(),
-            "attention.wo": RowwiseParallel(output_layouts=between_blocks),
+            "attention.wq": col("attention.wq")(),
+            "attention.wk": col("attention.wk")(),
+            "attention.wv": col("attention.wv")(),
+            "attention.wo": row("attention.wo")(output_layouts=between_blocks),
         }
         dense = tp_dense_ffn(block)  # the dense FFN, or a MoE block's shared experts (None: it has none)
         if dense is not None:
             prefix = "feed_forward" if dense is block.feed_forward else "feed_forward.shared"
-            plan[f"{prefix}.w1"] = ColwiseParallel()
-            plan[f"{prefix}.w2"] = RowwiseParallel(output_layouts=between_blocks)
+            plan[f"{prefix}.w1"] = col(f"{prefix}.w1")()
+            plan[f"{prefix}.w2"] = row(f"{prefix}.w2")(output_layouts=between_blocks)
             if dense.w3 is not None:
-                plan[f"{prefix}.w3"] = ColwiseParallel()
+                plan[f"{prefix}.w3"] = col(f"{prefix}.w3")()
         if sequence_parallel:
             plan.update(
                 {
@@ -121,3 +126,17 @@ def _moe_over_tp(moe: MoE, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None
     gate.weight = nn.Parameter(DTensor.from_local(gate.weight.detach(), tp_mesh, [Replicate()], run_check=False),
                                requires_grad=gate.weight.requires_grad)
     moe.sequence = SequenceShards(tp_mesh)
+
+
+def _styles(block: TransformerBlock, float8_tensorwise: bool) -> tuple[Any, Any]:
+    """(column style for a name, row style for a name): torchao's float8 ones for Float8Linear modules."""
+    if not float8_tensorwise:
+        return (lambda name: ColwiseParallel), (lambda name: RowwiseParallel)
+    from torchao.float8.float8_linear import Float8Linear
+    from torchao.float8.float8_tensor_parallel import Float8ColwiseParallel, Float8RowwiseParallel
+
+    def fp8(name: str) -> bool:
+        return isinstance(block.get_submodule(name), Float8Linear)
+
+    return ((lambda name: Float8ColwiseParallel if fp8(name) else ColwiseParallel),
+            (lambda name: Float8RowwiseParallel if fp8(name) else RowwiseParallel))
