@@ -27,7 +27,8 @@ REASONS: dict[str, str] = {
     "stages_imbalanced": f"layers not splittable into balanced stages (compute imbalance > "
                          f"{MAX_STAGE_IMBALANCE:.0%}, embedding and head counted)",
     "global_batch_not_divisible": "global batch not divisible by dp",
-    "ep_does_not_divide_dp": "parallel.ep does not divide dp (expert parallelism borrows its ranks from dp)",
+    "ep_does_not_divide_dp": "parallel.ep does not fit the layout (it must divide dp x tp, be a multiple of tp "
+                             "when tp > 1, with sequence parallelism on: expert parallelism borrows dp and tp ranks)",
     "local_batch_not_divisible": "local batch (global_batch / dp) not divisible by micro_batch",
     "too_few_micro_batches": "fewer micro-batches than pipeline stages (or not a multiple of pp for interleaving)",
     "memory_over_budget": "memory over budget on the most loaded rank",
@@ -50,6 +51,23 @@ REASON_UNITS: dict[str, str] = {
     "memory_over_budget": "candidates",
     "selective_recompute_fits": "candidates",
 }
+
+
+def ep_layout_problem(ep: int, dp: int, tp: int, sequence_parallel: bool) -> str | None:
+    """Why `ep` does not fit a (dp, tp) layout, or None. torchtitan's ParallelDims with etp=1
+    (torchtitan/distributed/parallel_dims.py): the experts' region efsdp x ep spans the dense region's
+    dp x tp ranks, so ep divides dp x tp; with tp > 1 an ep group holds whole tp groups (ep a multiple of
+    tp; the experts are not tensor-parallel) and the MoE input must be sequence-sharded over tp (SP on).
+    At tp=1 this is the runtime's dp % ep == 0 (runtime/parallel/dims.py)."""
+    if ep == 1:
+        return None
+    if (dp * tp) % ep:
+        return f"ep={ep} does not divide dp x tp = {dp * tp}"
+    if tp > 1 and ep % tp:
+        return f"ep={ep} is not a multiple of tp={tp}"
+    if tp > 1 and not sequence_parallel:
+        return f"ep={ep} with tp={tp} needs sequence_parallel"
+    return None
 
 
 def _fixed(value: Any) -> Any:
@@ -75,7 +93,7 @@ class Choices:
     zero: int | None
     offload: tuple[bool, ...]
     sequence_parallel: bool
-    ep: int = 1  # parallel.ep, never searched: only dp that it divides are tried
+    ep: int = 1  # parallel.ep, never searched: only (dp, tp) that it fits are tried (ep_layout_problem)
 
     @classmethod
     def from_job(cls, job: Job) -> Choices:
@@ -84,7 +102,9 @@ class Choices:
         tp_fixed, pp_fixed = _fixed(par.tp), _fixed(par.pp)
         tp = (tp_fixed,) if tp_fixed is not None else tuple(d for d in divisors(world) if d <= job.cluster.gpus_per_node)
         if job.transformer.moe is not None and tp_fixed is None:
-            tp = (1,)  # the runtime's experts are not tensor-parallel yet (config/job.py refuses a fixed tp > 1)
+            # The runtime refuses tp > 1 with model.moe (config/job.py) until its ep-over-tp layout lands; the
+            # search already applies that layout's rule (ep_layout_problem), so lifting this tries tp > 1 too.
+            tp = (1,)
         pp = (pp_fixed,) if pp_fixed is not None else tuple(divisors(world))
         ac = _fixed(train.activation_checkpointing)
         offload = par.offload_optimizer
