@@ -42,6 +42,7 @@ from hpctrain.plan.model_stats import (
     embedding_param_count,
     final_norm_param_count,
     head_param_count,
+    layer_norm_params,
     layer_param_count,
     moe_layer_count,
     routed_expert_params,
@@ -138,12 +139,15 @@ def _rank_routed_params(model: Any, stage_layers: list[tuple[int, int]], setup: 
 
 def rank_layer_params(model: Any, tp: int, ep: int = 1) -> float:
     """One layer's parameters on a rank, the mean over the layers: everything by tp, but under expert
-    parallelism the routed experts by ep instead (whole experts, not tensor-parallel)."""
+    parallelism the routed experts by ep instead (whole experts, not tensor-parallel) and the router whole."""
     per_layer = layer_param_count(model) / tp
     if ep == 1 or not moe_layer_count(model):
         return per_layer
-    routed = moe_layer_count(model) * routed_expert_params(model) / int(model.layers)
-    return per_layer - routed / tp + routed / ep
+    norms = layer_norm_params(model)  # replicated under TP (the ep=1 figure above divides them too: a few KiB)
+    per_layer = (layer_param_count(model) - norms) / tp + norms
+    share = moe_layer_count(model) / int(model.layers)
+    routed, router = share * routed_expert_params(model), share * int(model.moe.experts) * int(model.hidden)
+    return per_layer - (routed + router) / tp + routed / ep + router  # the router is replicated
 
 
 # Item names of the breakdown, with the component each belongs to.

@@ -136,3 +136,13 @@ def test_qwen3_235b_per_stage_parameters_divide_experts_by_ep():
         ep1 = stage_param_count(m, a, b, has_embedding=i == 0, has_head=i == 7, tp=2)
         assert ep1 - tp2 == stage_routed_expert_params(m, a, b) // 2 - stage_routed_expert_params(m, a, b, ep=32) \
             - (b - a) * 128 * 4096 // 2  # experts /32 instead of /2, the router replicated instead of /2
+
+
+def test_a_ranks_mean_layer_matches_its_stage_count():
+    """rank_layer_params (the FSDP unit sizes) and stage_param_count agree on the layers' total."""
+    from hpctrain.plan.memory import rank_layer_params
+
+    m = model(moe=dict(MOE["moe"], dense_layers=0))
+    for tp, ep in ((1, 1), (1, 4), (2, 4)):
+        stage = stage_param_count(m, 0, 4, has_embedding=False, has_head=False, tp=tp, ep=ep)
+        assert 4 * rank_layer_params(m, tp, ep) == pytest.approx(stage, rel=1e-9), (tp, ep)
