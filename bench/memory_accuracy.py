@@ -15,7 +15,12 @@ How each kind runs (facts measured on torch 2.13 CPU):
 - "real": real tensors on a small model over the fake process group (tensor parallelism fails
   under FakeTensorMode).
 - "gloo": real tensors, one process per rank over gloo (pipelining exchanges shapes through
-  point-to-point messages, which neither fake tensors nor the fake group can answer).
+  point-to-point messages, which neither fake tensors nor the fake group can answer; expert parallelism's
+  all-to-all splits are token counts, values fake tensors do not have). One group per world size.
+
+Under expert parallelism the measured rank's experts compute the rows its router and its peers' send them;
+the planner assumes a balanced load (RankSetup.expert_load_imbalance = 1.0) and the table prints the load the
+rank had (tokens are seeded per rank, so every run routes the same).
 
 The planner's items map onto MemTracker's categories by ITEM_CATEGORY; components smaller than
 SMALL_SHARE of the total are held to SMALL_SHARE of the total instead of TOLERANCE of themselves.
