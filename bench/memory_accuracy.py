@@ -15,7 +15,12 @@ How each kind runs (facts measured on torch 2.13 CPU):
 - "real": real tensors on a small model over the fake process group (tensor parallelism fails
   under FakeTensorMode).
 - "gloo": real tensors, one process per rank over gloo (pipelining exchanges shapes through
-  point-to-point messages, which neither fake tensors nor the fake group can answer).
+  point-to-point messages, which neither fake tensors nor the fake group can answer; expert parallelism's
+  all-to-all splits are token counts, values fake tensors do not have). One group per world size.
+
+Under expert parallelism the measured rank's experts compute the rows its router and its peers' send them;
+the planner assumes a balanced load (RankSetup.expert_load_imbalance = 1.0) and the table prints the load the
+rank had (tokens are seeded per rank, so every run routes the same).
 
 The planner's items map onto MemTracker's categories by ITEM_CATEGORY; components smaller than
 SMALL_SHARE of the total are held to SMALL_SHARE of the total instead of TOLERANCE of themselves.
@@ -56,6 +61,10 @@ MOE = dict(layers=4, hidden=1024, heads=8, kv_heads=4, ffn_hidden=2816, vocab=32
            activation="swiglu", moe=dict(experts=8, top_k=2, expert_ffn_hidden=1408))
 MOE_SHARED = dict(MOE, moe=dict(experts=8, top_k=2, expert_ffn_hidden=1024, shared_experts=1, dense_layers=1))
 MOE_SMALL = dict(SMALL, moe=dict(experts=8, top_k=2, expert_ffn_hidden=352))
+# Expert parallelism needs real all-to-alls (gloo processes, real tensors): a shape between SMALL and MOE.
+MOE_MID = dict(layers=4, hidden=512, heads=8, kv_heads=4, ffn_hidden=1408, vocab=8192, seq_len=512,
+               activation="swiglu", moe=dict(experts=8, top_k=2, expert_ffn_hidden=704))
+MOE_MID_SHARED = dict(MOE_MID, moe=dict(experts=8, top_k=2, expert_ffn_hidden=512, shared_experts=1, dense_layers=1))
 
 
 @dataclass(frozen=True)
@@ -70,7 +79,7 @@ class Config:
     def job(self) -> Any:
         from hpctrain.config import job_from_dict
 
-        par = {"tp": 1, "pp": 1, "dp": 1, "schedule": "1f1b", "virtual_stages": 1, "zero": 0,
+        par = {"tp": 1, "pp": 1, "dp": 1, "ep": 1, "schedule": "1f1b", "virtual_stages": 1, "zero": 0,
                "sequence_parallel": False, "offload_optimizer": False, **self.parallel}
         train = {"global_batch": 2, "micro_batch": 2, "precision": "bf16", "activation_checkpointing": "none",
                  "optimizer": {"name": "adamw"}, **self.train}
@@ -80,7 +89,7 @@ class Config:
 
 
 def _c(name: str, kind: str, model: dict, pp_rank: int = 0, **kw: Any) -> Config:
-    par = {k: v for k, v in kw.items() if k in ("tp", "pp", "dp", "schedule", "virtual_stages", "zero",
+    par = {k: v for k, v in kw.items() if k in ("tp", "pp", "dp", "ep", "schedule", "virtual_stages", "zero",
                                                  "sequence_parallel", "cp")}
     train = {k: v for k, v in kw.items() if k not in par}
     return Config(name, kind, model, par, train, pp_rank)
@@ -122,6 +131,19 @@ CONFIGS: list[Config] = [
     _c("moe dp4 zero3 bf16 full", "fake", MOE, dp=4, zero=3, global_batch=8, activation_checkpointing="full"),
     _c("moe shared + dense layer dp4 zero2 bf16 selective 2 micro-batches", "fake", MOE_SHARED, dp=4, zero=2,
        global_batch=8, micro_batch=1, activation_checkpointing="selective"),
+    # Expert parallelism (runtime/parallel/expert.py): real all-to-alls need real processes, so these run
+    # as one gloo group of four (dp4: efsdp 2 at ep2, 1 at ep4); rank 0 is measured and its experts get the
+    # tokens its router sends them (planner: expert_load_imbalance 1.0).
+    _c("moe ep2 dp4 zero1 bf16", "gloo", MOE_MID, dp=4, ep=2, zero=1, global_batch=8),
+    _c("moe ep2 dp4 zero3 bf16 full", "gloo", MOE_MID, dp=4, ep=2, zero=3, global_batch=8,
+       activation_checkpointing="full"),
+    _c("moe ep4 dp4 zero3 bf16", "gloo", MOE_MID, dp=4, ep=4, zero=3, global_batch=8),
+    _c("moe ep4 dp4 zero1 bf16 selective 2 micro-batches", "gloo", MOE_MID, dp=4, ep=4, zero=1, global_batch=8,
+       micro_batch=1, activation_checkpointing="selective"),
+    _c("moe shared + dense layer ep2 dp4 zero3 fp32 selective", "gloo", MOE_MID_SHARED, dp=4, ep=2, zero=3,
+       global_batch=8, precision="fp32", activation_checkpointing="selective"),
+    _c("moe ep4 dp4 zero1 bf16 full", "gloo", MOE_MID, dp=4, ep=4, zero=1, global_batch=8,
+       activation_checkpointing="full"),
 ]
 
 # Context parallelism (runtime/parallel/context.py): real tensors over the fake process group (the K/V
@@ -152,7 +174,7 @@ def predict(cfg: Config) -> dict[str, float]:
                       schedule=p.schedule if p.pp > 1 else "none", virtual_stages=p.virtual_stages,
                       ac=t.activation_checkpointing, zero=p.zero, offload_optimizer=p.offload_optimizer,
                       sequence_parallel=p.sequence_parallel, precision=t.precision, optimizer="adamw",
-                      foreach=False, overhead_bytes=0.0, lora=lora_shape(job), cp=p.cp,
+                      foreach=False, overhead_bytes=0.0, lora=lora_shape(job), ep=p.ep, cp=p.cp,
                       cpu_attention=True, cp_rank=0)  # measured on the CPU, on rank 0
     memory = rank_memory(job.model, balanced_stage_split(job.model, p.pp, p.virtual_stages), setup, cfg.pp_rank)
     out = dict.fromkeys(CATEGORIES, 0.0)
@@ -266,8 +288,11 @@ def _measure_here(cfg: Config, fake: bool) -> dict[str, float]:
             optimizer = torch.optim.AdamW(training.parameters(), lr=1e-4, foreach=False)
             local = job.train.global_batch // job.parallel.dp
 
+            seed = dist.get_rank() if dist.is_initialized() else 0
+            generator = torch.Generator().manual_seed(1000 + seed)  # the same tokens (and routing) every run
+
             def step() -> None:
-                tokens = torch.randint(0, job.model.vocab, (local, job.model.seq_len))
+                tokens = torch.randint(0, job.model.vocab, (local, job.model.seq_len), generator=generator)
                 training.train_step(tokens, tokens)
                 training.optimizer_step(optimizer)
                 optimizer.zero_grad(set_to_none=True)
@@ -277,7 +302,8 @@ def _measure_here(cfg: Config, fake: bool) -> dict[str, float]:
             step()
             tracker = _step_tracker()
             tracker.track_external(*training.model_parts, optimizer)
-            with tracker:
+            rows: list[int] = []
+            with tracker, _counting_expert_rows(rows):
                 step()
             snapshot = next(iter(tracker.get_tracker_snapshot("peak").values()))
     finally:
@@ -287,7 +313,30 @@ def _measure_here(cfg: Config, fake: bool) -> dict[str, float]:
     out["PARAM"] += named.get("BUFFER", 0.0)
     out["TEMP"] += named.get("OTH", 0.0)
     out["Total"] = sum(out[c] for c in CATEGORIES)
+    moe = job.model.moe
+    if rows and moe is not None and job.parallel.ep > 1:
+        # The load of this rank's experts: rows they computed over the mean (tokens x top_k of one rank).
+        mean_rows = job.train.micro_batch * job.model.seq_len * moe.top_k
+        out["expert load"] = sum(rows) / len(rows) / mean_rows
+        out["expert load max"] = max(rows) / mean_rows
     return out
+
+
+@contextlib.contextmanager
+def _counting_expert_rows(rows: list[int]) -> Iterator[None]:
+    """Record the rows each forward of a rank's local experts computes (not the recomputation inside
+    backward), to report the load the measured rank had beside the planner's expert_load_imbalance."""
+    from hpctrain.runtime.model import moe as moe_module
+
+    original = moe_module.GroupedExperts.forward
+
+    def forward(self: Any, x: Any, counts: Any) -> Any:
+        if not moe_module._in_backward():
+            rows.append(int(x.shape[0]))
+        return original(self, x, counts)
+
+    with patched({(moe_module.GroupedExperts, "forward"): forward}):
+        yield
 
 
 def _with_fake_group(world: int, fn: Any) -> Any:
@@ -326,10 +375,16 @@ def _gloo_worker(rank: int, world: int, port: int, configs: list[Config], result
         dist.destroy_process_group()
 
 
+def _world(cfg: Config) -> int:
+    p = cfg.job().parallel
+    return int(p.pp * p.tp * p.dp)
+
+
 def _measure_gloo(configs: list[Config]) -> list[dict[str, float]]:
+    """Configurations of one world size in one gloo group (one process per rank)."""
     import socket
 
-    worlds = {c.job().parallel.pp * c.job().parallel.tp * c.job().parallel.dp for c in configs}
+    worlds = {_world(c) for c in configs}
     if len(worlds) != 1:
         raise ValueError("gloo configurations must share one world size")
     world = worlds.pop()
@@ -382,8 +437,9 @@ def measure_all(configs: list[Config]) -> list[dict[str, float]]:
             for index, value in zip(local, pool.map(_measure_in_process, [configs[i] for i in local])):
                 out[index] = value
     gloo = [i for i, cfg in enumerate(configs) if cfg.kind == "gloo"]
-    if gloo:
-        for index, value in zip(gloo, _measure_gloo([configs[i] for i in gloo])):
+    for world in sorted({_world(configs[i]) for i in gloo}):  # one group per world size, one after the other
+        group = [i for i in gloo if _world(configs[i]) == world]
+        for index, value in zip(group, _measure_gloo([configs[i] for i in group])):
             out[index] = value
     return [out[i] for i in range(len(configs))]
 
@@ -406,8 +462,9 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="two configurations of each kind")
+    parser.add_argument("--only", default=None, help="configurations whose name contains this text")
     args = parser.parse_args(argv)
-    configs = CONFIGS
+    configs = CONFIGS if args.only is None else [c for c in CONFIGS if args.only in c.name]
     if args.quick:
         configs = [c for kind in ("fake", "real", "gloo") for c in [x for x in CONFIGS if x.kind == kind][:2]]
     measured = measure_all(configs)
@@ -419,6 +476,11 @@ def main(argv: list[str] | None = None) -> int:
         rows.append([cfg.name] + [f"{pred[k] / 2**20:,.1f} / {meas[k] / 2**20:,.1f} ({result[k][0]:+.1%})"
                                   + ("" if result[k][1] else " !") for k in (*CATEGORIES, "Total")])
     print(tabulate(rows, headers=["planner / MemTracker MiB (error)", *CATEGORIES, "Total"]))
+    loads = [f"{cfg.name}: mean {meas['expert load']:.3f}, max {meas['expert load max']:.3f}"
+             for cfg, meas in zip(configs, measured) if "expert load" in meas]
+    if loads:
+        print("\nmeasured rank's expert load (rows its experts computed / tokens x top_k; the planner assumes "
+              "1.0):\n  " + "\n  ".join(loads))
     print(f"\n{len(configs)} configurations, {failures} values outside tolerance (!): +-{TOLERANCE:.0%} of the "
           f"measured value, at least +-{SMALL_SHARE:.0%} of the measured total")
     return 0 if failures == 0 else 1

@@ -3,6 +3,9 @@
     python bench/scale_dry_build.py                  # llama3-70b TP8xPP4 and Llama 3 405B TP8xPP16
     python bench/scale_dry_build.py --layouts 70b    # one layout
     python bench/scale_dry_build.py --no-trace       # parameter counts only (seconds)
+    python bench/scale_dry_build.py --layouts qwen3-235b --no-trace --pp-ranks 0 1 2 3 4 5 6 7
+                                                     # Qwen3-235B-A22B TP2 PP8 EP32 on 256 ranks, every stage
+    python bench/scale_dry_build.py --layouts qwen3-235b --tp 1 --dp 32 --no-trace   # another layout of it
 
 One process stands for each chosen rank: it joins a FAKE process group
 (torch.testing._internal.distributed.fake_pg, backend "fake") of the job's full world size as that
@@ -34,6 +37,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import math
 import resource
 import sys
 import time
@@ -53,6 +58,15 @@ LLAMA3_405B = dict(layers=126, hidden=16384, heads=128, kv_heads=8, ffn_hidden=5
                    seq_len=8192, activation="swiglu", tie_embeddings=False, rope_theta=500000.0)
 
 
+# Qwen3-235B-A22B (hpctrain's preset, from the model's config.json: 94 layers, hidden 4096, 64 heads x 128,
+# 4 kv heads, 128 experts top-8 of width 1536) at sequence 4096, its pre-training length (the preset's 40960
+# is the context of the released model; parameters do not depend on it).
+def _qwen3_235b() -> dict[str, Any]:
+    from hpctrain.config.model import PRESETS
+
+    return dict(PRESETS["qwen3-235b-a22b"], seq_len=4096)
+
+
 @dataclass(frozen=True)
 class Layout:
     name: str
@@ -67,6 +81,7 @@ class Layout:
     ac: str = "selective"
     precision: str = "bf16"
     pp_ranks: tuple[int, ...] = ()  # which pipeline ranks to build; () = first, middle, last
+    ep: int = 1  # parallel.ep (model.moe): routed experts over ep ranks borrowed from dp (x tp)
 
     @property
     def world(self) -> int:
@@ -80,7 +95,8 @@ class Layout:
 
         n_micro = self.micro_batches or 2 * self.pp
         par = dict(tp=self.tp, pp=self.pp, dp=self.dp, zero=self.zero, schedule="1f1b" if self.pp > 1 else "none",
-                   virtual_stages=1, sequence_parallel=self.sequence_parallel, offload_optimizer=False)
+                   virtual_stages=1, sequence_parallel=self.sequence_parallel and self.tp > 1,
+                   offload_optimizer=False, ep=self.ep)
         if self.pp == 1:
             par.pop("schedule")
         train = {"global_batch": self.dp * self.micro_batch * n_micro, "micro_batch": self.micro_batch,
@@ -98,6 +114,8 @@ def _layouts() -> dict[str, Layout]:
     return {
         "70b": Layout("llama3-70b TP8xPP4 DP2 zero3", dict(PRESETS["llama3-70b"]), tp=8, pp=4, dp=2),
         "405b": Layout("llama3-405b TP8xPP16 DP2 zero3", LLAMA3_405B, tp=8, pp=16, dp=2),
+        # 256 ranks: the dense region pp8 x dp16 x tp2, the experts' efsdp1 x ep32 over each stage's 32 ranks.
+        "qwen3-235b": Layout("qwen3-235b-a22b TP2xPP8 DP16 EP32 zero3", _qwen3_235b(), tp=2, pp=8, dp=16, ep=32),
     }
 
 
@@ -107,7 +125,7 @@ class RankResult:
     global_rank: int
     first_layer: int
     last_layer: int
-    params_tp: int  # after TP, before FSDP (Training.param_count_before_dp)
+    params_tp: int  # after TP (and EP), before FSDP (rank_params_before_dp)
     params_local: int  # this rank's FSDP shard
     planner_params_tp: int
     traced: dict[str, float] = field(default_factory=dict)
@@ -157,23 +175,49 @@ def planner_figures(layout: Layout, pp_rank: int) -> tuple[int, dict[str, float]
     from hpctrain.plan.model_stats import stage_param_count
     from hpctrain.plan.stages import balanced_stage_split
 
-    job = layout.job()
-    split = balanced_stage_split(job.model, layout.pp, 1)
+    from hpctrain.config import job_from_dict
+
+    # The model alone (not layout.job()): the planner's figures need no runtime-valid layout, so they print
+    # for layouts this runtime does not build yet (--planner-only).
+    model = job_from_dict({"name": "planner", "model": {"preset": None, **layout.model}}).model
+    n_micro = layout.micro_batches or 2 * layout.pp
+    split = balanced_stage_split(model, layout.pp, 1)
     first, last = split[pp_rank]
-    params = stage_param_count(job.model, first, last, has_embedding=pp_rank == 0,
-                               has_head=pp_rank == layout.pp - 1, tp=layout.tp)
+    params = stage_param_count(model, first, last, has_embedding=pp_rank == 0,
+                               has_head=pp_rank == layout.pp - 1, tp=layout.tp, ep=layout.ep)
     setup = RankSetup(tp=layout.tp, pp=layout.pp, dp=layout.dp, micro_batch=layout.micro_batch,
-                      micro_batches=job.train.global_batch // layout.dp // layout.micro_batch,
-                      schedule=job.parallel.schedule if layout.pp > 1 else "none", virtual_stages=1,
+                      micro_batches=n_micro, schedule="1f1b" if layout.pp > 1 else "none", virtual_stages=1,
                       ac=layout.ac, zero=layout.zero, offload_optimizer=False,
-                      sequence_parallel=layout.sequence_parallel, precision=layout.precision,
-                      optimizer="adamw", foreach=False, overhead_bytes=0.0)
-    memory = rank_memory(job.model, split, setup, pp_rank)
+                      sequence_parallel=layout.sequence_parallel and layout.tp > 1, precision=layout.precision,
+                      optimizer="adamw", foreach=False, overhead_bytes=0.0, ep=layout.ep)
+    memory = rank_memory(model, split, setup, pp_rank)
     out = dict.fromkeys(accuracy.CATEGORIES, 0.0)
     for item, value in memory.items:
         out[accuracy.ITEM_CATEGORY[item]] += value
     out["Total"] = sum(out[c] for c in accuracy.CATEGORIES)
     return params, out, (first, last)
+
+
+def rank_params_before_dp(training: Any) -> int:
+    """Elements this rank holds after tensor and expert parallelism, before FSDP: each parameter's global
+    shape with its "tp" and "ep" shard dimensions cut to this rank's chunk. `Training.param_count_before_dp`
+    cuts "tp" only (the routed experts' global count); the planner's per-rank count divides them by ep."""
+    from torch.distributed.tensor import DTensor
+
+    total = 0
+    for p in training.parameters():
+        shape = list(p.shape)
+        if isinstance(p, DTensor):
+            names = p.device_mesh.mesh_dim_names or ()
+            for i, placement in enumerate(p.placements):
+                dim = getattr(placement, "dim", None)
+                if i < len(names) and names[i] in ("tp", "ep") and placement.is_shard() and dim is not None:
+                    dim, size = dim % len(shape), p.device_mesh.size(i)
+                    chunk = -(-shape[dim] // size)  # torch.chunk: the last shards may be short
+                    rank = p.device_mesh.get_local_rank(i)
+                    shape[dim] = max(0, min(chunk, shape[dim] - rank * chunk))
+        total += math.prod(shape)
+    return total
 
 
 def _one_f_one_b(pp: int, pp_rank: int, n: int) -> list[tuple[str, int]]:
@@ -254,7 +298,7 @@ def dry_build(layout: Layout, pp_rank: int, trace: bool = True) -> RankResult:
         start = time.perf_counter()
         with fake_runtime(fake_mode):
             training = build_training(job, torch.device("cpu"), initialise=False)
-        result = RankResult(pp_rank, rank, first, last, training.param_count_before_dp(),
+        result = RankResult(pp_rank, rank, first, last, rank_params_before_dp(training),
                             training.param_count_local(), planner_params, planner=planner_mem,
                             build_s=time.perf_counter() - start)
         assert training.pp_rank == pp_rank, (training.pp_rank, pp_rank)
@@ -313,15 +357,17 @@ def report(layout: Layout, results: list[RankResult]) -> list[str]:
 
     lines = [f"== {layout.name}: world {layout.world} (fake process group), micro-batch {layout.micro_batch} x "
              f"seq {layout.model['seq_len']}, {layout.job().train.global_batch // layout.dp // layout.micro_batch} "
-             f"micro-batches/step, {layout.precision}, AC {layout.ac}, SP {layout.sequence_parallel}; "
+             f"micro-batches/step, {layout.precision}, AC {layout.ac}, SP {layout.job().parallel.sequence_parallel}, "
+             f"EP {layout.ep}; "
              f"full model {closed_form_params(layout) / 1e9:.2f}B parameters (closed form)"]
     rows = []
     for r in results:
         rows.append([r.pp_rank, r.global_rank, f"{r.first_layer}-{r.last_layer - 1}", f"{r.params_tp:,}",
-                     f"{r.planner_params_tp:,}", f"{r.params_local:,}", f"{r.build_s:.1f}", f"{r.trace_s:.1f}",
+                     f"{r.planner_params_tp:,}", "yes" if r.params_tp == r.planner_params_tp else "NO",
+                     f"{r.params_local:,}", f"{r.build_s:.1f}", f"{r.trace_s:.1f}",
                      f"{r.maxrss_gib:.2f}"])
-    lines.append(tabulate(rows, headers=["pp rank", "rank", "layers", "params/TP rank (runtime)",
-                                         "(planner)", "FSDP shard (runtime)", "build s", "trace s",
+    lines.append(tabulate(rows, headers=["pp rank", "rank", "layers", "params/rank before FSDP (runtime)",
+                                         "(planner)", "equal", "FSDP shard (runtime)", "build s", "trace s",
                                          "ru_maxrss GiB"]))
     if any(r.traced for r in results):
         rows = []
@@ -338,19 +384,40 @@ def report(layout: Layout, results: list[RankResult]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--layouts", nargs="*", default=["70b", "405b"], help="70b, 405b")
+    parser.add_argument("--layouts", nargs="*", default=["70b", "405b"], help="70b, 405b, qwen3-235b")
+    for degree in ("tp", "pp", "dp", "ep"):
+        parser.add_argument(f"--{degree}", type=int, default=None, help=f"override the layout's {degree}")
     parser.add_argument("--pp-ranks", type=int, nargs="*", default=None, help="default: first, middle, last")
     parser.add_argument("--no-trace", action="store_true", help="parameter counts only")
+    parser.add_argument("--workers", type=int, default=1, help="ranks built at once (one process each)")
+    parser.add_argument("--planner-only", action="store_true", help="the planner's per-rank parameters and "
+                        "memory of every pipeline rank, nothing built (layouts the runtime refuses too)")
     args = parser.parse_args(argv)
     layouts = _layouts()
+    failures = 0
     for key in args.layouts:
         layout = layouts[key]
+        degrees = {d: getattr(args, d) for d in ("tp", "pp", "dp", "ep") if getattr(args, d) is not None}
+        if degrees:
+            layout = dataclasses.replace(layout, **degrees)
+            label = " ".join(f"{d.upper()}{getattr(layout, d)}" for d in ("tp", "pp", "dp", "ep"))
+            layout = dataclasses.replace(layout, name=f"{layout.name.split()[0]} {label} zero{layout.zero}")
         ranks = tuple(args.pp_ranks) if args.pp_ranks else layout.ranks()
-        results = dry_build_ranks(layout, ranks, trace=not args.no_trace)
+        if args.planner_only:
+            print(f"== {layout.name}: world {layout.world}, the planner's figures per pipeline rank")
+            for r in (tuple(args.pp_ranks) if args.pp_ranks else tuple(range(layout.pp))):
+                params, memory, (first, last) = planner_figures(layout, r)
+                print(f"  pp rank {r}: layers {first}-{last - 1}, {params:,} parameters per rank before FSDP, "
+                      f"peak {memory['Total'] / GIB:.2f} GiB (no runtime overhead)")
+            continue
+        results = dry_build_ranks(layout, ranks, trace=not args.no_trace, workers=args.workers)
         for line in report(layout, results):
             print(line, flush=True)
         print(flush=True)
-    return 0
+        failures += sum(r.params_tp != r.planner_params_tp for r in results)
+    if failures:
+        print(f"{failures} pipeline rank(s) whose parameters differ from the planner's", flush=True)
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

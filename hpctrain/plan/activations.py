@@ -113,21 +113,59 @@ def _over_layers(model: Any, dense: float, moe: float, shape: MoeShape | None) -
     return dense if shape is None else shape.dense_share * dense + (1 - shape.dense_share) * moe
 
 
-def moe_routing_bytes_per_token(shape: MoeShape, model: Any, d: Dtypes) -> float:
+# Expert parallelism's load: the rows a rank's local experts receive, over the mean (tokens x top_k per rank).
+# 1.0 is a balanced router, what bench/memory_accuracy.py checks against MemTracker (its runs route what
+# they route: a randomly initialised router on random tokens lands within a few percent of the mean);
+# a job that expects a skewed router passes its own factor (RankSetup.expert_load_imbalance).
+DEFAULT_EXPERT_LOAD_IMBALANCE = 1.0
+
+
+@dataclass(frozen=True)
+class ExpertRouting:
+    """How a rank's MoE blocks see their tokens: `ep` ranks exchanging them, the load of this rank's experts
+    (received rows / mean) and the share of the micro-batch's tokens the block routes on this rank (1/tp
+    under sequence parallelism: with ep over tp ranks each routes its own sequence shard, torchtitan's etp=1)."""
+
+    ep: int = 1
+    imbalance: float = DEFAULT_EXPERT_LOAD_IMBALANCE
+    token_share: float = 1.0
+
+    @property
+    def received(self) -> float:
+        """Rows the local experts compute, per routed copy of a token of this rank's share."""
+        return 1.0 if self.ep == 1 else self.imbalance
+
+
+def expert_routing(tp: int, sp: bool, ep: int = 1, imbalance: float = DEFAULT_EXPERT_LOAD_IMBALANCE) -> ExpertRouting:
+    return ExpertRouting(ep, imbalance, 1.0 / tp if (ep > 1 and sp and tp > 1) else 1.0)
+
+
+def moe_routing_bytes_per_token(shape: MoeShape, model: Any, d: Dtypes, routing: ExpertRouting | None = None) -> float:
     """What a MoE FFN saves per token beyond a dense FFN of the shared width, traced with
     saved_tensors_hooks on runtime/model/moe.py: the routed copies' SwiGLU intermediates (w1 and w3
     outputs, silu, product: 4 x top_k x width), the gathered inputs, the routed outputs and their
     weighted copy (3 x top_k x hidden), the router's fp32 scores [experts], its top-k ids (int64) and
     weights, the sort order and token index of every slot (int64 each), and the router's fp32 copy
-    of its input when the stream is 16-bit (the router computes in fp32)."""
-    k = shape.top_k
-    routed = d.matmul * (4 * k * shape.width + 3 * k * model.hidden)
-    router = FP32_BYTES * (shape.experts + 2 * k + 1) + INDEX_BYTES * 3 * k
+    of its input when the stream is 16-bit (the router computes in fp32).
+
+    Under expert parallelism (runtime/parallel/expert.py's run_experts) the gathered rows go out by
+    all-to-all (which saves nothing) and the rows that arrive, regrouped by local expert, are the grouped
+    GEMMs' input: the SwiGLU intermediates and that input scale with the received rows (`routing.received`
+    per routed copy); the experts' output goes back by the reverse all-to-all unsaved, and what arrives
+    (this rank's own rows) is saved by the gate's product as the routed output was. Two more int64 indices
+    per received row: the regrouping permutation and its inverse."""
+    r = routing or ExpertRouting()
+    k, received = shape.top_k, r.received
+    routed = d.matmul * (4 * k * shape.width * received + k * model.hidden * (received + 2))
+    router: float = FP32_BYTES * (shape.experts + 2 * k + 1) + INDEX_BYTES * 3 * k
+    if r.ep > 1:
+        router += INDEX_BYTES * 2 * k * received
     router_input = FP32_BYTES * model.hidden if d.stream < FP32_BYTES else 0.0
-    return routed + router + router_input
+    return (routed + router + router_input) * r.token_share
 
 
-def layer_saved_bytes_per_token_no_ac(model: Any, tp: int, sp: bool, mode: str) -> float:
+def layer_saved_bytes_per_token_no_ac(model: Any, tp: int, sp: bool, mode: str,
+                                      routing: ExpertRouting | None = None) -> float:
     """Per token, the mean over the layers (with model.moe, MoE blocks save more: moe_routing_bytes_per_token);
     each block as `_block_saved_no_ac`."""
     shape = moe_shape(model)
@@ -135,7 +173,7 @@ def layer_saved_bytes_per_token_no_ac(model: Any, tp: int, sp: bool, mode: str) 
     if shape is None:
         return dense
     moe = _block_saved_no_ac(model, tp, sp, mode, ffn=shape.shared) + moe_routing_bytes_per_token(
-        shape, model, dtypes(mode))
+        shape, model, dtypes(mode), routing)
     return _over_layers(model, dense, moe, shape)
 
 
@@ -161,18 +199,26 @@ def _block_saved_no_ac(model: Any, tp: int, sp: bool, mode: str, ffn: float | No
     return 2 * norm + inputs + attention + ffn_saved
 
 
-def layer_saved_bytes_per_token_selective(model: Any, tp: int, sp: bool, mode: str) -> float:
+def layer_saved_bytes_per_token_selective(model: Any, tp: int, sp: bool, mode: str,
+                                          routing: ExpertRouting | None = None) -> float:
     """Per token under the runtime's selective (op-level) policy: the block input plus the
     outputs of every matmul and of SDPA (output + log-sum-exp); everything else is recomputed.
     A MoE block: its grouped GEMMs' outputs (w1, w3: top_k x width; w2: top_k x hidden) and the
-    router's fp32 logits are matmul outputs too; a shared expert is a dense FFN of its width."""
+    router's fp32 logits are matmul outputs too; a shared expert is a dense FFN of its width. Under expert
+    parallelism the GEMMs run on the received rows, and one more [rows, hidden] tensor per routed copy is
+    kept: the all-to-all's output that came back (activation_checkpoint.py saves all_to_all_single's
+    outputs), measured against MemTracker (bench/memory_accuracy.py's ep configurations)."""
     shape = moe_shape(model)
     dense = _block_saved_selective(model, tp, sp, mode)
     if shape is None:
         return dense
     d = dtypes(mode)
+    r = routing or ExpertRouting()
     moe = _block_saved_selective(model, tp, sp, mode, ffn=shape.shared)
-    moe += d.matmul * shape.top_k * (2 * shape.width + model.hidden) + FP32_BYTES * shape.experts
+    routed = d.matmul * shape.top_k * (2 * shape.width + model.hidden) * r.received
+    if r.ep > 1:
+        routed += d.matmul * shape.top_k * model.hidden
+    moe += (routed + FP32_BYTES * shape.experts) * r.token_share
     return _over_layers(model, dense, moe, shape)
 
 
@@ -193,13 +239,14 @@ def _block_saved_selective(model: Any, tp: int, sp: bool, mode: str, ffn: float 
     return block_input + qkv + sdpa + projections + ffn_out + collectives
 
 
-def layer_activations(model: Any, tokens: int, tp: int, sp: bool, ac: str, mode: str) -> LayerActivations:
+def layer_activations(model: Any, tokens: int, tp: int, sp: bool, ac: str, mode: str,
+                      routing: ExpertRouting | None = None) -> LayerActivations:
     """Saved and recompute-transient bytes of one layer for a micro-batch of `tokens` tokens."""
-    full = layer_saved_bytes_per_token_no_ac(model, tp, sp, mode) * tokens + rope_table_copy_bytes(model, mode)
+    full = layer_saved_bytes_per_token_no_ac(model, tp, sp, mode, routing) * tokens + rope_table_copy_bytes(model, mode)
     if ac == "none":
         return LayerActivations(full, 0.0)
     if ac == "selective":
-        kept = layer_saved_bytes_per_token_selective(model, tp, sp, mode) * tokens
+        kept = layer_saved_bytes_per_token_selective(model, tp, sp, mode, routing) * tokens
         return LayerActivations(kept, max(full - kept, 0.0))
     if ac == "full":
         kept = dtypes(mode).stream * model.hidden / (tp if sp else 1) * tokens

@@ -143,8 +143,11 @@ def fine_tune_notes(job: Job) -> list[str]:
                          "up to 16% above the plan on a 1.1B shape); prefer ac none or full for a tight memory budget")
     moe = getattr(job.model, "moe", None)
     if moe is not None:
-        notes.append(f"model.moe ({moe.experts} experts, top-{moe.top_k}): every rank holds all experts of its "
-                     "stages (no expert parallelism yet); FLOPs count the active experts; activations assume an "
-                     "even load (a busier expert's rows are the same top-k copies in other places, so the total "
-                     "holds, but a grouped GEMM's transient grows with the busiest expert)")
+        ep = job.parallel.ep
+        held = ("every rank holds all routed experts of its stages" if ep == 1 else
+                f"each rank holds {moe.experts // ep} of the {moe.experts} routed experts of its stages (ep={ep})")
+        notes.append(f"model.moe ({moe.experts} experts, top-{moe.top_k}): {held}; FLOPs count the active experts; "
+                     "activations assume an even load (expert load imbalance 1.0: a rank that receives more "
+                     "than its share of the dispatched rows holds more; the doctor's router finding reports the "
+                     "measured load)")
     return notes

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hpctrain.plan.activations import (
+    DEFAULT_EXPERT_LOAD_IMBALANCE,
     FP32_BYTES,
     HALF_BYTES,
     backward_transient_bytes,
@@ -24,6 +25,7 @@ from hpctrain.plan.activations import (
     ffn_output_input_bytes,
     embedding_backward_transient_bytes,
     embedding_saved_bytes,
+    expert_routing,
     ffn_saved_bytes_per_token,
     head_activations,
     in_flight_micro_batches,
@@ -41,8 +43,12 @@ from hpctrain.plan.model_stats import (
     embedding_param_count,
     final_norm_param_count,
     head_param_count,
+    layer_norm_params,
     layer_param_count,
+    moe_layer_count,
+    routed_expert_params,
     stage_param_count,
+    stage_routed_expert_params,
 )
 
 GIB = 2**30
@@ -108,6 +114,14 @@ class RankSetup:
     def fsdp(self) -> bool:
         """Whether the runtime shards with FSDP: over dp x cp ranks, or to offload the optimizer."""
         return self.dp * self.cp > 1 or self.offload_optimizer
+    ep: int = 1  # parallel.ep: routed experts split over ep ranks, FSDP-sharded over efsdp (runtime/parallel/expert.py)
+    expert_load_imbalance: float = DEFAULT_EXPERT_LOAD_IMBALANCE  # received rows / mean under ep (activations.py)
+
+    @property
+    def efsdp(self) -> int:
+        """The routed experts' FSDP degree: the dp x tp ranks of a stage over ep (torchtitan's ParallelDims:
+        the sparse region efsdp x ep spans the dense region's dp x tp ranks; at tp=1, dp / ep)."""
+        return max(1, self.dp * self.tp // self.ep)
 
 
 def optimizer_bytes_per_param(optimizer: str) -> int:
@@ -122,9 +136,28 @@ def _rank_params(model: Any, stage_layers: list[tuple[int, int]], setup: RankSet
     for index in range(pp_rank, len(stage_layers), setup.pp):
         first_layer, end_layer = stage_layers[index]
         params += stage_param_count(model, first_layer, end_layer, has_embedding=index == 0,
-                                    has_head=index == last, tp=setup.tp)
+                                    has_head=index == last, tp=setup.tp, ep=setup.ep)
         layers += end_layer - first_layer
     return params, layers
+
+
+def _rank_routed_params(model: Any, stage_layers: list[tuple[int, int]], setup: RankSetup, pp_rank: int) -> int:
+    """The routed-expert parameters among `_rank_params`'s: E/ep experts per MoE block."""
+    return sum(stage_routed_expert_params(model, *stage_layers[index], ep=setup.ep)
+               for index in range(pp_rank, len(stage_layers), setup.pp))
+
+
+def rank_layer_params(model: Any, tp: int, ep: int = 1) -> float:
+    """One layer's parameters on a rank, the mean over the layers: everything by tp, but under expert
+    parallelism the routed experts by ep instead (whole experts, not tensor-parallel) and the router whole."""
+    per_layer = layer_param_count(model) / tp
+    if ep == 1 or not moe_layer_count(model):
+        return per_layer
+    norms = layer_norm_params(model)  # replicated under TP (the ep=1 figure above divides them too: a few KiB)
+    per_layer = (layer_param_count(model) - norms) / tp + norms
+    share = moe_layer_count(model) / int(model.layers)
+    routed, router = share * routed_expert_params(model), share * int(model.moe.experts) * int(model.hidden)
+    return per_layer - (routed + router) / tp + routed / ep + router  # the router is replicated
 
 
 # Item names of the breakdown, with the component each belongs to.
@@ -167,9 +200,22 @@ class _States:
 
 def _states(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, pp_rank: int, fsdp: bool, mode: str,
             params: int, layers: int) -> _States:
-    shard = s.dp * s.cp if fsdp else 1
     on_gpu = 0.0 if s.offload_optimizer else 1.0
-    layer_params = layer_param_count(model) / s.tp
+    layer_params = rank_layer_params(model, s.tp, s.ep)
+    # Routed experts are an FSDP unit of their own over efsdp ranks (runtime/parallel/expert.py's
+    # shard_experts), the rest over dp: `sharded(total, experts)` is a parameter-sized buffer per rank
+    # whose `experts` part (in parameters) is sharded over efsdp. At ep=1 efsdp = dp: one degree.
+    # With context parallelism the dense part is sharded over dp x cp (cp > 1 excludes ep > 1).
+    dense_shard, expert_shard = (s.dp * s.cp, s.efsdp) if fsdp else (1, 1)
+
+    def sharded(total: float, experts: float) -> float:
+        return (total - experts) / dense_shard + experts / expert_shard
+
+    routed = float(_rank_routed_params(model, stage_layers, s, pp_rank)) if s.ep > 1 else 0.0
+    first_layer = stage_layers[pp_rank][0]
+    # The rank's last-processed layer (its first) still lacks its experts' gradients in its FFN backward.
+    first_routed = (routed_expert_params(model) / s.ep
+                    if routed and first_layer >= int(model.moe.dense_layers) else 0.0)
     compute_bytes = HALF_BYTES if mode == "fsdp-mp" else FP32_BYTES
     unsharded_fwd = unsharded_bwd = 0.0
     if fsdp and s.zero >= 3 and s.pp == 1 and model.tie_embeddings:
@@ -201,7 +247,9 @@ def _states(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, pp_ra
     w2_params = model.hidden * model.ffn_hidden / s.tp
     embedding = embedding_param_count(model) / s.tp if pp_rank == 0 and not host_table else 0.0
     trained, trained_layer = float(params), layer_params
+    trained_routed = routed
     if s.lora is not None:
+        trained_routed = first_routed = 0.0  # LoRA adapts the attention projections only (config/job.py)
         trained_layer = adapter_params_per_layer(model, s.lora, s.tp)
         trained, params = layers * trained_layer, int(params + layers * trained_layer)
         w2_params = adapter_params(model, s.lora, "w2", s.tp) if "w2" in s.lora.targets else 0.0
@@ -209,26 +257,27 @@ def _states(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, pp_ra
         if fsdp:
             unsharded_fwd += compute_bytes * trained_layer * (1 if s.zero >= 3 and s.pp == 1 else layers)
             unsharded_bwd += compute_bytes * trained_layer * (1 if s.zero >= 3 and s.pp == 1 else layers)
-    grads_sharded = FP32_BYTES * trained / shard * on_gpu
+    grads_sharded = FP32_BYTES * sharded(trained, trained_routed) * on_gpu
     accumulating = s.micro_batches > 1 or s.pp > 1
     deferred = fsdp and (s.zero <= 1 or s.pp > 1) and s.micro_batches > 1
     # The backward peak of the last-processed layer (the rank's first) is in its FFN backward:
     # every other gradient exists except the embedding's and that layer's, but for w2's.
-    fresh = FP32_BYTES * (trained - embedding - trained_layer + w2_params) / shard * on_gpu
+    fresh = FP32_BYTES * sharded(trained - embedding - trained_layer + w2_params,
+                                 trained_routed - first_routed) * on_gpu
     # Later moments (memory.py's _late_backward_phases): the FFN norm's backward, where the
     # first layer's attention gradients are still missing, and the embedding's backward.
     attention_trained = (attention_param_count(model) + model.hidden) / s.tp
     if s.lora is not None:
         attention_trained = sum(adapter_params(model, s.lora, t, s.tp) for t in s.lora.targets
                                 if t in ("wq", "wk", "wv", "wo"))
-    fresh_norm = FP32_BYTES * (trained - embedding - attention_trained) / shard * on_gpu
-    fresh_embedding = FP32_BYTES * (trained - embedding) / shard * on_gpu
+    fresh_norm = FP32_BYTES * sharded(trained - embedding - attention_trained, trained_routed) * on_gpu
+    fresh_embedding = FP32_BYTES * sharded(trained - embedding, trained_routed) * on_gpu
     held = 0.0 if (not accumulating or deferred) else grads_sharded
     return _States(
-        master=FP32_BYTES * params / shard * on_gpu,
+        master=FP32_BYTES * sharded(params, routed) * on_gpu,
         rope=2.0 * FP32_BYTES * model.seq_len * (model.hidden // model.heads) * stage_layers_on_rank(stage_layers, s.pp, pp_rank),
         unsharded_forward=unsharded_fwd, unsharded_backward=unsharded_bwd,
-        optimizer=optimizer_bytes_per_param(s.optimizer) * trained / shard * on_gpu,
+        optimizer=optimizer_bytes_per_param(s.optimizer) * sharded(trained, trained_routed) * on_gpu,
         grads_sharded=grads_sharded, grads_held=held, grads_fresh_at_end=0.0 if deferred else fresh,
         grads_fresh_at_norm=0.0 if deferred else fresh_norm,
         grads_fresh_at_embedding=0.0 if deferred else fresh_embedding,
@@ -248,7 +297,8 @@ def _phase_items(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, 
     st = _states(model, stage_layers, s, pp_rank, fsdp, mode, params, layers)
     first, last = pp_rank == 0, pp_rank == s.pp - 1
     tokens = tokens_per_rank(s.micro_batch, model.seq_len, s.cp)
-    layer = layer_activations(model, tokens, s.tp, s.sequence_parallel, s.ac, mode)
+    routing = expert_routing(s.tp, s.sequence_parallel, s.ep, s.expert_load_imbalance)
+    layer = layer_activations(model, tokens, s.tp, s.sequence_parallel, s.ac, mode, routing)
     layer = _context_parallel_layer(layer, model, s, mode)
     head = head_activations(model, tokens, s.tp, s.sequence_parallel, mode)
     if s.attention == "materialized":

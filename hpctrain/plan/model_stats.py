@@ -67,6 +67,15 @@ def moe_ffn_params(model: Any, active: bool = False) -> int:
                                       + shared_width(moe, int(model.ffn_hidden)))
 
 
+def routed_expert_params(model: Any) -> int:
+    """The routed experts of one MoE block (experts x SwiGLU of the expert width): what expert parallelism
+    splits over ep (runtime/parallel/expert.py), never over tp (torchtitan's etp=1: experts whole)."""
+    from hpctrain.config.moe import expert_width
+
+    moe = model.moe
+    return int(moe.experts) * 3 * int(model.hidden) * expert_width(moe, int(model.ffn_hidden))
+
+
 def ffn_params(model: Any, active: bool = False) -> int:
     """The FFN parameters of one layer; with model.moe the mean over the layers (dense and MoE blocks), so
     layers x this is the model's total (active=True: those one token's forward uses)."""
@@ -138,7 +147,8 @@ def _ceil_div(a: int, b: int) -> int:
 
 
 def stage_param_count(
-    model: Any, first_layer: int, last_layer: int, *, has_embedding: bool, has_head: bool, tp: int = 1
+    model: Any, first_layer: int, last_layer: int, *, has_embedding: bool, has_head: bool, tp: int = 1,
+    ep: int = 1,
 ) -> int:
     """Parameters one TP rank of a pipeline stage holds, before any DP (FSDP) sharding.
 
@@ -147,15 +157,25 @@ def stage_param_count(
     head are vocab-parallel (rows of the vocab split by tp, the largest shard counted). A tied
     model split over several stages keeps a head copy on the last stage (Megatron keeps a copy and
     all-reduces its gradient with the embedding's), so `has_head` counts [hidden, vocab] then too.
-    With model.moe the stage's dense blocks (the first dense_layers) and MoE blocks are counted apart.
+    With model.moe the stage's dense blocks (the first dense_layers) and MoE blocks are counted apart; with
+    ep > 1 a MoE block holds experts/ep routed experts, whole (not tensor-parallel: torchtitan's etp=1 rule,
+    which the runtime follows), a replicated router and its shared experts split by tp like a dense FFN.
+    At ep=1 the block counts as before (everything but the norms by tp), which is what the runtime's
+    `Training.param_count_before_dp` reports for its global-shape expert DTensors.
     """
     per_layer, vocab_params, norm = _tp_shard_sizes(model, tp)
     count = (last_layer - first_layer) * per_layer
     if moe_layer_count(model):
         dense = max(0, min(last_layer, int(model.moe.dense_layers)) - first_layer)
         attention_and_norms = attention_params(model) // tp + layer_norm_params(model)
+        moe_block = attention_and_norms + moe_ffn_params(model) // tp
+        if ep > 1:
+            routed = routed_expert_params(model)
+            router = int(model.moe.experts) * int(model.hidden)
+            moe_block = (attention_and_norms + router + (moe_ffn_params(model) - routed - router) // tp
+                         + routed // ep)
         count = (dense * (attention_and_norms + dense_ffn_params(model) // tp)
-                 + (last_layer - first_layer - dense) * (attention_and_norms + moe_ffn_params(model) // tp))
+                 + (last_layer - first_layer - dense) * moe_block)
     if has_embedding:
         count += vocab_params
     if has_head:
@@ -163,6 +183,14 @@ def stage_param_count(
         if not model.tie_embeddings or not has_embedding:
             count += vocab_params
     return count
+
+
+def stage_routed_expert_params(model: Any, first_layer: int, last_layer: int, ep: int = 1) -> int:
+    """The routed-expert parameters among `stage_param_count`'s (what FSDP shards over efsdp, not dp)."""
+    if not moe_layer_count(model):
+        return 0
+    dense = max(0, min(last_layer, int(model.moe.dense_layers)) - first_layer)
+    return (last_layer - first_layer - dense) * (routed_expert_params(model) // ep)
 
 
 _SHARD_CACHE: dict[tuple[Any, ...], tuple[int, int, int]] = {}

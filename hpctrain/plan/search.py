@@ -15,7 +15,7 @@ from hpctrain.plan.hardware import Hardware
 from hpctrain.plan.lora import LoraShape
 from hpctrain.plan.memory import MemoryBreakdown, RankSetup, peak_rank_memory
 from hpctrain.plan.model_stats import stage_param_count
-from hpctrain.plan.space import MAX_STAGE_IMBALANCE, Choices, Rejections
+from hpctrain.plan.space import MAX_STAGE_IMBALANCE, Choices, Rejections, ep_layout_problem
 from hpctrain.plan.stages import balanced_stage_split, stage_imbalance
 
 if TYPE_CHECKING:
@@ -92,14 +92,14 @@ class _StageCache:
         return self._splits[key]
 
 
-def busiest_rank(model: Any, stage_layers: StageLayers, pp: int, tp: int) -> tuple[int, bool, float]:
+def busiest_rank(model: Any, stage_layers: StageLayers, pp: int, tp: int, ep: int = 1) -> tuple[int, bool, float]:
     """(layers, holds the head, parameters on one TP rank) of the pipeline rank with the most layers."""
     sizes = [0] * pp
     for index, (a, b) in enumerate(stage_layers):
         sizes[index % pp] += b - a
     rank = sizes.index(max(sizes))
     last = len(stage_layers) - 1
-    params = sum(stage_param_count(model, a, b, has_embedding=i == 0, has_head=i == last, tp=tp)
+    params = sum(stage_param_count(model, a, b, has_embedding=i == 0, has_head=i == last, tp=tp, ep=ep)
                  for i, (a, b) in enumerate(stage_layers) if i % pp == rank)
     return sizes[rank], rank == (last % pp), float(params)
 
@@ -132,8 +132,10 @@ def search(model: Any, hw: Hardware, choices: Choices, settings: SearchSettings)
             if pp > model.layers:
                 rejected.add("pp_exceeds_layers", f"{tag}: {model.layers} layers", family)
                 continue
-            if dp % choices.ep:
-                rejected.add("ep_does_not_divide_dp", f"{tag}: ep={choices.ep}", family)
+            ep_problem = ep_layout_problem(choices.ep, dp, tp, choices.sequence_parallel and tp > 1,
+                                           model.moe is not None)
+            if ep_problem:
+                rejected.add("ep_does_not_divide_dp", f"{tag}: {ep_problem}", family)
                 continue
             if settings.global_batch % dp:
                 rejected.add("global_batch_not_divisible", f"{tag}: global_batch={settings.global_batch}", family)
@@ -177,7 +179,7 @@ def _search_family(model: Any, hw: Hardware, choices: Choices, settings: SearchS
         if imbalance > MAX_STAGE_IMBALANCE:
             rejected.add("stages_imbalanced", f"{tag} v={v}: imbalance {imbalance:.0%}", family)
             continue
-        busiest_layers, busiest_head, busiest_params = busiest_rank(model, stage_layers, pp, tp)
+        busiest_layers, busiest_head, busiest_params = busiest_rank(model, stage_layers, pp, tp, choices.ep)
         for mb in choices.micro_batches(local_batch):
             if local_batch % mb:
                 rejected.add("local_batch_not_divisible", f"{tag} mb={mb}: local batch {local_batch}", family)
@@ -194,7 +196,7 @@ def _search_family(model: Any, hw: Hardware, choices: Choices, settings: SearchS
                                           virtual_stages=v, ac=ac, zero=zero, offload_optimizer=offload,
                                           sequence_parallel=sp, precision=settings.precision,
                                           optimizer=settings.optimizer, overhead_bytes=settings.overhead_bytes,
-                                          lora=settings.lora, attention=settings.attention, cp=cp,
+                                          lora=settings.lora, attention=settings.attention, cp=cp, ep=choices.ep,
                                           cpu_attention=hw.gpu.name == "cpu",
                                           embedding_on_cpu=settings.embedding_on_cpu)
                         rank, memory = peak_rank_memory(model, stage_layers, setup)

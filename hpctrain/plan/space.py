@@ -28,7 +28,8 @@ REASONS: dict[str, str] = {
     "stages_imbalanced": f"layers not splittable into balanced stages (compute imbalance > "
                          f"{MAX_STAGE_IMBALANCE:.0%}, embedding and head counted)",
     "global_batch_not_divisible": "global batch not divisible by dp",
-    "ep_does_not_divide_dp": "parallel.ep does not divide dp (expert parallelism borrows its ranks from dp)",
+    "ep_does_not_divide_dp": "parallel.ep does not fit the layout (it must divide dp x tp, be a multiple of tp "
+                             "when tp > 1, with sequence parallelism on: expert parallelism borrows dp and tp ranks)",
     "cp_does_not_split_sequence": "seq_len / cp not divisible by tp under sequence parallelism, or cp > 1 with ep > 1",
     "local_batch_not_divisible": "local batch (global_batch / dp) not divisible by micro_batch",
     "too_few_micro_batches": "fewer micro-batches than pipeline stages (or not a multiple of pp for interleaving)",
@@ -55,6 +56,25 @@ REASON_UNITS: dict[str, str] = {
 }
 
 
+def ep_layout_problem(ep: int, dp: int, tp: int, sequence_parallel: bool, moe: bool = True) -> str | None:
+    """Why `ep` does not fit a (dp, tp) layout, or None. torchtitan's ParallelDims with etp=1
+    (torchtitan/distributed/parallel_dims.py): the experts' region efsdp x ep spans the dense region's
+    dp x tp ranks, so ep divides dp x tp; with tp > 1 an ep group holds whole tp groups (ep a multiple of
+    tp; the experts are not tensor-parallel) and the MoE input must be sequence-sharded over tp (SP on).
+    At tp=1 this is the runtime's dp % ep == 0 (runtime/parallel/dims.py)."""
+    if moe and tp > 1 and ep % tp:  # ep = 1 too: experts replicated over tp would see other ranks' tokens
+        return f"ep={ep} is not a multiple of tp={tp}"
+    if ep == 1:
+        return None
+    if (dp * tp) % ep:
+        return f"ep={ep} does not divide dp x tp = {dp * tp}"
+    if tp > 1 and ep % tp:
+        return f"ep={ep} is not a multiple of tp={tp}"
+    if tp > 1 and not sequence_parallel:
+        return f"ep={ep} with tp={tp} needs sequence_parallel"
+    return None
+
+
 def _fixed(value: Any) -> Any:
     return None if value == AUTO else value
 
@@ -78,7 +98,7 @@ class Choices:
     zero: int | None
     offload: tuple[bool, ...]
     sequence_parallel: bool
-    ep: int = 1  # parallel.ep, never searched: only dp that it divides are tried
+    ep: int = 1  # parallel.ep, never searched: only (dp, tp) that it fits are tried (ep_layout_problem)
     cp: tuple[int, ...] = (1,)  # parallel.cp: the job's, or 1 and more for a long sequence (plan/context.py)
 
     @classmethod
@@ -87,8 +107,6 @@ class Choices:
         world = job.cluster.nodes * job.cluster.gpus_per_node
         tp_fixed, pp_fixed = _fixed(par.tp), _fixed(par.pp)
         tp = (tp_fixed,) if tp_fixed is not None else tuple(d for d in divisors(world) if d <= job.cluster.gpus_per_node)
-        if job.transformer.moe is not None and tp_fixed is None:
-            tp = (1,)  # the runtime's experts are not tensor-parallel yet (config/job.py refuses a fixed tp > 1)
         pp = (pp_fixed,) if pp_fixed is not None else tuple(divisors(world))
         ac = _fixed(train.activation_checkpointing)
         offload = par.offload_optimizer

@@ -2,8 +2,8 @@
 
 24 dense configurations spanning precision (fp32, bf16 autocast, bf16 FSDP mixed precision), AC mode,
 ZeRO 0-3, TP with and without sequence parallelism, and pipeline stages of GPipe, 1F1B and
-interleaved 1F1B; 7 Mixture-of-Experts ones (issue 24: AC none/selective/full, ZeRO 0-3, shared experts
-and a dense first layer; expert parallelism is not in the runtime yet). Every MemTracker category and the total must agree within +-5 % (components
+interleaved 1F1B; 13 Mixture-of-Experts ones (issue 24: AC none/selective/full, ZeRO 0-3, shared experts
+and a dense first layer; ep 1 on fake tensors, ep 2 and 4 on a real gloo group of four processes). Every MemTracker category and the total must agree within +-5 % (components
 under 20 % of the total: within 1 % of the total). The same table: `python bench/memory_accuracy.py`.
 """
 
@@ -41,7 +41,14 @@ def measured() -> dict[str, dict[str, float]]:
 def test_enough_configurations():
     kinds = {cfg.kind for cfg in accuracy.CONFIGS}
     assert len(accuracy.CONFIGS) >= 20 and kinds == {"fake", "real", "gloo"}
-    assert sum(1 for cfg in accuracy.CONFIGS if "moe" in cfg.model) >= 6
+    moe = [cfg.job().parallel for cfg in accuracy.CONFIGS if "moe" in cfg.model]
+    moe_train = [cfg.job().train for cfg in accuracy.CONFIGS if "moe" in cfg.model]
+    assert len(moe) >= 6
+    # issue 24's acceptance: ep 1/2/4, zero 1 and 3, with and without activation checkpointing
+    assert {p.ep for p in moe} >= {1, 2, 4}
+    for ep in (2, 4):
+        assert {p.zero for p in moe if p.ep == ep} >= {1, 3}
+    assert {t.activation_checkpointing for t, p in zip(moe_train, moe) if p.ep > 1} >= {"none", "selective", "full"}
 
 
 @pytest.mark.timeout(1800)

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import scale_dry_build as dry  # noqa: E402
 
 from hpctrain.config.model import PRESETS  # noqa: E402
-from hpctrain.plan.model_stats import stage_param_count  # noqa: E402
+from hpctrain.plan.model_stats import stage_param_count, stage_routed_expert_params  # noqa: E402
 
 
 def test_one_f_one_b_order_keeps_pp_minus_rank_in_flight():
@@ -60,3 +60,20 @@ def test_tiny_dry_build_matches_planner_and_closed_form():
     # shapes divide evenly) and replicates the RMSNorm weights (2 per layer and the final one).
     norms = (2 * model.layers + 1) * model.hidden
     assert sum(r.params_tp for r in results) == (dry.closed_form_params(layout) - norms) // layout.tp + norms
+
+
+@pytest.mark.timeout(180)
+def test_expert_parallel_dry_build_holds_the_planners_experts_per_rank():
+    """Issue 24: with parallel.ep a rank holds experts/ep of each MoE block; the runtime's stages (built on a
+    fake group of pp2 x dp2, ep2) hold exactly the planner's per-rank count, experts divided by ep.
+    (Parameters only: the all-to-all's splits are values fake tensors do not have.)"""
+    moe = dict(PRESETS["tiny"], moe=dict(experts=4, top_k=2, expert_ffn_hidden=64, shared_experts=1, dense_layers=1))
+    layout = dry.Layout("tiny moe", moe, tp=1, pp=2, dp=2, ep=2, micro_batches=2, sequence_parallel=False)
+    results = dry.dry_build_ranks(layout, (0, 1), trace=False, workers=2)
+    model = layout.job().model
+    for r in results:
+        assert r.params_tp == r.planner_params_tp > 0, r
+        whole = stage_param_count(model, r.first_layer, r.last_layer, has_embedding=r.pp_rank == 0,
+                                  has_head=r.pp_rank == 1)
+        routed = stage_routed_expert_params(model, r.first_layer, r.last_layer)
+        assert r.params_tp == whole - routed // 2, r  # half of the stage's routed experts
