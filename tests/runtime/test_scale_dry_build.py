@@ -77,3 +77,20 @@ def test_expert_parallel_dry_build_holds_the_planners_experts_per_rank():
                                   has_head=r.pp_rank == 1)
         routed = stage_routed_expert_params(model, r.first_layer, r.last_layer)
         assert r.params_tp == whole - routed // 2, r  # half of the stage's routed experts
+
+
+@pytest.mark.timeout(180)
+def test_expert_parallel_over_tensor_parallel_dry_build_matches_the_planner():
+    """Issue 24, ep over dp x tp (bench/scale_dry_build.py's Qwen3-235B-A22B TP2 PP8 EP32 at a tiny scale): on a
+    fake group of tp2 x pp2 x dp2 with ep4, a rank holds the attention and the shared experts over tp, the
+    router whole and a quarter of the routed experts whole; the runtime's stages hold the planner's count."""
+    moe = dict(PRESETS["tiny"], moe=dict(experts=4, top_k=2, expert_ffn_hidden=64, shared_experts=1, dense_layers=1))
+    layout = dry.Layout("tiny moe tp", moe, tp=2, pp=2, dp=2, ep=4, micro_batches=2, sequence_parallel=True)
+    results = dry.dry_build_ranks(layout, (0, 1), trace=False, workers=2)
+    model = layout.job().model
+    for r in results:
+        assert r.params_tp == r.planner_params_tp > 0, r
+        routed = stage_routed_expert_params(model, r.first_layer, r.last_layer)
+        at_ep1 = stage_param_count(model, r.first_layer, r.last_layer, has_embedding=r.pp_rank == 0,
+                                   has_head=r.pp_rank == 1, tp=2)
+        assert r.params_tp != at_ep1 and routed > 0, r  # experts are not split by tp, but by ep
