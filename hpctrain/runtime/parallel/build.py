@@ -116,7 +116,8 @@ def _layout(job: Job, device: torch.device) -> _Layout:
     if dims.cp_enabled:
         assert mesh is not None  # cp > 1 means world_size > 1: an initialised group
         cp_mesh = mesh["cp"]
-        context = ContextParallel(cp_mesh.get_group(), dims.cp, cp_mesh.get_local_rank(), args.seq_len)
+        context = ContextParallel(cp_mesh.get_group(), dims.cp, cp_mesh.get_local_rank(), args.seq_len,
+                                  par.cp_rotate)
         fsdp_mesh = mesh["dp", "cp"]._flatten("dp_cp")  # torchtitan's dp_shard_cp
     return _Layout(args, dims, mesh, rank, virtual, n_micro, fsdp, experts_mesh, context, fsdp_mesh)
 
