@@ -13,8 +13,10 @@ from typing import Any
 import pytest
 import torch
 
+from hpctrain.runtime.observe.comm_timing import CP_KV, CommTimer
+
 from ._dist import run_distributed
-from ._jobs import dp_slice, global_batch, tiny_job
+from ._jobs import TINY_MODEL, dp_slice, global_batch, tiny_job
 
 STEPS = 6
 MAX_NORM = 0.5
@@ -23,6 +25,8 @@ BF16_TOL = 2e-3  # bf16 (8-bit mantissa), FSDP mixed precision vs autocast: meas
 
 LAYOUTS: dict[int, list[tuple[str, dict[str, Any]]]] = {
     2: [("cp2", dict(cp=2, micro_batch=2)),
+        ("cp2 ring", dict(cp=2, micro_batch=2, cp_rotate="ring")),
+        ("cp2 ring bf16", dict(cp=2, micro_batch=2, precision="bf16", cp_rotate="ring")),
         # Mixed precision composes: bf16 (FSDP's policy over dp x cp) against one bf16 process, to bf16's accuracy.
         ("cp2 bf16", dict(cp=2, micro_batch=2, precision="bf16"))],
     4: [
@@ -30,6 +34,11 @@ LAYOUTS: dict[int, list[tuple[str, dict[str, Any]]]] = {
         ("cp2 tp2 sp", dict(cp=2, tp=2, sequence_parallel=True, micro_batch=2)),
         ("cp2 dp2 zero3 ac-full", dict(cp=2, dp=2, zero=3, micro_batch=2, ac="full")),
         ("cp2 pp2 1f1b tied", dict(cp=2, pp=2, schedule="1f1b", micro_batch=2, tie_embeddings=True)),
+        # The ring (parallel.cp_rotate: ring, runtime/parallel/ring_attention.py) in the same launch.
+        ("cp4 ring ac-selective", dict(cp=4, micro_batch=4, ac="selective", cp_rotate="ring")),
+        ("cp2 tp2 sp ring", dict(cp=2, tp=2, sequence_parallel=True, micro_batch=2, cp_rotate="ring")),
+        ("cp2 dp2 zero3 ring ac-full", dict(cp=2, dp=2, zero=3, micro_batch=2, ac="full", cp_rotate="ring")),
+        ("cp2 pp2 ring", dict(cp=2, pp=2, schedule="1f1b", micro_batch=2, cp_rotate="ring")),
     ],
 }
 
@@ -41,8 +50,30 @@ def _full(value: torch.Tensor) -> torch.Tensor:
 
 
 def _train(kwargs: dict[str, Any], distributed: bool) -> dict[str, Any]:
+    from hpctrain.runtime.parallel import ring_attention
     from hpctrain.runtime.parallel.build import build_training
 
+    passes = [0]  # the ring's forward passes (the op looks ring_forward up when it runs)
+    forward = ring_attention.ring_forward
+
+    def counted(*args: Any, **kw: Any) -> Any:
+        passes[0] += 1
+        return forward(*args, **kw)
+
+    ring_attention.ring_forward = counted  # type: ignore[assignment]
+    timer = CommTimer()  # the K/V exchanges' waits, as the runtime's telemetry reads them
+    timer.install()
+    timer.active = True
+    try:
+        result = _train_steps(kwargs, distributed, build_training)
+    finally:
+        ring_attention.ring_forward = forward  # type: ignore[assignment]
+        timer.active = False
+        timer.uninstall()
+    return result | {"ring_passes": passes[0], "cp_kv_s": timer.reset()[CP_KV]}
+
+
+def _train_steps(kwargs: dict[str, Any], distributed: bool, build_training: Any) -> dict[str, Any]:
     job = tiny_job(**kwargs)
     training = build_training(job, torch.device("cpu"))
     optimizer = torch.optim.SGD(training.parameters(), lr=job.train.optimizer.lr)
@@ -87,6 +118,17 @@ def test_context_parallel_layouts_match_one_process(world: int) -> None:
         param_diff = max((merged[k] - ref["state"][k]).abs().max().item() for k in ref["state"])
         print(f"[cp parity] {name}: max|dloss|={loss_diff:.2e} max rel dnorm={norm_diff:.2e} "
               f"max|dparam|={param_diff:.2e}")
+        if kwargs.get("cp_rotate") == "ring":
+            # Once per layer and micro-batch per step; selective checkpointing keeps the ring's outputs,
+            # full checkpointing runs it again in backward.
+            micro = 8 // kwargs.get("dp", 1) // kwargs["micro_batch"]
+            layers = TINY_MODEL["layers"] // kwargs.get("pp", 1)
+            want = STEPS * micro * layers * (2 if kwargs.get("ac") == "full" else 1)
+            want += layers if kwargs.get("pp", 1) > 1 else 0  # the pipeline stage's shape probe: one more forward
+            assert all(r[i]["ring_passes"] == want for r in results), (name, [r[i]["ring_passes"] for r in results])
+        else:
+            assert all(r[i]["ring_passes"] == 0 for r in results), name
+        assert all(r[i]["cp_kv_s"] > 0 for r in results), (name, "the K/V exchanges' waits are timed")
         tol = BF16_TOL if kwargs.get("precision") == "bf16" else TOL
         assert loss_diff <= tol, f"{name}: loss differs by {loss_diff:.2e}"
         assert norm_diff <= tol, f"{name}: grad norm differs by {norm_diff:.2e}"

@@ -200,7 +200,9 @@ def ring_backward(ring: _Ring, dout: torch.Tensor, q: torch.Tensor, kv: torch.Te
     dos = [dot[:, :, s].contiguous() for s in chunk]
     ls = [lse[:, :, s].contiguous() for s in chunk]
     dq = torch.zeros(qt.shape, dtype=torch.float32, device=q.device)
-    held, grad_works, grad_in = kv, [], None
+    held = kv
+    grad_works: list[Any] = []
+    grad_in: torch.Tensor | None = None
     for t in range(cp):
         src = (ring.rank - t) % cp
         works, incoming = ring.pass_on(held, _KV_TAG) if t < cp - 1 else ([], held)
