@@ -121,7 +121,7 @@ def plan_job(job: Job) -> PlanResult:
     overhead = default if overhead_gib is None else overhead_gib * GIB
     settings = SearchSettings(global_batch=job.train.global_batch, precision=precision, optimizer=optimizer_kind(job),
                               budget_bytes=float(hw.gpu.memory_bytes), overhead_bytes=overhead,
-                              lora=lora_shape(job))
+                              lora=lora_shape(job), cp_rotate=job.parallel.cp_rotate)
     layouts, rejected, evaluated = search(job.model, hw, Choices.from_job(job), settings)
     result = PlanResult(job.name, job.model, hw, layouts, rejected, evaluated, time.perf_counter() - start,
                         settings.budget_bytes, gpu_topology, switch_tree)

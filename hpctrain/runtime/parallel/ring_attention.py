@@ -29,8 +29,10 @@ transfers per layer). dQ stays local. The result equals one process's gradient u
 only: less than one process's SDPA, which saves its repeated K/V), the output and the fp32 log-sum-exp.
 Alive only while the layer's attention runs: the held K/V pair and the one in flight (2 · 2 · s_r · kv_heads/tp
 · head_dim elements, s_r = seq_len/cp tokens per sequence), the held pair repeated to the query heads
-(2 · s_r · heads/tp · head_dim), and the fp32 running output; in backward also the held and the incoming
-fp32 dK/dV accumulators (2 · 2 · s_r · kv_heads/tp · head_dim · 4 bytes) and the fp32 dQ. The all-gather
+(2 · s_r · heads/tp · head_dim), and the fp32 running output; in backward also the fp32 dK/dV partial and
+accumulators (held, sent, incoming: about 4 · 2 · s_r · kv_heads/tp · head_dim · 4 bytes), the fp32 dQ and
+per-chunk copies of q, the output and its gradient (plan/context.py `cp_ring_buffer_bytes`). All of it
+grows with the tokens per rank, seq_len/cp, not with seq_len. The all-gather
 form (`allgather`) instead holds the whole sequence's repeated K/V, 2 · seq_len · heads/tp · head_dim, and
 saves it for backward (plan/context.py has both).
 
@@ -207,15 +209,16 @@ def ring_backward(ring: _Ring, dout: torch.Tensor, q: torch.Tensor, kv: torch.Te
         src = (ring.rank - t) % cp
         works, incoming = ring.pass_on(held, _KV_TAG) if t < cp - 1 else ([], held)
         k, v = _heads(held, rep)
-        partial = torch.zeros((2, *k.shape), dtype=torch.float32, device=q.device)  # [2, b, heads, s, d]
+        b, _, s, d = k.shape
+        partial = torch.zeros((2, b, heads // rep, s, d), dtype=torch.float32, device=q.device)  # kv heads
         for qh, kh, causal in blocks(cp, ring.rank, src):
             dqb, dkb, dvb = block_backward(dos[qh], qs[qh], k[:, :, chunk[kh]].contiguous(),
                                            v[:, :, chunk[kh]].contiguous(), os_[qh], ls[qh], causal, fused)
             dq[:, :, chunk[qh]] += dqb
-            partial[0, :, :, chunk[kh]] += dkb
-            partial[1, :, :, chunk[kh]] += dvb
-        b, s, d = partial.shape[1], partial.shape[3], partial.shape[4]
-        acc = partial.view(2, b, heads // rep, rep, s, d).sum(3).transpose(2, 3).contiguous()  # kv heads
+            # GQA: the repeated heads' gradients summed onto their kv head, block by block
+            partial[0, :, :, chunk[kh]] += dkb.view(b, heads // rep, rep, c, d).sum(2)
+            partial[1, :, :, chunk[kh]] += dvb.view(b, heads // rep, rep, c, d).sum(2)
+        acc = partial.transpose(2, 3).contiguous()  # [2, b, s, kv_heads, d], as the K/V travel
         if grad_in is not None:  # the accumulator for src's K/V, from rank - 1
             _wait(grad_works)
             acc += grad_in
