@@ -1,7 +1,8 @@
 """Context parallelism in the planner (torch-free): the candidates, and the memory a cp rank adds.
 
 The runtime (runtime/parallel/context.py) splits each sequence over cp ranks (a head chunk and its mirror
-tail chunk each) and all-gathers every attention layer's K/V over them. Per rank that means:
+tail chunk each) and, by default (`parallel.cp_rotate: allgather`), all-gathers every attention layer's K/V
+over them. Per rank that means:
 
 - activations: everything per token is computed for seq_len / cp tokens (the memory model runs with
   micro_batch x seq_len / cp tokens; `tokens_per_rank`);

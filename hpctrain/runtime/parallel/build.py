@@ -8,6 +8,7 @@ Every rank builds its share of the model in torchtitan's order; each step is one
     3. TP       tensor parallel (+ sequence parallel, vocab-parallel embedding)  tensor.py
     3b. EP      routed experts split over ep of the dp x tp ranks (Shard(0) DTensors) expert.py
     3c. CP      context parallel: RoPE at global positions, K/V all-gathered       context.py
+                (or passed around a ring: parallel.cp_rotate)                     ring_attention.py
     4. LoRA     adapters, after TP (they take the base's placements), before FSDP  model/lora.py
     5. AC       activation checkpointing                                         activation_checkpoint.py
     6. compile  torch.compile per block (`train.compile`), after TP and AC       compile.py
