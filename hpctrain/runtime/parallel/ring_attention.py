@@ -44,8 +44,8 @@ uses there; it returns the log-sum-exp) and its backward op; on other devices as
 **Activation checkpointing.** The ring is one custom op (`hpctrain::ring_attention`), so selective
 checkpointing saves its outputs (runtime/parallel/activation_checkpoint.py lists it with SDPA) and the
 recompute in backward does not run the ring again; full checkpointing recomputes the whole block, ring
-included (one more round of cp-1 K/V transfers per layer). Every wait goes through `context.wait_kv`,
-timed as `cp_kv` (runtime/observe/comm_timing.py): part of `time_comm_exposed_s`, and `time_cp_kv_s`.
+included (one more round of cp-1 K/V transfers per layer). Every wait goes through `wait_ring`,
+timed as `cp_kv` like the all-gather's `context.wait_kv` (runtime/observe/comm_timing.py): part of `time_comm_exposed_s`, and `time_cp_kv_s`.
 """
 
 from __future__ import annotations
@@ -55,8 +55,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-
-from hpctrain.runtime.parallel import context as _context
 
 aten = torch.ops.aten
 
@@ -151,9 +149,15 @@ class _Ring:
         return works, incoming
 
 
+def wait_ring(work: Any) -> None:
+    """Wait for one ring transfer; the communication timer wraps this as it wraps `context.wait_kv`
+    (runtime/observe/comm_timing.py: kind cp_kv, so `time_cp_kv_s` and a part of `time_comm_exposed_s`)."""
+    work.wait()
+
+
 def _wait(works: list[Any]) -> None:
     for work in works:
-        _context.wait_kv(work)
+        wait_ring(work)
 
 
 def _heads(kv: torch.Tensor, rep: int) -> tuple[torch.Tensor, torch.Tensor]:
