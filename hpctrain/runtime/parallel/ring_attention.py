@@ -144,9 +144,10 @@ class _Ring:
     def pass_on(self, tensor: torch.Tensor, tag: int) -> tuple[list[Any], torch.Tensor]:
         """Send `tensor` to the next rank, receive the previous rank's into a new buffer (asynchronous)."""
         incoming = torch.empty_like(tensor)
-        works = [dist.isend(tensor, self.next, group=self.group, tag=tag),
-                 dist.irecv(incoming, self.prev, group=self.group, tag=tag)]
-        return works, incoming
+        # One batch: NCCL would deadlock on a lone send and receive with the same peer (cp = 2); gloo runs both.
+        works = dist.batch_isend_irecv([dist.P2POp(dist.isend, tensor, self.next, self.group, tag),
+                                        dist.P2POp(dist.irecv, incoming, self.prev, self.group, tag)])
+        return list(works), incoming
 
 
 def wait_ring(work: Any) -> None:
