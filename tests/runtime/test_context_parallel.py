@@ -140,8 +140,8 @@ def test_context_parallel_layouts_match_one_process(world: int) -> None:
 @pytest.mark.slow
 def test_checkpoint_from_cp2_x_dp2_resumes_onto_dp4_and_onto_cp4(tmp_path: Any) -> None:
     """A checkpoint of cp2 x dp2 (weights and AdamW moments sharded over dp x cp = 4) resumes onto cp1 x dp4
-    and onto cp4 x dp1 through the runtime's entry point: steps 4-6 there have the losses and gradient norms
-    of steps 4-6 of the saving run (every layout trains like one process). The saving run logs the K/V
+    and onto cp4 x dp1 (with the ring) through the runtime's entry point: steps 4-6 there have the losses and
+    gradient norms of steps 4-6 of the saving run (every layout trains like one process). The saving run logs the K/V
     exchanges' time, a part of the exposed communication."""
     import math
     import os
@@ -157,9 +157,10 @@ def test_checkpoint_from_cp2_x_dp2_resumes_onto_dp4_and_onto_cp4(tmp_path: Any) 
     assert [m["step"] for m in lines] == [1, 2, 3, 4, 5, 6]
     assert all(0 < m["time_cp_kv_s"] <= m["time_comm_exposed_s"] for m in lines), lines
     checkpoint = os.path.join(full, "checkpoints", "step-3")
-    for name, dp, cp in (("cp1xdp4", 4, 1), ("cp4xdp1", 1, 4)):
-        run = str(tmp_path / name)
-        job = make_job(dp=dp, parallel={"cp": cp, "zero": 3}, cluster={"gpus_per_node": 4}, **base)
+    # cp4 resumes with the ring (parallel.cp_rotate: ring): through the entry point, its waits logged too.
+    for name, dp, cp, rotate in (("cp1xdp4", 4, 1, "allgather"), ("cp4xdp1 ring", 1, 4, "ring")):
+        run = str(tmp_path / name.replace(" ", "-"))
+        job = make_job(dp=dp, parallel={"cp": cp, "zero": 3, "cp_rotate": rotate}, cluster={"gpus_per_node": 4}, **base)
         assert run_entry(job, run, None, "--resume-from", checkpoint) == [0] * 4, name
         got = metrics(run)
         assert [m["step"] for m in got] == [4, 5, 6], name
@@ -167,3 +168,5 @@ def test_checkpoint_from_cp2_x_dp2_resumes_onto_dp4_and_onto_cp4(tmp_path: Any) 
             for key in ("loss", "grad_norm"):
                 assert math.isclose(m[key], want[key], rel_tol=1e-5, abs_tol=1e-5), (name, key, m[key], want[key])
         assert ("time_cp_kv_s" in got[0]) == (cp > 1), name
+        if cp > 1:
+            assert all(0 < m["time_cp_kv_s"] <= m["time_comm_exposed_s"] for m in got), (name, got)

@@ -45,7 +45,8 @@ uses there; it returns the log-sum-exp) and its backward op; on other devices as
 checkpointing saves its outputs (runtime/parallel/activation_checkpoint.py lists it with SDPA) and the
 recompute in backward does not run the ring again; full checkpointing recomputes the whole block, ring
 included (one more round of cp-1 K/V transfers per layer). Every wait goes through `wait_ring`,
-timed as `cp_kv` like the all-gather's `context.wait_kv` (runtime/observe/comm_timing.py): part of `time_comm_exposed_s`, and `time_cp_kv_s`.
+timed as `cp_kv` like the all-gather's `context.wait_kv` (runtime/observe/comm_timing.py): part of
+`time_comm_exposed_s`, and `time_cp_kv_s`.
 """
 
 from __future__ import annotations
