@@ -83,3 +83,18 @@ def test_every_rank_computes_the_same_blocks_and_all_pairs_once() -> None:
                 assert len(got) == (3 if t == 0 else 2), (cp, r, t)
                 seen += [(mine[qh], theirs[kh]) for qh, kh, _ in got]
         assert sorted(seen) == sorted((i, j) for i in range(2 * cp) for j in range(i + 1))
+
+
+def test_the_math_block_in_row_tiles_equals_one_tile() -> None:
+    """The fp32 math block (other devices than the CPU) tiles its query rows; tiles of 3 rows (the causal mask
+    offset by each tile's first row) give the one-tile result, forward and backward."""
+    torch.manual_seed(7)
+    q, k, v, dout = (torch.randn(2, 3, 8, 4) for _ in range(4))
+    for causal in (True, False):
+        whole = ring._math_block(q, k, v, causal)
+        tiled = ring._math_block(q, k, v, causal, tile_elements=2 * 3 * 8 * 3)
+        assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(whole, tiled))
+        back = ring._math_block_backward(dout, q, k, v, whole[0], whole[1], causal)
+        back_tiled = ring._math_block_backward(dout, q, k, v, whole[0], whole[1], causal, tile_elements=2 * 3 * 8 * 3)
+        assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(back, back_tiled))
+        assert len(ring._tiles(q, 8, 2 * 3 * 8 * 3)) == 3  # rows 0-2, 3-5, 6-7

@@ -38,7 +38,8 @@ saves it for backward (plan/context.py has both).
 
 **Kernels.** A block runs on a CPU as `aten._scaled_dot_product_flash_attention_for_cpu` (the kernel SDPA
 uses there; it returns the log-sum-exp) and its backward op; on other devices as fp32 matmuls
-(`_math_block`: a c×c score block at a time, transient). Both are checked against dense causal attention
+(`_math_block`: tiles of query rows against the chunk's keys, a score tile at most MATH_TILE_ELEMENTS fp32
+elements, transient; no fused GPU kernel yet, and not run on a GPU in this project's tests). Both are checked against dense causal attention
 (tests/runtime/test_ring_attention.py).
 
 **Activation checkpointing.** The ring is one custom op (`hpctrain::ring_attention`), so selective
@@ -72,30 +73,56 @@ def register_group(group: Any) -> str:
 
 
 # ----------------------------------------------------------------------------------- one block
-def _math_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """q, k, v [b, h, c, d] -> (out [b, h, c, d] fp32, lse [b, h, c] fp32), in fp32 matmuls."""
+# The fp32 math block runs over tiles of query rows so that a score tile holds at most this many elements
+# (2**26: 256 MiB in fp32, a few of them alive at once), whatever the chunk length.
+MATH_TILE_ELEMENTS = 2**26
+
+
+def _tiles(q: torch.Tensor, keys: int, tile_elements: int) -> list[tuple[int, int]]:
+    rows = q.shape[2]
+    per_row = max(1, q.shape[0] * q.shape[1] * keys)
+    step = max(1, min(rows, tile_elements // per_row))
+    return [(r, min(rows, r + step)) for r in range(0, rows, step)]
+
+
+def _scores(q: torch.Tensor, k: torch.Tensor, causal: bool, first_row: int) -> torch.Tensor:
+    """fp32 scores of query rows [first_row, first_row + q rows) against all keys; causal: key <= query row."""
     scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
     if causal:
-        scores = scores.masked_fill(torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).triu(1),
-                                    float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)
-    return torch.matmul(torch.exp(scores - lse.unsqueeze(-1)), v.float()), lse
+        rows = torch.arange(first_row, first_row + q.shape[2], device=q.device).unsqueeze(1)
+        scores = scores.masked_fill(torch.arange(k.shape[2], device=q.device).unsqueeze(0) > rows, float("-inf"))
+    return scores
+
+
+def _math_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                tile_elements: int = MATH_TILE_ELEMENTS) -> tuple[torch.Tensor, torch.Tensor]:
+    """q, k, v [b, h, c, d] -> (out [b, h, c, d] fp32, lse [b, h, c] fp32), in fp32 matmuls, tile by tile."""
+    outs, lses = [], []
+    for r0, r1 in _tiles(q, k.shape[2], tile_elements):
+        scores = _scores(q[:, :, r0:r1], k, causal, r0)
+        lse = torch.logsumexp(scores, dim=-1)
+        outs.append(torch.matmul(torch.exp(scores - lse.unsqueeze(-1)), v.float()))
+        lses.append(lse)
+    return torch.cat(outs, dim=2), torch.cat(lses, dim=2)
 
 
 def _math_block_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                         lse: torch.Tensor, causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                         lse: torch.Tensor, causal: bool, tile_elements: int = MATH_TILE_ELEMENTS
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Flash attention's backward of one block from the final output and lse (all fp32 results)."""
     scale = 1.0 / math.sqrt(q.shape[-1])
-    qf, kf, vf, do = q.float(), k.float(), v.float(), dout.float()
-    scores = torch.matmul(qf, kf.transpose(-1, -2)) * scale
-    if causal:
-        scores = scores.masked_fill(torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).triu(1),
-                                    float("-inf"))
-    p = torch.exp(scores - lse.unsqueeze(-1))
-    dv = torch.matmul(p.transpose(-1, -2), do)
-    dp = torch.matmul(do, vf.transpose(-1, -2))
-    ds = p * (dp - (do * out.float()).sum(-1, keepdim=True))
-    return torch.matmul(ds, kf) * scale, torch.matmul(ds.transpose(-1, -2), qf) * scale, dv
+    kf, vf = k.float(), v.float()
+    dq = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    dk = torch.zeros(k.shape, dtype=torch.float32, device=q.device)
+    dv = torch.zeros(v.shape, dtype=torch.float32, device=q.device)
+    for r0, r1 in _tiles(q, k.shape[2], tile_elements):
+        qf, do = q[:, :, r0:r1].float(), dout[:, :, r0:r1].float()
+        p = torch.exp(_scores(qf, kf, causal, r0) - lse[:, :, r0:r1].unsqueeze(-1))
+        dv += torch.matmul(p.transpose(-1, -2), do)
+        ds = p * (torch.matmul(do, vf.transpose(-1, -2)) - (do * out[:, :, r0:r1].float()).sum(-1, keepdim=True))
+        dq[:, :, r0:r1] = torch.matmul(ds, kf) * scale
+        dk += torch.matmul(ds.transpose(-1, -2), qf) * scale
+    return dq, dk, dv
 
 
 def block_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
