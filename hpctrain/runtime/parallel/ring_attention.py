@@ -32,7 +32,10 @@ Alive only while the layer's attention runs: the held K/V pair and the one in fl
 (2 · s_r · heads/tp · head_dim), and the fp32 running output; in backward also the fp32 dK/dV partial and
 accumulators (held, sent, incoming: about 4 · 2 · s_r · kv_heads/tp · head_dim · 4 bytes), the fp32 dQ and
 per-chunk copies of q, the output and its gradient (plan/context.py `cp_ring_buffer_bytes`). All of it
-grows with the tokens per rank, seq_len/cp, not with seq_len. The all-gather
+grows with the tokens per rank, seq_len/cp, not with seq_len. Llama 3 8B (32 heads, 8 kv heads, head_dim 128)
+at 131072 tokens, cp 4, bf16, one sequence: a message is 128 MiB, the held pair and the one in flight 256 MiB,
+the held pair repeated 512 MiB, all freed after the layer's attention; the all-gather form saves 2 GiB of
+repeated K/V per layer. The all-gather
 form (`allgather`) instead holds the whole sequence's repeated K/V, 2 · seq_len · heads/tp · head_dim, and
 saves it for backward (plan/context.py has both).
 
