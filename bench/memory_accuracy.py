@@ -90,7 +90,7 @@ class Config:
 
 def _c(name: str, kind: str, model: dict, pp_rank: int = 0, **kw: Any) -> Config:
     par = {k: v for k, v in kw.items() if k in ("tp", "pp", "dp", "ep", "schedule", "virtual_stages", "zero",
-                                                 "sequence_parallel", "cp")}
+                                                 "sequence_parallel", "cp", "cp_rotate")}
     train = {k: v for k, v in kw.items() if k not in par}
     return Config(name, kind, model, par, train, pp_rank)
 
@@ -157,6 +157,9 @@ CP_CONFIGS: list[Config] = [
     _c("cp2 tp2 sp bf16", "real", CP_SMALL, cp=2, tp=2, sequence_parallel=True),
     _c("cp2 dp2 zero3 bf16 full", "real", CP_SMALL, cp=2, dp=2, zero=3, global_batch=4,
        activation_checkpointing="full"),
+    # The ring (parallel.cp_rotate: ring): the local K/V unrepeated, a pair in flight.
+    _c("cp2 ring bf16", "real", CP_SMALL, cp=2, cp_rotate="ring"),
+    _c("cp4 ring bf16 selective", "real", CP_SMALL, cp=4, cp_rotate="ring", activation_checkpointing="selective"),
 ]
 CONFIGS += CP_CONFIGS
 
@@ -175,7 +178,7 @@ def predict(cfg: Config) -> dict[str, float]:
                       ac=t.activation_checkpointing, zero=p.zero, offload_optimizer=p.offload_optimizer,
                       sequence_parallel=p.sequence_parallel, precision=t.precision, optimizer="adamw",
                       foreach=False, overhead_bytes=0.0, lora=lora_shape(job), ep=p.ep, cp=p.cp,
-                      cpu_attention=True, cp_rank=0)  # measured on the CPU, on rank 0
+                      cpu_attention=True, cp_rank=0, cp_rotate=p.cp_rotate)  # measured on the CPU, on rank 0
     memory = rank_memory(job.model, balanced_stage_split(job.model, p.pp, p.virtual_stages), setup, cfg.pp_rank)
     out = dict.fromkeys(CATEGORIES, 0.0)
     for item, value in memory.items:

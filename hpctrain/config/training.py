@@ -110,8 +110,13 @@ class ParallelConfig(Section):
                     "are split over ep of the dp x tp ranks, tokens reach them by all-to-all; must divide dp x tp and the "
                     "experts, and be a multiple of tp.")
     cp: int = Field(1, ge=1, le=L.MAX_WORLD, description="Context-parallel degree: every sequence split over cp ranks "
-                    "(a head chunk and its mirror tail chunk each, for a causal balance); attention all-gathers K/V over "
-                    "them; weights are sharded over dp x cp (runtime/parallel/context.py). seq_len must be a multiple of 2 x cp.")
+                    "(a head chunk and its mirror tail chunk each, for a causal balance); attention reaches the other ranks' "
+                    "K/V by parallel.cp_rotate; weights are sharded over dp x cp (runtime/parallel/context.py). seq_len must be a multiple of 2 x cp.")
+    cp_rotate: Literal["allgather", "ring"] = Field("allgather", description="How context parallelism's attention "
+                    "reaches the other cp ranks' K/V: allgather (one all-gather per layer; holds the whole sequence's "
+                    "K/V per layer) or ring (cp-1 point-to-point rotations of one K/V chunk pair, each overlapped with "
+                    "a block's attention; holds the local chunks and one pair in flight: less memory, the same bytes "
+                    "sent, exposed only where a transfer outlasts its block) (runtime/parallel/ring_attention.py).")
     schedule: Literal["auto", "gpipe", "1f1b", "interleaved-1f1b"] = Field("auto", description="Pipeline schedule.")
     virtual_stages: VirtualStages = Field("auto", description="Model chunks per pipeline rank (interleaved-1f1b).")
     zero: ZeroStage = Field("auto", description="ZeRO stage over dp: 0/1/2 keep params unsharded in compute, 3 reshards.")

@@ -1,7 +1,8 @@
 """Context parallelism in the planner (torch-free): the candidates, and the memory a cp rank adds.
 
 The runtime (runtime/parallel/context.py) splits each sequence over cp ranks (a head chunk and its mirror
-tail chunk each) and all-gathers every attention layer's K/V over them. Per rank that means:
+tail chunk each) and, by default (`parallel.cp_rotate: allgather`), all-gathers every attention layer's K/V
+over them. Per rank that means:
 
 - activations: everything per token is computed for seq_len / cp tokens (the memory model runs with
   micro_batch x seq_len / cp tokens; `tokens_per_rank`);
@@ -15,6 +16,14 @@ tail chunk each) and all-gathers every attention layer's K/V over them. Per rank
 - on a CPU (`gpu: cpu`) SDPA materialises each lower-right causal mask ([c, keys] in the compute dtype;
   a GPU's flash / memory-efficient kernels take the causal bias without one): `cpu_causal_mask_bytes`;
 - model states: FSDP shards over dp x cp ranks (the cp ranks hold the same weights).
+
+With `parallel.cp_rotate: ring` (runtime/parallel/ring_attention.py) the K/V chunk pairs travel around the cp
+group instead: nothing of the other ranks' K/V is saved and no output is joined; the layer saves its own
+K/V unrepeated (kv heads) where SDPA saves them repeated (`cp_ring_saved_delta_bytes`, <= 0), and while its
+attention runs it holds the held pair, the one in flight, the held pair repeated and the fp32 dK/dV
+accumulators (`cp_ring_buffer_bytes`). Time: cp-1 transfers per layer forward, each overlapped with a
+block's attention; backward the K/V again with the fp32 accumulators, and one last accumulator send
+(`cp_ring_exposed_s`).
 
 The search tries cp > 1 for a sequence of at least LONG_SEQUENCE tokens when the job leaves parallel.cp
 at 1 and the GPU count allows it (Megatron-Core recommends CP from 8K tokens; Llama 3 used cp=16 at
@@ -85,3 +94,57 @@ def cp_kv_message_bytes(model: Any, micro_batch: int, cp: int, tp: int, matmul_b
     """What one rank sends per attention layer: its K and V, the kv heads only (GQA) on one TP rank."""
     head_dim = getattr(model, "head_dim", 0) or model.hidden // model.heads
     return 2.0 * micro_batch * model.seq_len / cp * model.kv_heads * head_dim / tp * matmul_bytes
+
+
+def _widths(model: Any, tp: int) -> tuple[float, float]:
+    """(query width, kv width) on one TP rank, in elements per token."""
+    head_dim = getattr(model, "head_dim", 0) or model.hidden // model.heads
+    return model.heads * head_dim / tp, model.kv_heads * head_dim / tp
+
+
+def cp_ring_saved_delta_bytes(model: Any, micro_batch: int, cp: int, tp: int, matmul_bytes: float) -> float:
+    """Per layer and micro-batch, ring: what the ring op saves less than one process's SDPA (its own K/V
+    with the kv heads, not repeated to the query heads): -2 x tokens x (q width - kv width) with GQA, else 0."""
+    q_width, kv_width = _widths(model, tp)
+    if cp <= 1 or model.heads == model.kv_heads:
+        return 0.0
+    return -2.0 * tokens_per_rank(micro_batch, model.seq_len, cp) * (q_width - kv_width) * matmul_bytes
+
+
+def cp_ring_buffer_bytes(model: Any, micro_batch: int, cp: int, tp: int, matmul_bytes: float) -> float:
+    """Per layer and micro-batch, ring, alive only while the layer's attention backward runs (its larger
+    half): the held K/V pair and the one in flight (kv heads), the held pair repeated to the query heads,
+    the fp32 dK/dV partial and accumulators (partial, sent, received, incoming: kv heads), the fp32 dQ, and
+    the per-chunk copies of q, output and output gradient the kernels take. Tokens per rank, not seq_len."""
+    if cp <= 1:
+        return 0.0
+    tokens = tokens_per_rank(micro_batch, model.seq_len, cp)
+    q_width, kv_width = _widths(model, tp)
+    kv_pairs = 2 * 2 * kv_width * matmul_bytes + 2 * q_width * matmul_bytes
+    accumulators = 4 * 2 * kv_width * 4 + q_width * 4
+    copies = 3 * q_width * matmul_bytes
+    return tokens * (kv_pairs + accumulators + copies)
+
+
+def cp_ring_exposed_s(cp: int, kv_transfer_s: float, grad_transfer_s: float, block_forward_s: float,
+                      recompute: bool) -> float:
+    """Per layer and micro-batch, ring: the transfers' time not hidden behind the blocks' attention.
+    Forward: cp-1 K/V transfers, each beside one rotation's blocks (block_forward_s); backward: cp-1 K/V plus
+    accumulator transfers beside backward blocks (twice the forward's work), and the last accumulator send
+    alone; full recomputation runs the forward ring once more."""
+    if cp <= 1:
+        return 0.0
+    forward = (cp - 1) * max(0.0, kv_transfer_s - block_forward_s)
+    backward = (cp - 1) * max(0.0, kv_transfer_s + grad_transfer_s - 2.0 * block_forward_s) + grad_transfer_s
+    return forward * (2 if recompute else 1) + backward
+
+
+def cp_ring_recompute_extra_bytes(model: Any, micro_batch: int, cp: int, tp: int, matmul_bytes: float) -> float:
+    """Per layer and micro-batch, ring, with checkpointing: what the buffers add to the layer's recompute peak.
+    A layer's backward reaches attention after its FFN's backward freed the FFN's saved tensors (swiglu: four
+    [tokens, ffn/tp] tensors, gelu: two), so only the buffers beyond those raise the peak."""
+    if cp <= 1:
+        return 0.0
+    tokens = tokens_per_rank(micro_batch, model.seq_len, cp)
+    ffn_saved = (4 if getattr(model, "activation", "swiglu") == "swiglu" else 2) * model.ffn_hidden / tp * matmul_bytes
+    return max(0.0, cp_ring_buffer_bytes(model, micro_batch, cp, tp, matmul_bytes) - tokens * ffn_saved)

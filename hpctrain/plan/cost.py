@@ -100,6 +100,7 @@ class CostSetup:
     # is then dp x cp (FSDP's group, the ranks sharing the step's tokens), and each layer all-gathers K/V.
     cp: int = 1
     embedding_on_cpu: bool = False  # the lookup on the host: its output and gradient cross PCIe
+    cp_rotate: str = "allgather"  # parallel.cp_rotate: ring overlaps its transfers with the blocks' attention
 
 
 @dataclass(frozen=True)
@@ -251,15 +252,29 @@ def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int) -> Step
         pp_mb = 2.0 * c.virtual_stages * (message / pp_link.bandwidth_bytes_per_s + comm.RING_BASE_LATENCY_S + hop)
 
     # CP: each layer all-gathers K/V forward and reduce-scatters their gradients backward (one more
-    # gather when checkpointing recomputes the layer), on the critical path (runtime/parallel/context.py).
+    # gather when checkpointing recomputes the layer), on the critical path (runtime/parallel/context.py);
+    # or, with the ring, only what its transfers take beyond the blocks' attention they overlap.
     cp_mb = 0.0
     if c.cp > 1:
         from hpctrain.plan.context import cp_kv_message_bytes
 
         cp_link = group_link(hw, c.tp, c.cp)
-        gathers = 2 if c.ac == "none" else 3
-        cp_mb = c.max_rank_layers * gathers * collective_s(
-            c.cp * cp_kv_message_bytes(model, c.micro_batch, c.cp, c.tp, act_bytes), cp_link, all_reduce=False)
+        message = cp_kv_message_bytes(model, c.micro_batch, c.cp, c.tp, act_bytes)
+        if c.cp_rotate == "ring":
+            # Point-to-point to the next cp rank, beside one rotation's blocks: a rank's causal attention
+            # work split over its cp rotations (runtime/parallel/ring_attention.py); the dK/dV travel in fp32.
+            from hpctrain.plan.context import cp_ring_exposed_s
+
+            hop = comm.NET_STEP_LATENCY_S if cp_link.nodes > 1 else comm.NVLINK_STEP_LATENCY_S
+            kv_s = message / cp_link.bandwidth_bytes_per_s + comm.RING_BASE_LATENCY_S + hop
+            grad_s = message * 4 / act_bytes / cp_link.bandwidth_bytes_per_s + comm.RING_BASE_LATENCY_S + hop
+            attention_rate = hw.gpu.peak_flops_per_s(c.precision) * hw.gpu.attention_efficiency
+            block_s = (tokens_mb * CAUSAL_ATTENTION_WORK * attention_core_forward_flops_per_token(model) / c.tp
+                       / attention_rate / c.cp)
+            cp_mb = c.max_rank_layers * cp_ring_exposed_s(c.cp, kv_s, grad_s, block_s, c.ac == "full")
+        else:
+            gathers = 2 if c.ac == "none" else 3
+            cp_mb = c.max_rank_layers * gathers * collective_s(c.cp * message, cp_link, all_reduce=False)
     tp_mb += cp_mb  # reported with the model-parallel communication on the critical path
     slot_s = compute_mb + tp_mb + pp_mb + (embedding_transfer_s(model, hw, tokens_mb, act_bytes)
                                            if c.embedding_on_cpu else 0.0)

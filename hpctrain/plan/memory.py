@@ -36,7 +36,14 @@ from hpctrain.plan.activations import (
     precision_mode,
     weight_copy_bytes_per_layer,
 )
-from hpctrain.plan.context import cp_kv_extra_bytes, cp_output_join_bytes, cpu_causal_mask_bytes, tokens_per_rank
+from hpctrain.plan.context import (
+    cp_kv_extra_bytes,
+    cp_output_join_bytes,
+    cp_ring_recompute_extra_bytes,
+    cp_ring_saved_delta_bytes,
+    cpu_causal_mask_bytes,
+    tokens_per_rank,
+)
 from hpctrain.plan.lora import LoraShape, adapter_params, adapter_params_per_layer, lora_activations
 from hpctrain.plan.model_stats import (
     attention_params as attention_param_count,
@@ -109,6 +116,7 @@ class RankSetup:
     cp: int = 1  # parallel.cp: each rank holds seq_len / cp tokens; FSDP shards over dp x cp (plan/context.py)
     cpu_attention: bool = False  # planning for `gpu: cpu`: SDPA materialises context parallelism's causal masks
     cp_rank: int | None = None  # the context-parallel rank to account (None: the most loaded)
+    cp_rotate: str = "allgather"  # parallel.cp_rotate: allgather holds the whole sequence's K/V, ring a pair in flight
 
     @property
     def fsdp(self) -> bool:
@@ -410,6 +418,12 @@ def _context_parallel_layer(layer: Any, model: Any, s: RankSetup, mode: str) -> 
     from dataclasses import replace
 
     matmul = dtypes(mode).matmul
+    if s.cp > 1 and s.cp_rotate == "ring":
+        saved = cp_ring_saved_delta_bytes(model, s.micro_batch, s.cp, s.tp, matmul)
+        buffers = cp_ring_recompute_extra_bytes(model, s.micro_batch, s.cp, s.tp, matmul)
+        if s.ac == "none":  # the buffers live inside one layer's attention, below the phases' peaks
+            return replace(layer, saved_bytes=layer.saved_bytes + saved)
+        return replace(layer, recompute_peak_bytes=layer.recompute_peak_bytes + saved + buffers)
     extra = cp_kv_extra_bytes(model, s.micro_batch, s.cp, s.tp, matmul)
     if not extra:
         return layer

@@ -136,7 +136,8 @@ def plan_job(job: Job) -> PlanResult:
     settings = SearchSettings(global_batch=job.train.global_batch, precision=precision, optimizer=optimizer_kind(job),
                               budget_bytes=float(hw.gpu.memory_bytes), overhead_bytes=overhead,
                               lora=lora_shape(job), attention=planned_attention(job),
-                              embedding_on_cpu=bool(job.train.embedding_on_cpu))
+                              embedding_on_cpu=bool(job.train.embedding_on_cpu),
+                              cp_rotate=job.parallel.cp_rotate)
     layouts, rejected, evaluated = search(job.model, hw, Choices.from_job(job), settings)
     result = PlanResult(job.name, job.model, hw, layouts, rejected, evaluated, time.perf_counter() - start,
                         settings.budget_bytes, gpu_topology, switch_tree)

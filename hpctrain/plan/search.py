@@ -64,6 +64,7 @@ class SearchSettings:
     lora: LoraShape | None = None
     attention: str = "flash"  # cost.ATTENTION_KERNELS: the runtime's own is flash
     embedding_on_cpu: bool = False  # train.embedding_on_cpu: the table and its states in host memory
+    cp_rotate: str = "allgather"  # parallel.cp_rotate (plan/context.py)
 
 
 def optimizer_kind(job: Job) -> str:
@@ -198,7 +199,8 @@ def _search_family(model: Any, hw: Hardware, choices: Choices, settings: SearchS
                                           optimizer=settings.optimizer, overhead_bytes=settings.overhead_bytes,
                                           lora=settings.lora, attention=settings.attention, cp=cp, ep=choices.ep,
                                           cpu_attention=hw.gpu.name == "cpu",
-                                          embedding_on_cpu=settings.embedding_on_cpu)
+                                          embedding_on_cpu=settings.embedding_on_cpu,
+                                          cp_rotate=settings.cp_rotate)
                         rank, memory = peak_rank_memory(model, stage_layers, setup)
                         label = f"{tag} mb={mb} {schedule} v={v} ac={ac} zero={zero}{' offload' if offload else ''}"
                         if memory.total > settings.budget_bytes:
@@ -209,7 +211,8 @@ def _search_family(model: Any, hw: Hardware, choices: Choices, settings: SearchS
                             tp=tp, pp=pp, dp=dp * cp, cp=cp, micro_batch=mb, micro_batches=m, virtual_stages=v, ac=ac, zero=zero,
                             offload_optimizer=offload, precision=settings.precision, max_rank_layers=busiest_layers,
                             max_rank_has_head=busiest_head, rank_params=busiest_params, sequence_parallel=sp,
-                            attention=settings.attention, embedding_on_cpu=settings.embedding_on_cpu),
+                            attention=settings.attention, embedding_on_cpu=settings.embedding_on_cpu,
+                            cp_rotate=settings.cp_rotate),
                             settings.global_batch)
                         layouts.append(Layout(tp, pp, dp, mb, schedule, v, ac, zero, offload, sp, tuple(stage_layers),
                                               imbalance, memory, rank, cost, cp))

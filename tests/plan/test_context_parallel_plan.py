@@ -9,7 +9,14 @@ import pytest
 
 from hpctrain.config import job_from_dict
 from hpctrain.errors import PlanError
-from hpctrain.plan.context import cp_candidates, cp_kv_extra_bytes, cp_output_join_bytes
+from hpctrain.plan.context import (
+    cp_candidates,
+    cp_kv_extra_bytes,
+    cp_output_join_bytes,
+    cp_ring_buffer_bytes,
+    cp_ring_exposed_s,
+    cp_ring_saved_delta_bytes,
+)
 from hpctrain.plan.memory import GIB, RankSetup, rank_memory
 from hpctrain.plan.planner import plan_job, resolve_job
 
@@ -81,3 +88,44 @@ def test_activations_divide_by_cp_plus_the_kv_buffers_and_fsdp_shards_over_dp_x_
     assert cp4["saved activations"] < cp2["saved activations"] < saved_one
     embedding = 131072 * 8  # the token ids the embedding keeps (int64), per rank's tokens
     assert cp4["saved activations"] - per_layer == pytest.approx((saved_one - embedding) / 4 + embedding / 4, rel=1e-9)
+
+
+def test_ring_saves_its_own_kv_heads_instead_of_the_whole_sequences_kv() -> None:
+    """parallel.cp_rotate: ring: per layer, none of the other ranks' K/V and no joined output is saved, and the
+    layer's own K/V are saved with the kv heads (GQA: 8 of 32 for Llama 3 8B), not repeated."""
+    model = _job({"preset": "llama3-8b"}, 1, 8).model
+
+    def saved(**kw: Any) -> float:
+        return dict(rank_memory(model, [(0, model.layers)], _setup(dp=1, cp=4, **kw), 0).items)["saved activations"]
+
+    allgather, ring = saved(), saved(cp_rotate="ring")
+    tokens, width = 131072 // 4, 128  # tokens per rank, head_dim
+    per_layer_allgather = cp_kv_extra_bytes(model, 1, 4, 1, 2.0) + cp_output_join_bytes(model, 1, 4, 1, 2.0)
+    ring_delta = -2 * tokens * (32 - 8) * width * 2.0  # bf16 K and V, 24 repeated heads fewer
+    assert cp_ring_saved_delta_bytes(model, 1, 4, 1, 2.0) == ring_delta
+    assert allgather - ring == pytest.approx(model.layers * (per_layer_allgather - ring_delta), rel=1e-12)
+    # what the ring holds while a layer's attention runs grows with the tokens per rank, the all-gathered K/V
+    # with the whole sequence
+    assert cp_ring_buffer_bytes(model, 1, 8, 1, 2.0) == pytest.approx(cp_ring_buffer_bytes(model, 1, 4, 1, 2.0) / 2)
+    assert cp_kv_extra_bytes(model, 1, 8, 1, 2.0) > cp_kv_extra_bytes(model, 1, 4, 1, 2.0)
+
+
+@pytest.mark.parametrize("cp, kv_s, grad_s, block_s, recompute, want", [
+    (1, 1.0, 2.0, 0.0, False, 0.0),           # no context parallelism
+    (4, 1.0, 2.0, 10.0, False, 2.0),          # every transfer hidden but the last accumulator send
+    (4, 3.0, 2.0, 1.0, False, 3 * 2.0 + 3 * 3.0 + 2.0),  # forward 3 x (3-1), backward 3 x (5-2) + 2
+    (4, 3.0, 2.0, 1.0, True, 2 * 3 * 2.0 + 3 * 3.0 + 2.0),  # full recomputation runs the forward ring again
+])
+def test_ring_exposed_time_is_what_the_transfers_take_beyond_their_blocks(cp: int, kv_s: float, grad_s: float,
+                                                                          block_s: float, recompute: bool,
+                                                                          want: float) -> None:
+    assert cp_ring_exposed_s(cp, kv_s, grad_s, block_s, recompute) == pytest.approx(want)
+
+
+def test_plan_at_128k_with_the_ring_fits_and_exposes_less_cp_communication() -> None:
+    job = {"preset": "llama3-8b"}
+    allgather, ring = plan_job(_job(job, 1, 8)).best, plan_job(_job(job, 1, 8, cp_rotate="ring")).best
+    assert ring.cp > 1 and ring.memory.total <= 80 * 10**9
+    assert 0 < ring.cost.cp_comm_s < allgather.cost.cp_comm_s
+    print(f"[cp plan] llama3-8b 8 H100 ring: {ring.label()} {ring.memory.total / GIB:.1f} GiB, exposed cp "
+          f"{ring.cost.cp_comm_s:.3f} s vs all-gather {allgather.cost.cp_comm_s:.3f} s per step")

@@ -16,8 +16,9 @@ Expert parallelism's all-to-alls (runtime/parallel/expert.py) wait through a fou
 own (`time_all_to_all_s`), forward and backward (the dispatch's backward exchanges wait through it as well).
 
 Context parallelism's K/V exchanges (runtime/parallel/context.py: the all-gather in forward, the
-reduce-scatter of the K/V gradients in backward) wait through `context.wait_kv`, timed as **cp_kv**:
-exposed communication too, also reported on its own (`time_cp_kv_s`).
+reduce-scatter of the K/V gradients in backward; or, with `parallel.cp_rotate: ring`, the point-to-point K/V
+and dK/dV transfers of runtime/parallel/ring_attention.py, waited after the block they overlap) wait through
+`context.wait_kv` (the ring: `ring_attention.wait_ring`), timed as **cp_kv**: exposed communication too, also reported on its own (`time_cp_kv_s`).
 
 Waits inside `_wait_batch_p2p` count as **pipeline wait** (reported as `time_bubble_s`: the bubble
 plus the point-to-point transfer time that is not hidden); all other waits count as **exposed
@@ -52,7 +53,7 @@ from typing import Any, Callable
 COLLECTIVE = "collective"
 P2P = "p2p"
 ALL_TO_ALL = "all_to_all"  # expert parallelism's dispatch; part of the exposed communication
-CP_KV = "cp_kv"  # context parallelism's K/V all-gathers and their gradients' reduce-scatters; part of it too
+CP_KV = "cp_kv"  # context parallelism's K/V exchanges (all-gather or ring) and their gradients'; part of it too
 
 
 HOST = "host"
@@ -161,11 +162,12 @@ class CommTimer:
         import torch.distributed._functional_collectives as funcol
         from torch._C._distributed_c10d import Work
 
-        from hpctrain.runtime.parallel import context, expert
+        from hpctrain.runtime.parallel import context, expert, ring_attention
 
         targets: list[tuple[Any, str, str | None]] = [(Work, "wait", None), (funcol, "wait_tensor", None),
                                                       (expert, "wait_all_to_all", ALL_TO_ALL),
-                                                      (context, "wait_kv", CP_KV)]
+                                                      (context, "wait_kv", CP_KV),
+                                                      (ring_attention, "wait_ring", CP_KV)]
         try:
             from torch.distributed.pipelining import schedules
 

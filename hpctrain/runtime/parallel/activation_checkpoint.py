@@ -27,6 +27,7 @@ from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint
 
 from hpctrain.errors import ConfigError
 from hpctrain.runtime.model.transformer import AC_MODES, TransformerBlock
+from hpctrain.runtime.parallel import ring_attention
 from hpctrain.runtime.parallel.sequence import CHECKPOINTED_ATTR
 
 
@@ -53,6 +54,9 @@ def _saved_ops() -> set[Any]:
     efficient = getattr(aten, "_efficient_attention_forward", None)
     if efficient is not None:
         ops.add(efficient.default)
+    # Context parallelism's ring (runtime/parallel/ring_attention.py): one op, its outputs kept like SDPA's,
+    # so the recompute in backward does not pass the K/V around the ring again.
+    ops.add(ring_attention.ring_attention._opoverload)
     grouped = getattr(aten, "_grouped_mm", None)  # the MoE experts' GEMMs (runtime/model/moe.py)
     if grouped is not None:
         ops.add(grouped.default)

@@ -9,6 +9,7 @@ Every rank builds its share of the model in torchtitan's order; each step is one
     3. TP       tensor parallel (+ sequence parallel, vocab-parallel embedding)  tensor.py
     3b. EP      routed experts split over ep of the dp x tp ranks (Shard(0) DTensors) expert.py
     3c. CP      context parallel: RoPE at global positions, K/V all-gathered       context.py
+                (or passed around a ring: parallel.cp_rotate)                     ring_attention.py
     4. LoRA     adapters, after TP (they take the base's placements), before FSDP  model/lora.py
     5. AC       activation checkpointing                                         activation_checkpoint.py
     6. compile  torch.compile per block (`train.compile`), after TP and AC       compile.py
@@ -122,7 +123,8 @@ def _layout(job: Job, device: torch.device) -> _Layout:
     if dims.cp_enabled:
         assert mesh is not None  # cp > 1 means world_size > 1: an initialised group
         cp_mesh = mesh["cp"]
-        context = ContextParallel(cp_mesh.get_group(), dims.cp, cp_mesh.get_local_rank(), args.seq_len)
+        context = ContextParallel(cp_mesh.get_group(), dims.cp, cp_mesh.get_local_rank(), args.seq_len,
+                                  par.cp_rotate)
         fsdp_mesh = mesh["dp", "cp"]._flatten("dp_cp")  # torchtitan's dp_shard_cp
     return _Layout(args, dims, mesh, rank, virtual, n_micro, fsdp, experts_mesh, context, fsdp_mesh)
 

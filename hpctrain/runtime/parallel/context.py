@@ -40,6 +40,13 @@ cuDNN kernels), so the parity tests could not run on it; it also shards buffers 
 context manager around the whole step, where a per-layer op composes with the pipeline schedule, TP's
 local heads and activation checkpointing without hooks.
 
+**Or a ring (`parallel.cp_rotate: ring`).** runtime/parallel/ring_attention.py passes the K/V chunk pairs
+around the cp group instead (cp-1 point-to-point rotations, each overlapped with a block's attention) and
+merges the blocks by their log-sum-exp; it holds the local chunks and one pair in flight instead of the
+whole sequence's K/V: less memory, the same bytes sent, the transfers hidden behind compute where a block's
+attention takes longer than its transfer. `allgather` (the default) is one collective per layer and
+direction, and keeps SDPA's own kernels.
+
 **The loss and the gradients.** Each rank's loss is the mean over its S/cp tokens of each sequence;
 the training step's reductions divide by dp·cp·tp, so the logged loss is the mean over all tokens, and
 FSDP shards over dp × cp ("dp_cp", as torchtitan's "dp_shard_cp"), so its gradient average over dp·cp
@@ -58,6 +65,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hpctrain.errors import ConfigError
+from hpctrain.runtime.parallel import ring_attention
 
 
 def chunk_positions(seq_len: int, cp: int, rank: int, device: torch.device | None = None) -> torch.Tensor:
@@ -112,8 +120,12 @@ class _GatherKV(torch.autograd.Function):
 class ContextParallel:
     """One rank's place in the cp group: its token positions and the attention over the whole sequence."""
 
-    def __init__(self, group: Any, cp: int, rank: int, seq_len: int) -> None:
-        self.group, self.cp, self.rank, self.seq_len = group, cp, rank, seq_len
+    def __init__(self, group: Any, cp: int, rank: int, seq_len: int, rotate: str = "allgather") -> None:
+        self.group, self.cp, self.rank, self.seq_len, self.rotate = group, cp, rank, seq_len, rotate
+        if rotate not in ("allgather", "ring"):
+            raise ConfigError(f"parallel.cp_rotate: got {rotate!r}; use allgather or ring")
+        # The ring op names its group (runtime/parallel/ring_attention.py); a rank's ring ops run in order.
+        self.group_name = ring_attention.register_group(group) if rotate == "ring" else ""
         self._positions: dict[torch.device, torch.Tensor] = {}
         # The two lower-right causal biases of this rank's chunks, made once here: torch cannot create the
         # CausalBias tensor subclass inside selective activation checkpointing's dispatch mode.
@@ -143,6 +155,10 @@ class ContextParallel:
 
         q [b, s/cp, heads, d], k/v [b, s/cp, kv_heads, d] (RoPE applied at global positions) ->
         [b, s/cp, heads, d]."""
+        if self.rotate == "ring":  # K/V chunk pairs passed around the cp group, blocks merged by lse
+            kv = torch.stack([k, v])  # [2, b, s/cp, kv_heads, d]: the kv heads only travel
+            out, _ = torch.ops.hpctrain.ring_attention(q, kv, self.group_name, self.cp, self.rank)
+            return out
         k_all, v_all = self.global_kv(k, v)
         rep = q.shape[2] // k_all.shape[2]
         if rep > 1:  # GQA: only the kv heads travelled; repeat them here, as the one-process path does
