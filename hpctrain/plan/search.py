@@ -209,7 +209,7 @@ def _search_family(model: Any, hw: Hardware, choices: Choices, settings: SearchS
                             tp=tp, pp=pp, dp=dp * cp, cp=cp, micro_batch=mb, micro_batches=m, virtual_stages=v, ac=ac, zero=zero,
                             offload_optimizer=offload, precision=settings.precision, max_rank_layers=busiest_layers,
                             max_rank_has_head=busiest_head, rank_params=busiest_params, sequence_parallel=sp,
-                            attention=settings.attention, embedding_on_cpu=settings.embedding_on_cpu),
+                            attention=settings.attention, embedding_on_cpu=settings.embedding_on_cpu, ep=choices.ep),
                             settings.global_batch)
                         layouts.append(Layout(tp, pp, dp, mb, schedule, v, ac, zero, offload, sp, tuple(stage_layers),
                                               imbalance, memory, rank, cost, cp))
