@@ -165,7 +165,7 @@ def resolve_job(job: Job) -> tuple[Job, PlanResult]:
 
     result = plan_job(job)
     best = result.best
-    parallel = {"tp": best.tp, "pp": best.pp, "dp": best.dp, "cp": best.cp, "zero": best.zero,
+    parallel = {"tp": best.tp, "pp": best.pp, "dp": best.dp, "cp": best.cp, "ep": best.ep, "zero": best.zero,
                 "schedule": "1f1b" if best.schedule == "none" else best.schedule,
                 "virtual_stages": best.virtual_stages, "offload_optimizer": best.offload_optimizer}
     if job.parallel.sequence_parallel and best.tp == 1:

@@ -16,7 +16,7 @@ def layout_json(lay: Layout, model: Any) -> dict[str, Any]:
     """One entry of plan.json `layouts` (issue 4 item 7 lists the required keys)."""
     c = lay.cost
     return {
-        "tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "cp": lay.cp, "micro_batch": lay.micro_batch,
+        "tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "cp": lay.cp, "ep": lay.ep, "micro_batch": lay.micro_batch,
         "schedule": lay.schedule, "virtual_stages": lay.virtual_stages, "ac": lay.ac, "zero": lay.zero,
         "offload_optimizer": lay.offload_optimizer, "sequence_parallel": lay.sequence_parallel,
         "memory_gib": lay.memory.gib(),
@@ -29,7 +29,9 @@ def layout_json(lay: Layout, model: Any) -> dict[str, Any]:
         "time_s": {"compute": round(c.compute_s, 6), "tp_comm": round(c.tp_comm_s, 6),
                    "pp_comm": round(c.pp_comm_s, 6), "dp_comm_exposed": round(c.dp_comm_exposed_s, 6),
                    "bubble": round(c.bubble_s, 6), "optimizer": round(c.optimizer_s, 6),
-                   "dp_comm_total": round(c.dp_comm_total_s, 6), "cp_comm": round(c.cp_comm_s, 6)},
+                   "dp_comm_total": round(c.dp_comm_total_s, 6), "cp_comm": round(c.cp_comm_s, 6),
+                   "all_to_all": round(c.a2a_s, 6)},
+        "all_to_all_crosses_nodes": c.a2a_crosses_nodes,
         "stage_layers": [list(r) for r in lay.stage_layers], "stage_imbalance": round(lay.stage_imbalance, 4),
     }
 
@@ -52,6 +54,10 @@ def layouts_table(result: PlanResult, top: int) -> str:
                      f"{c.comm_share:.1%}", f"{c.bubble_share:.1%}", f"{c.step_time_s:.3f}"])
     headers = ["#", "tp", "pp", "dp", "mb", "schedule", "ac", "zero", "offload", "mem GiB", "tokens/s",
                "TFLOP/s/GPU", "MFU", "comm", "bubble", "step s"]
+    if any(lay.ep > 1 for lay in result.layouts[:top]):  # expert parallelism: an ep column after dp
+        headers.insert(4, "ep")
+        for row, lay in zip(rows, result.layouts[:top]):
+            row.insert(4, lay.ep)
     if any(lay.cp > 1 for lay in result.layouts[:top]):  # context parallelism: a cp column after dp
         headers.insert(4, "cp")
         for row, lay in zip(rows, result.layouts[:top]):
