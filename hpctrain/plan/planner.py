@@ -57,7 +57,7 @@ class PlanResult:
 
     def to_json(self, top: Optional[int] = None) -> dict[str, Any]:
         """The `hpctrain plan --json` object (and plan.json in a run directory)."""
-        from hpctrain.plan.report import layout_json
+        from hpctrain.plan.report import advice_json, layout_json
 
         shown = self.layouts if top is None else self.layouts[:top]
         hw = self.hardware
@@ -74,6 +74,7 @@ class PlanResult:
             "placement": self.placement().to_dict() if self.layouts else None,
             "rejected": self.rejected.to_json(),
             "notes": list(self.notes),
+            "advice": advice_json(self) if self.layouts else None,
         }
 
 
