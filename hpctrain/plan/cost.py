@@ -92,6 +92,33 @@ DEFAULT_EXPERT_STEP_IMBALANCE = 1.1
 # can take 30-40 % of the step.
 A2A_FORWARD = 2
 A2A_BACKWARD = 2
+# FP8 (train.precision fp8, torchao's Float8Linear, runtime/parallel/float8.py): the eligible linears (both
+# full widths >= train.fp8.min_width and multiples of 16; not the head, not the router; the routed experts are
+# grouped parameters, not nn.Linear, so they stay 16-bit) run their three GEMMs at the GPU's FP8 peak, each
+# with its K factor as in 16 bits, at FP8_GEMM_EFFICIENCY_RATIO x the 16-bit GEMM's fraction of its peak.
+# Casts and dynamic scales are memory-bound element-wise work (torchao float8 README, "Performance /
+# Derivation": "fp8_overhead_time ... bounded by memory bandwidth"). Per element of a converted linear's input,
+# of its output gradient and of its weight (the weight once per micro-batch): an amax read (2 bytes), a cast
+# (read 2, write 1) and the second cast into the other GEMM's layout (read 2, write 1; tensorwise re-casts the
+# saved 16-bit tensor in backward): 8 bytes, compiled (inductor fuses each amax and cast, torchao's recommended
+# setting); eager torchao runs abs, max, scale, clamp and cast as separate kernels, counted as twice that.
+# FP8_GEMM_EFFICIENCY_RATIO is FITTED on one source, the calibration source of FP8: the torchao float8 README's
+# two H100 linear microbenchmarks (forward + backward of one linear, compiled, tensorwise: M, K, N = 4096,
+# 8192, 16384 -> 1.39x over bf16; 1024, 2048, 1024 -> 0.80x). With 8 cast bytes, 0.80 gives 1.35x and 0.80x
+# (0.70: 1.20x / 0.75x; 1.00: 1.62x / 0.89x). torchtitan's and the PyTorch blog's end-to-end float8 runs are
+# validation rows, never fitted on.
+FP8_GEMM_EFFICIENCY_RATIO = 0.80
+FP8_CAST_BYTES_COMPILED = 8.0
+FP8_CAST_BYTES_EAGER = 16.0
+FP8_TILE = 16
+# torch.compile (train.compile; the runtime compiles each block with inductor when tp == 1,
+# runtime/parallel/compile.py): inductor fuses each chain of element-wise ops between GEMMs (RMSNorm's upcast,
+# pow, mean, rsqrt and muls; RoPE; SiLU x gate; residual adds) into one kernel that reads its inputs and writes
+# its outputs once, so the ~2.5 forward and ~5.5 backward passes of ELEMENTWISE_PASSES (counted from the eager
+# ops) become ~1 forward and ~2 backward (one read + one write per fused region each way; backward reads the
+# saved inputs and the gradient and writes the input gradient): a stated saving on the element-wise share.
+COMPILED_ELEMENTWISE_PASSES = 3.0
+COMPILED_ELEMENTWISE_FORWARD_PASSES = 1.0
 # AdamW step + grad-norm: read p, g, m, v and write p, m, v in fp32, plus one read of g for the norm.
 OPTIMIZER_BYTES_PER_PARAM = 32.0
 # CPU AdamW (offload_optimizer): a DGX A100 has 2 EPYC 7742 with 8 DDR4-3200 channels each, 410 GB/s
@@ -125,6 +152,9 @@ class CostSetup:
     embedding_on_cpu: bool = False  # the lookup on the host: its output and gradient cross PCIe
     ep: int = 1  # expert parallelism: routed experts over ep of the dp x tp ranks, tokens by all-to-all
     expert_load_imbalance: float = DEFAULT_EXPERT_STEP_IMBALANCE  # the busiest ep rank's rows over the mean
+    fp8: bool = False  # train.precision fp8: eligible linears at the FP8 peak, plus their casts
+    fp8_min_width: int = 1024  # train.fp8.min_width
+    compile: bool = False  # train.compile on a layout the runtime compiles (tp == 1)
 
 
 @dataclass(frozen=True)
@@ -254,9 +284,49 @@ def moe_a2a_per_micro_batch_s(model: Any, hw: Hardware, c: CostSetup, tokens_mb:
     return moe_layers * count * comm.all_to_all_s(message, hw, comm.ep_placement(hw, c.tp, c.pp, c.ep))
 
 
+def fp8_linears_s(model: Any, hw: Hardware, tp: int, tokens: float, min_width: int, compiled: bool,
+                  ep: int = 1, imbalance: float = DEFAULT_EXPERT_STEP_IMBALANCE) -> float:
+    """Per token of one layer on one TP rank: what FP8 changes, (fp8 GEMMs + casts) - (16-bit GEMMs), over the
+    eligible linears (full widths >= min_width, multiples of FP8_TILE; runtime/parallel/float8.py). With
+    model.moe the FFN linears of the MoE blocks are the shared experts' only (the routed ones stay 16-bit)."""
+    from hpctrain.plan.model_stats import moe_layer_count
+
+    bf16_rate = hw.gpu.peak_flops_per_s("bf16") * hw.gpu.gemm_efficiency
+    fp8_rate = hw.gpu.fp8_flops_per_s * hw.gpu.gemm_efficiency * FP8_GEMM_EFFICIENCY_RATIO
+    if fp8_rate <= 0:
+        return 0.0
+    hbm = hw.gpu.hbm_bytes_per_s * HBM_EFFICIENCY
+    cast = FP8_CAST_BYTES_COMPILED if compiled else FP8_CAST_BYTES_EAGER
+
+    def delta(full: list[tuple[float, float]], local: list[tuple[float, float]]) -> float:
+        keep = [(i, o) for (fi, fo), (i, o) in zip(full, local)
+                if min(fi, fo) >= min_width and fi % FP8_TILE == 0 and fo % FP8_TILE == 0]
+        if not keep:
+            return 0.0
+        f16, b16 = _gemm_times(keep, tokens, bf16_rate)
+        f8, b8 = _gemm_times(keep, tokens, fp8_rate)
+        casts = sum(cast * (i + o) + cast * i * o / max(tokens, 1.0) for i, o in keep) / hbm
+        return f8 + b8 + casts - f16 - b16
+
+    dense = delta(layer_linears(model, 1), layer_linears(model, tp))
+    n_moe = moe_layer_count(model)
+    if not n_moe:
+        return dense
+    from hpctrain.config.moe import shared_width
+
+    h = float(model.hidden)
+    sw = float(shared_width(model.moe, int(model.ffn_hidden)))
+    shared_full = [(h, sw), (h, sw), (sw, h)] if sw else []
+    shared_local = [(h, sw / tp), (h, sw / tp), (sw / tp, h)] if sw else []
+    moe_block = delta(layer_linears(model, 1)[:4] + shared_full, layer_linears(model, tp)[:4] + shared_local)
+    share = n_moe / model.layers
+    return (1 - share) * dense + share * moe_block
+
+
 def layer_time_per_token_s(model: Any, hw: Hardware, tp: int, ac: str, precision: str, sp: bool = False,
                            attention: str = "flash", tokens: float | None = None, ep: int = 1,
-                           imbalance: float = DEFAULT_EXPERT_STEP_IMBALANCE) -> float:
+                           imbalance: float = DEFAULT_EXPERT_STEP_IMBALANCE, fp8: bool = False,
+                           fp8_min_width: int = 1024, compiled: bool = False) -> float:
     """Forward + backward (+ recompute) time of one layer per token on one TP rank; `tokens` is the
     micro-batch's token count (the weight gradients' K; default one sequence)."""
     peak = hw.gpu.peak_flops_per_s(precision)
@@ -278,13 +348,17 @@ def layer_time_per_token_s(model: Any, hw: Hardware, tp: int, ac: str, precision
     # under sequence parallelism the norm / residual regions run on a 1/tp sequence shard
     elementwise_fwd = layer_saved_bytes_per_token_no_ac(model, tp, sp and tp > 1, mode) / hbm
     # the attention core's backward is twice its forward's FLOPs (as every GEMM's)
-    total = (matmul_fwd + matmul_bwd + 3.0 * core_fwd + scores_fwd + scores_bwd
-             + ELEMENTWISE_PASSES * elementwise_fwd)
+    passes = COMPILED_ELEMENTWISE_PASSES if compiled else ELEMENTWISE_PASSES
+    forward_passes = COMPILED_ELEMENTWISE_FORWARD_PASSES if compiled else ELEMENTWISE_FORWARD_PASSES
+    fp8_delta = (fp8_linears_s(model, hw, tp, tokens if tokens else model.seq_len, fp8_min_width, compiled, ep,
+                               imbalance) if fp8 else 0.0)
+    total = (matmul_fwd + matmul_bwd + fp8_delta + 3.0 * core_fwd + scores_fwd + scores_bwd
+             + passes * elementwise_fwd)
     attention_replay = core_fwd + scores_fwd
-    if ac == "full":
-        total += matmul_fwd + attention_replay + ELEMENTWISE_FORWARD_PASSES * elementwise_fwd
+    if ac == "full":  # the recomputed forward replays the fp8 forward GEMMs too (a third of the delta, counted so)
+        total += matmul_fwd + fp8_delta / 3.0 + attention_replay + forward_passes * elementwise_fwd
     elif ac == "selective":  # the runtime's op policy saves matmul/SDPA outputs, recomputes the rest
-        total += ELEMENTWISE_FORWARD_PASSES * elementwise_fwd
+        total += forward_passes * elementwise_fwd
         if attention == "materialized":  # Korthikanti's selective: the attention core is replayed
             total += attention_replay
     return total
@@ -317,7 +391,8 @@ def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int) -> Step
     tokens_mb = c.micro_batch * model.seq_len // c.cp
     act_bytes = HALF_BYTES if c.precision != "fp32" else 4
     layer_s = layer_time_per_token_s(model, hw, c.tp, c.ac, c.precision, c.sequence_parallel, c.attention,
-                                     tokens=tokens_mb, ep=c.ep, imbalance=c.expert_load_imbalance)
+                                     tokens=tokens_mb, ep=c.ep, imbalance=c.expert_load_imbalance, fp8=c.fp8,
+                                     fp8_min_width=c.fp8_min_width, compiled=c.compile)
     compute_mb = tokens_mb * (c.max_rank_layers * layer_s
                               + (head_time_per_token_s(model, hw, c.tp, c.precision) if c.max_rank_has_head else 0.0))
 

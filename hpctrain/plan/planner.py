@@ -106,9 +106,10 @@ def load_topology(job: Job) -> tuple[Optional[GpuTopology], Optional[SwitchTree]
 
 
 def planned_precision(job: Job) -> str:
-    """The precision the memory and cost models price. fp8 is priced as its high precision (bf16 or fp32):
-    the converted linears save their high-precision inputs for backward (torchao's Float8Linear recasts them),
-    and the fp8 GEMM speed-up is the planner's precision dimension's to model, not this."""
+    """The precision the memory model prices (and the cost model's 16-bit base). fp8 is priced as its high
+    precision (bf16 or fp32): the converted linears save their high-precision inputs for backward (torchao's
+    Float8Linear recasts them); the fp8 GEMMs and their casts are the cost model's (SearchSettings.fp8,
+    cost.fp8_linears_s)."""
     train = job.train
     return train.fp8.high_precision if train.precision == "fp8" else train.precision
 
@@ -137,7 +138,9 @@ def plan_job(job: Job) -> PlanResult:
     settings = SearchSettings(global_batch=job.train.global_batch, precision=precision, optimizer=optimizer_kind(job),
                               budget_bytes=float(hw.gpu.memory_bytes), overhead_bytes=overhead,
                               lora=lora_shape(job), attention=planned_attention(job),
-                              embedding_on_cpu=bool(job.train.embedding_on_cpu))
+                              embedding_on_cpu=bool(job.train.embedding_on_cpu),
+                              fp8=job.train.precision == "fp8" and not job.train.fp8.emulate, fp8_min_width=int(job.train.fp8.min_width),
+                              compile=bool(job.train.compile))
     layouts, rejected, evaluated = search(job.model, hw, Choices.from_job(job), settings)
     result = PlanResult(job.name, job.model, hw, layouts, rejected, evaluated, time.perf_counter() - start,
                         settings.budget_bytes, gpu_topology, switch_tree)

@@ -66,6 +66,9 @@ class SearchSettings:
     lora: LoraShape | None = None
     attention: str = "flash"  # cost.ATTENTION_KERNELS: the runtime's own is flash
     embedding_on_cpu: bool = False  # train.embedding_on_cpu: the table and its states in host memory
+    fp8: bool = False  # train.precision fp8 (memory is priced in `precision`, its high precision)
+    fp8_min_width: int = 1024
+    compile: bool = False  # train.compile: the runtime compiles the blocks of tp == 1 layouts
 
 
 def optimizer_kind(job: Job) -> str:
@@ -214,7 +217,9 @@ def _search_family(model: Any, hw: Hardware, choices: Choices, settings: SearchS
                             tp=tp, pp=pp, dp=dp * cp, cp=cp, micro_batch=mb, micro_batches=m, virtual_stages=v, ac=ac, zero=zero,
                             offload_optimizer=offload, precision=settings.precision, max_rank_layers=busiest_layers,
                             max_rank_has_head=busiest_head, rank_params=busiest_params, sequence_parallel=sp,
-                            attention=settings.attention, embedding_on_cpu=settings.embedding_on_cpu, ep=ep),
+                            attention=settings.attention, embedding_on_cpu=settings.embedding_on_cpu, ep=ep,
+                            fp8=settings.fp8, fp8_min_width=settings.fp8_min_width,
+                            compile=settings.compile and tp == 1),
                             settings.global_batch)
                         layouts.append(Layout(tp, pp, dp, mb, schedule, v, ac, zero, offload, sp, tuple(stage_layers),
                                               imbalance, memory, rank, cost, cp, ep))
