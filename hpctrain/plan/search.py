@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from hpctrain.plan.cost import CostSetup, StepCost, step_cost
+from hpctrain.plan.cost import DEFAULT_EXPERT_STEP_IMBALANCE, CostSetup, StepCost, step_cost
 from hpctrain.plan.hardware import Hardware
 from hpctrain.plan.lora import LoraShape
 from hpctrain.plan.memory import MemoryBreakdown, RankSetup, peak_rank_memory
@@ -69,6 +69,8 @@ class SearchSettings:
     fp8: bool = False  # train.precision fp8 (memory is priced in `precision`, its high precision)
     fp8_min_width: int = 1024
     compile: bool = False  # train.compile: the runtime compiles the blocks of tp == 1 layouts
+    compile_with_tp: bool = False  # a published run's software fuses element-wise work under TP too (bench only)
+    expert_load_imbalance: float | None = None  # the busiest ep rank's load; None: cost.DEFAULT_EXPERT_STEP_IMBALANCE
 
 
 def optimizer_kind(job: Job) -> str:
@@ -219,7 +221,10 @@ def _search_family(model: Any, hw: Hardware, choices: Choices, settings: SearchS
                             max_rank_has_head=busiest_head, rank_params=busiest_params, sequence_parallel=sp,
                             attention=settings.attention, embedding_on_cpu=settings.embedding_on_cpu, ep=ep,
                             fp8=settings.fp8, fp8_min_width=settings.fp8_min_width,
-                            compile=settings.compile and tp == 1),
+                            compile=settings.compile and (tp == 1 or settings.compile_with_tp),
+                            expert_load_imbalance=(DEFAULT_EXPERT_STEP_IMBALANCE
+                                                   if settings.expert_load_imbalance is None
+                                                   else settings.expert_load_imbalance)),
                             settings.global_batch)
                         layouts.append(Layout(tp, pp, dp, mb, schedule, v, ac, zero, offload, sp, tuple(stage_layers),
                                               imbalance, memory, rank, cost, cp, ep))
