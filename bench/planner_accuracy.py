@@ -17,7 +17,13 @@ source; the file's header says how). For each run:
 A run the planner cannot cost (an unknown catalog name, an impossible layout) is printed as NOT
 COSTED and counts as a miss in every figure.
 Then one summary line per set: published (tp, pp) in the top 5 (layout cases), throughput within
-+-15 %, median absolute throughput error. `--fit` fits each GPU's GEMM efficiency on the calibration
++-15 %, median absolute throughput error; the same per category of each set (dense, MoE, CP, FP8: a row
+counts in each category it has, e.g. a CP run in FP8 in both; dense = none of the others); and, for every
+table (corpus field `table`) with >= 3 layouts of one model on one cluster, Kendall's tau between the
+published and the predicted order and whether the published best is in the planner's top 3 of the table.
+Per run, what the publisher's software did is in its fields: `precision` (fp8 with `fp8_recipe`), `fused`
+(element-wise work fused: torch.compile, or Transformer Engine's fused kernels; under TP too), and
+`expert_load_imbalance` (1.0 where the publisher forced balanced routing). `--fit` fits each GPU's GEMM efficiency on the calibration
 set only (hardware.py cites the result) and reports both sets with the fitted values. Torch-free.
 """
 
@@ -83,13 +89,19 @@ def _job(run: dict[str, Any], fixed: bool) -> Any:
 
     hw, lay = run["hardware"], run["layout"]
     per_node = hw.get("gpus_per_node", 8)
+    moe = run["model"].get("moe") is not None
     parallel: dict[str, Any] = {"tp": "auto", "pp": "auto", "dp": "auto", "schedule": "auto",
                                 "virtual_stages": "auto", "zero": "auto", "offload_optimizer": False,
-                                "sequence_parallel": bool(lay.get("sequence_parallel", False))}
+                                # MoE with tp > 1 needs SP (the experts are not tensor-parallel): on unless tp is 1
+                                "sequence_parallel": bool(lay.get("sequence_parallel", False)
+                                                          or (moe and not (fixed and lay.get("tp") == 1))),
+                                "ep": "auto" if moe else 1}
     train: dict[str, Any] = {"global_batch": run["global_batch"], "micro_batch": "auto",
-                             "activation_checkpointing": "auto", "precision": "bf16"}
+                             "activation_checkpointing": "auto", "precision": run.get("precision", "bf16")}
+    if run.get("precision") == "fp8":
+        train["fp8"] = {"recipe": run.get("fp8_recipe", "tensorwise")}
     if fixed:
-        for key in ("tp", "pp", "dp", "zero", "schedule", "virtual_stages"):
+        for key in ("tp", "pp", "dp", "zero", "schedule", "virtual_stages", "cp", "ep"):
             if lay.get(key) is not None:
                 parallel[key] = lay[key]
         if lay.get("micro_batch") is not None:
@@ -115,14 +127,19 @@ def _hardware(job: Any, gemm_efficiency: Optional[dict[str, float]]) -> Any:
 def _search(job: Any, hw: Any, budget_bytes: Optional[float] = None, run: Optional[dict[str, Any]] = None
             ) -> tuple[list[Any], Any]:
     from hpctrain.plan.memory import DEFAULT_RUNTIME_OVERHEAD_BYTES
+    from hpctrain.plan.planner import planned_precision
     from hpctrain.plan.search import SearchSettings, optimizer_kind, search
     from hpctrain.plan.space import Choices
 
-    settings = SearchSettings(global_batch=job.train.global_batch, precision=job.train.precision,
+    fused = bool(run.get("fused", False)) if run else False
+    settings = SearchSettings(global_batch=job.train.global_batch, precision=planned_precision(job),
                               optimizer=optimizer_kind(job),
                               budget_bytes=float(hw.gpu.memory_bytes) if budget_bytes is None else budget_bytes,
                               overhead_bytes=DEFAULT_RUNTIME_OVERHEAD_BYTES,
-                              attention=_attention(run) if run else "flash")
+                              attention=_attention(run) if run else "flash",
+                              fp8=job.train.precision == "fp8", fp8_min_width=int(job.train.fp8.min_width),
+                              compile=fused, compile_with_tp=fused,
+                              expert_load_imbalance=run.get("expert_load_imbalance") if run else None)
     choices = Choices.from_job(job)
     if run and run.get("ac_modes") and len(choices.ac) > 1:  # the publisher's software's recomputation modes
         choices = replace(choices, ac=tuple(m for m in choices.ac if m in run["ac_modes"]))
@@ -204,7 +221,7 @@ def evaluate(run: dict[str, Any], gemm_efficiency: Optional[dict[str, float]] = 
     position, note = None, ""
     if rank:
         layouts, rejected = _search(job, hw, run=run)
-        family = (run["layout"]["tp"], run["layout"]["pp"])
+        family = (run["layout"].get("tp") or 1, run["layout"].get("pp") or 1)
         position = family_rank(layouts, family)
         if position is None:
             reason = rejected.family_reasons.get(family)
@@ -229,9 +246,11 @@ def failed(run: dict[str, Any], why: str) -> Outcome:
 
 
 def evaluate_or_fail(run: dict[str, Any], gemm_efficiency: Optional[dict[str, float]] = None) -> Outcome:
+    from hpctrain.errors import ConfigError
+
     try:
         return evaluate(run, gemm_efficiency)
-    except (ValueError, KeyError, TypeError, SystemExit) as exc:
+    except (ValueError, KeyError, TypeError, SystemExit, ConfigError) as exc:
         return failed(run, f"{type(exc).__name__}: {exc}" if not isinstance(exc, SystemExit) else str(exc))
 
 
@@ -248,6 +267,62 @@ def summary(outcomes: list[Outcome], which: str) -> dict[str, Any]:
             "within_share": within / len(chosen) if chosen else float("nan"),
             "median_abs_error": statistics.median(errors) if errors else float("nan"),
             "not_costed": sum(1 for o in chosen if o.failure)}
+
+
+CATEGORIES = ("dense", "MoE", "CP", "FP8")
+
+
+def categories(run: dict[str, Any]) -> list[str]:
+    """The categories a corpus run counts in (a CP run in FP8 counts in both; dense: none of the others)."""
+    out = []
+    if run["model"].get("moe") is not None:
+        out.append("MoE")
+    if (run["layout"].get("cp") or 1) > 1:
+        out.append("CP")
+    if run.get("precision") == "fp8":
+        out.append("FP8")
+    return out or ["dense"]
+
+
+def category_line(outcomes: list[Outcome], runs: list[dict[str, Any]], which: str, category: str) -> str:
+    chosen = [o for o, r in zip(outcomes, runs) if o.set == which and category in categories(r)]
+    if not chosen:
+        return f"  {which} {category}: no runs"
+    within = sum(1 for o in chosen if abs(o.error) <= TOLERANCE)
+    errors = sorted(abs(o.error) for o in chosen)
+    return (f"  {which} {category}: throughput within +-{TOLERANCE:.0%}: {within}/{len(chosen)} "
+            f"({within / len(chosen):.0%}); median |error| {statistics.median(errors):.1%}")
+
+
+def kendall_tau(published: list[float], predicted: list[float]) -> float:
+    """Kendall's tau-a between two orderings of the same rows (ties count as neither)."""
+    n, score = len(published), 0
+    for i in range(n):
+        for j in range(i + 1, n):
+            a, b = published[i] - published[j], predicted[i] - predicted[j]
+            score += (a * b > 0) - (a * b < 0)
+    return score / (n * (n - 1) / 2) if n > 1 else float("nan")
+
+
+def table_lines(outcomes: list[Outcome], runs: list[dict[str, Any]]) -> list[str]:
+    """Per corpus table with >= 3 layouts of one model on one cluster: Kendall's tau between the published and
+    the predicted throughputs, and whether the published best is in the planner's top 3 of the table."""
+    tables: dict[str, list[Outcome]] = {}
+    for o, r in zip(outcomes, runs):
+        if r.get("table") and not o.failure:
+            tables.setdefault(r["table"], []).append(o)
+    lines = []
+    for name, rows in sorted(tables.items()):
+        if len(rows) < 3:
+            continue
+        published = [o.published if o.unit not in TIME_UNITS else -o.published for o in rows]
+        predicted = [o.predicted if o.unit not in TIME_UNITS else -o.predicted for o in rows]
+        best = max(range(len(rows)), key=lambda i: published[i])
+        top3 = sorted(range(len(rows)), key=lambda i: -predicted[i])[:3]
+        lines.append(f"  table {name} ({rows[0].set}, {len(rows)} layouts): Kendall tau "
+                     f"{kendall_tau(published, predicted):+.2f}; published best {rows[best].name} "
+                     f"{'in' if best in top3 else 'NOT in'} the planner's top 3")
+    return lines
 
 
 def summary_line(s: dict[str, Any]) -> str:
@@ -321,6 +396,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(row(o))
     for which in ("calibration", "validation"):
         print(summary_line(summary(outcomes, which)))
+        for category in CATEGORIES:
+            print(category_line(outcomes, runs, which, category))
+    for line in table_lines(outcomes, runs):
+        print(line)
     return 0
 
 

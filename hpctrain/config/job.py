@@ -200,7 +200,7 @@ def _cp_problems(job: Job, tp: int | None) -> list[Problem]:
         out.append(Problem("model.seq_len", f"seq_len / cp = {seq // cp} must be divisible by parallel.tp={tp} "
                            "(sequence parallelism splits each context-parallel rank's tokens over tp)", seq,
                            f"use a multiple of {2 * cp * tp}"))
-    if job.parallel.ep > 1:
+    if isinstance(job.parallel.ep, int) and job.parallel.ep > 1:
         out.append(Problem("parallel.cp", f"does not combine with expert parallelism yet (parallel.ep={job.parallel.ep})",
                            cp, "set parallel.cp: 1, or parallel.ep: 1"))
     return out
@@ -209,7 +209,7 @@ def _cp_problems(job: Job, tp: int | None) -> list[Problem]:
 def _ep_problems(job: Job, dp: int | None, tp: int | None) -> list[Problem]:
     """parallel.ep: experts split over ep of the dp x tp ranks (runtime/parallel/expert.py)."""
     ep, moe = job.parallel.ep, (job.model.moe if job.model is not None else None)
-    out = []
+    out: list[Problem] = []
     if moe is not None and tp is not None and tp > 1:
         # The experts are not tensor-parallel (torchtitan's ParallelDims with etp=1): each tp rank routes
         # its own sequence shard, and an ep group spans whole tp groups.
@@ -217,11 +217,11 @@ def _ep_problems(job: Job, dp: int | None, tp: int | None) -> list[Problem]:
             out.append(Problem("parallel.sequence_parallel", f"must be true with model.moe and parallel.tp={tp} "
                                "(each tp rank routes its own sequence shard)", False,
                                "set parallel.sequence_parallel: true"))
-        if ep % tp:
+        if isinstance(ep, int) and ep % tp:
             out.append(Problem("parallel.ep", f"must be a multiple of parallel.tp={tp} with model.moe (the experts "
                                "are not tensor-parallel: an ep group spans whole tp groups)", ep,
                                f"set parallel.ep to a multiple of {tp}"))
-    if ep == 1:
+    if ep == 1 or not isinstance(ep, int):  # auto: the planner picks a fitting ep (plan/space.py)
         return out
     if moe is None:
         return [Problem("parallel.ep", "> 1 needs model.moe (expert parallelism splits routed experts)", ep,

@@ -19,12 +19,14 @@ if TYPE_CHECKING:
     PpDegree = Union[int, str]
     DpDegree = Union[int, str]
     VirtualStages = Union[int, str]
+    EpDegree = Union[int, str]
 else:
     MicroBatch = auto_int(1, L.MAX_MICRO_BATCH)
     TpDegree = auto_int(1, L.MAX_GPUS_PER_NODE)
     PpDegree = auto_int(1, L.MAX_LAYERS)
     DpDegree = auto_int(1, L.MAX_WORLD)
     VirtualStages = auto_int(1, L.MAX_LAYERS)
+    EpDegree = auto_int(1, L.MAX_WORLD)
 
 
 class OptimizerConfig(Section):
@@ -106,9 +108,9 @@ class ParallelConfig(Section):
     tp: TpDegree = Field("auto", description="Tensor-parallel degree (kept inside an NVLink island).")
     pp: PpDegree = Field("auto", description="Pipeline-parallel degree (stages).")
     dp: DpDegree = Field("auto", description="Data-parallel degree (FSDP2 replicas/shards).")
-    ep: int = Field(1, ge=1, le=L.MAX_WORLD, description="Expert-parallel degree (model.moe): the routed experts "
-                    "are split over ep of the dp x tp ranks, tokens reach them by all-to-all; must divide dp x tp and the "
-                    "experts, and be a multiple of tp.")
+    ep: EpDegree = Field(1, description="Expert-parallel degree (model.moe): the routed experts "
+                         "are split over ep of the dp x tp ranks, tokens reach them by all-to-all; must divide dp x tp and "
+                         "the experts, and be a multiple of tp; auto: the planner picks it (1 without model.moe).")
     cp: int = Field(1, ge=1, le=L.MAX_WORLD, description="Context-parallel degree: every sequence split over cp ranks "
                     "(a head chunk and its mirror tail chunk each, for a causal balance); attention reaches the other ranks' "
                     "K/V by parallel.cp_rotate; weights are sharded over dp x cp (runtime/parallel/context.py). seq_len must be a multiple of 2 x cp.")

@@ -161,3 +161,56 @@ def fsdp_exposed_s(s: FsdpStep) -> tuple[float, float]:
     backward_gathers = m if s.gathers_in_backward else 0
     total = s.units * ((gather_rounds + backward_gathers) * s.gather_s + reduce_rounds * s.reduce_s)
     return exposed, total
+
+
+# Expert parallelism's all-to-all (token dispatch and combine, runtime/parallel/expert.py). Each rank sends
+# every peer of its ep group the routed copies bound for that peer's experts and receives as many: no ring,
+# one exchange whose bytes leave the rank over NVLink for the peers in its node and over its NIC for the
+# others, both at once (NCCL posts every peer's send and receive in one group; DeepSeek-V3, Liu et al. 2024,
+# arXiv 2412.19437, section 3.2.2, overlaps its IB and NVLink legs the same way). The slower leg sets the time.
+# A2A_NVLINK_EFFICIENCY: DeepSeek-V3 (same section) reaches 160 GB/s over the H800's NVLink (200 GB/s per
+# direction, H800 datasheet) in its dispatch and combine kernels: 0.80 of the line rate. Across nodes the
+# NIC's achievable rate (the fabric's efficiency, hardware.py): the same paper's "IB (50 GB/s)" is a 400 Gb/s
+# NIC's line rate, nccl-tests reaches 46-48 GB/s of it (hardware.py's InfiniBand note).
+A2A_NVLINK_EFFICIENCY = 0.80
+
+
+@dataclass(frozen=True)
+class EpPlacement:
+    """Where one ep group's ranks sit: `in_node` of its `ranks` share each node (tp innermost, then pp, then
+    dp x cp in the rank grid: an ep group is ep / tp tp groups that sit tp x pp slots apart)."""
+
+    ranks: int
+    in_node: int
+
+    @property
+    def nodes(self) -> int:
+        return -(-self.ranks // self.in_node)
+
+    @property
+    def crosses_nodes(self) -> bool:
+        return self.ranks > self.in_node
+
+
+def ep_placement(hw: Hardware, tp: int, pp: int, ep: int) -> EpPlacement:
+    """The ep group of a (tp, pp) layout: whole tp groups, the next one tp x pp ranks further on."""
+    groups_per_node = max(1, hw.gpus_per_node // (tp * pp))
+    return EpPlacement(ep, max(1, min(ep, tp * groups_per_node)))
+
+
+def all_to_all_s(message_bytes: float, hw: Hardware, where: EpPlacement) -> float:
+    """One all-to-all of `message_bytes` per rank over an ep group: (ep-1)/ep of it leaves the rank, the
+    in-node peers' share over NVLink and the rest over the rank's share of the node's NICs (hierarchical
+    when the group spans nodes); plus NCCL's base latency and one hop (a network hop when it crosses)."""
+    ep = where.ranks
+    if ep <= 1 or message_bytes <= 0:
+        return 0.0
+    nvlink = hw.intra_node_bytes_per_s * A2A_NVLINK_EFFICIENCY
+    intra = message_bytes * (where.in_node - 1) / ep / nvlink
+    inter = 0.0
+    if where.crosses_nodes:
+        nic = min(nvlink, hw.node_fabric_bytes_per_s / hw.gpus_per_node)
+        inter = message_bytes * (ep - where.in_node) / ep / nic
+    hop = NET_STEP_LATENCY_S if where.crosses_nodes else NVLINK_STEP_LATENCY_S
+    return max(intra, inter) + RING_BASE_LATENCY_S + hop
+

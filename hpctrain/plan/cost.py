@@ -69,6 +69,56 @@ SCORE_BYTES_BACKWARD = 19.0
 # gradient (K = the micro-batch's tokens), so under TP the sharded widths are K in only some of
 # them. K0 = 128 is chosen, not fitted.
 GEMM_SIZE_KNEE = 128.0
+# Expert parallelism and MoE compute (model.moe; the runtime: runtime/model/moe.py, runtime/parallel/expert.py).
+# Grouped GEMM of narrow experts: one torch._grouped_mm over the local experts, each expert's rows a tile
+# group of its own, so an expert width w (the N of gate/up, the K of down) of a few tiles wastes the
+# partial tiles and the per-group prologue beyond what one wide GEMM does. Stated curve, not fitted:
+# efficiency w / (w + GROUPED_GEMM_WIDTH_KNEE) on top of the K factor (GEMM_SIZE_KNEE): 0.75 at Qwen3-235B's
+# w = 1536, 0.60 at Qwen3-30B's 768, 0.97 at Mixtral's 14336. Its direction and size follow the published
+# grouped-GEMM throughput of one MoE model at falling FFN width (MindSpeed, "Megatron MoE Grouped GEMM",
+# table 1: tokens/s 2280, 1780, 1537, 1446 at ffn_hidden 32768, 16384, 8192, 4096): an assumption.
+GROUPED_GEMM_WIDTH_KNEE = 512.0
+# The busiest ep rank sets the step: its experts receive `imbalance` x the mean rows (all-to-all bytes in
+# and expert GEMM rows alike). Megatron-Core's MoE benchmarks force balanced routing for their tables
+# (--moe-router-force-load-balancing, Megatron-Core MoE README); trained routers with an auxiliary loss
+# stay above it. 1.1 is a stated default (an assumption); CostSetup.expert_load_imbalance takes the
+# runtime's measured expert load (max over mean) where a run exists.
+DEFAULT_EXPERT_STEP_IMBALANCE = 1.1
+# All-to-alls per MoE block and micro-batch: dispatch and combine forward, their two transposes backward
+# (Megatron-Core MoE docs, token dispatcher "alltoall"; torchtitan's expert_parallel.py the same), two more
+# when full recomputation replays the forward. Not overlapped: hpctrain's runtime waits for each before
+# the expert GEMMs (runtime/parallel/expert.py; Megatron-Core overlaps them only with
+# overlap_moe_expert_parallel_comm, off by default). Megatron-Core's MoE guide: an unoverlapped all-to-all
+# can take 30-40 % of the step.
+A2A_FORWARD = 2
+A2A_BACKWARD = 2
+# FP8 (train.precision fp8, torchao's Float8Linear, runtime/parallel/float8.py): the eligible linears (both
+# full widths >= train.fp8.min_width and multiples of 16; not the head, not the router; the routed experts are
+# grouped parameters, not nn.Linear, so they stay 16-bit) run their three GEMMs at the GPU's FP8 peak, each
+# with its K factor as in 16 bits, at FP8_GEMM_EFFICIENCY_RATIO x the 16-bit GEMM's fraction of its peak.
+# Casts and dynamic scales are memory-bound element-wise work (torchao float8 README, "Performance /
+# Derivation": "fp8_overhead_time ... bounded by memory bandwidth"). Per element of a converted linear's input,
+# of its output gradient and of its weight (the weight once per micro-batch): an amax read (2 bytes), a cast
+# (read 2, write 1) and the second cast into the other GEMM's layout (read 2, write 1; tensorwise re-casts the
+# saved 16-bit tensor in backward): 8 bytes, compiled (inductor fuses each amax and cast, torchao's recommended
+# setting); eager torchao runs abs, max, scale, clamp and cast as separate kernels, counted as twice that.
+# FP8_GEMM_EFFICIENCY_RATIO is FITTED on one source, the calibration source of FP8: the torchao float8 README's
+# two H100 linear microbenchmarks (forward + backward of one linear, compiled, tensorwise: M, K, N = 4096,
+# 8192, 16384 -> 1.39x over bf16; 1024, 2048, 1024 -> 0.80x). With 8 cast bytes, 0.80 gives 1.35x and 0.80x
+# (0.70: 1.20x / 0.75x; 1.00: 1.62x / 0.89x). torchtitan's and the PyTorch blog's end-to-end float8 runs are
+# validation rows, never fitted on.
+FP8_GEMM_EFFICIENCY_RATIO = 0.80
+FP8_CAST_BYTES_COMPILED = 8.0
+FP8_CAST_BYTES_EAGER = 16.0
+FP8_TILE = 16
+# torch.compile (train.compile; the runtime compiles each block with inductor when tp == 1,
+# runtime/parallel/compile.py): inductor fuses each chain of element-wise ops between GEMMs (RMSNorm's upcast,
+# pow, mean, rsqrt and muls; RoPE; SiLU x gate; residual adds) into one kernel that reads its inputs and writes
+# its outputs once, so the ~2.5 forward and ~5.5 backward passes of ELEMENTWISE_PASSES (counted from the eager
+# ops) become ~1 forward and ~2 backward (one read + one write per fused region each way; backward reads the
+# saved inputs and the gradient and writes the input gradient): a stated saving on the element-wise share.
+COMPILED_ELEMENTWISE_PASSES = 3.0
+COMPILED_ELEMENTWISE_FORWARD_PASSES = 1.0
 # AdamW step + grad-norm: read p, g, m, v and write p, m, v in fp32, plus one read of g for the norm.
 OPTIMIZER_BYTES_PER_PARAM = 32.0
 # CPU AdamW (offload_optimizer): a DGX A100 has 2 EPYC 7742 with 8 DDR4-3200 channels each, 410 GB/s
@@ -101,6 +151,11 @@ class CostSetup:
     cp: int = 1
     embedding_on_cpu: bool = False  # the lookup on the host: its output and gradient cross PCIe
     cp_rotate: str = "allgather"  # parallel.cp_rotate: ring overlaps its transfers with the blocks' attention
+    ep: int = 1  # expert parallelism: routed experts over ep of the dp x tp ranks, tokens by all-to-all
+    expert_load_imbalance: float = DEFAULT_EXPERT_STEP_IMBALANCE  # the busiest ep rank's rows over the mean
+    fp8: bool = False  # train.precision fp8: eligible linears at the FP8 peak, plus their casts
+    fp8_min_width: int = 1024  # train.fp8.min_width
+    compile: bool = False  # train.compile on a layout the runtime compiles (tp == 1)
 
 
 @dataclass(frozen=True)
@@ -117,16 +172,18 @@ class StepCost:
     mfu: float
     dp_comm_total_s: float = 0.0  # all of FSDP's collectives, hidden or not
     cp_comm_s: float = 0.0  # of tp_comm_s: context parallelism's K/V exchanges (on the critical path too)
+    a2a_s: float = 0.0  # expert parallelism's dispatch/combine all-to-alls (on the critical path, not in tp_comm_s)
+    a2a_crosses_nodes: bool = False  # the ep group spans nodes: its all-to-all rides the fabric
 
     @property
     def comm_exposed_s(self) -> float:
-        return self.tp_comm_s + self.pp_comm_s + self.dp_comm_exposed_s
+        return self.tp_comm_s + self.pp_comm_s + self.dp_comm_exposed_s + self.a2a_s
 
     @property
     def comm_to_compute(self) -> float:
         """All communication time (TP and PP on the critical path, every FSDP collective hidden or
         not) over the compute that could hide it: above 1 the layout is communication-bound."""
-        return (self.tp_comm_s + self.pp_comm_s + self.dp_comm_total_s) / self.compute_s if self.compute_s > 0 else 0.0
+        return (self.tp_comm_s + self.pp_comm_s + self.a2a_s + self.dp_comm_total_s) / self.compute_s if self.compute_s > 0 else 0.0
 
     @property
     def comm_bound(self) -> bool:
@@ -134,7 +191,7 @@ class StepCost:
 
     @property
     def comm_share(self) -> float:
-        return (self.tp_comm_s + self.pp_comm_s + self.dp_comm_exposed_s) / self.step_time_s
+        return self.comm_exposed_s / self.step_time_s
 
     @property
     def bubble_share(self) -> float:
@@ -156,26 +213,128 @@ def layer_linears(model: Any, tp: int) -> list[tuple[float, float]]:
     return [(h, q), (h, kv), (h, kv), (q, h)] + up + [(ffn, h)]
 
 
-def linear_gemm_times(model: Any, tp: int, tokens: float, rate: float) -> tuple[float, float]:
-    """(forward, backward) time per token of a layer's linears on one TP rank at `rate` FLOP/s,
-    each GEMM slowed by its K (GEMM_SIZE_KNEE): forward K = input width, backward K = output width
-    (input gradient) and the micro-batch's tokens (weight gradient)."""
+def _gemm_times(linears: list[tuple[float, float]], tokens: float, rate: float,
+                rows: float = 1.0) -> tuple[float, float]:
+    """(forward, backward) time per token of `linears`, each run on `rows` rows per token, at `rate`."""
     forward = backward = 0.0
-    for fan_in, fan_out in layer_linears(model, tp):
-        flops = 2.0 * fan_in * fan_out
+    wgrad = _gemm_size_factor(tokens)
+    for fan_in, fan_out in linears:
+        flops = 2.0 * fan_in * fan_out * rows
         forward += flops / (rate * _gemm_size_factor(fan_in))
-        backward += flops / (rate * _gemm_size_factor(fan_out)) + flops / (rate * _gemm_size_factor(tokens))
+        backward += flops / (rate * _gemm_size_factor(fan_out)) + flops / (rate * wgrad)
     return forward, backward
 
 
+def linear_gemm_times(model: Any, tp: int, tokens: float, rate: float, ep: int = 1,
+                      imbalance: float = DEFAULT_EXPERT_STEP_IMBALANCE) -> tuple[float, float]:
+    """(forward, backward) time per token of a layer's linears on one TP rank at `rate` FLOP/s,
+    each GEMM slowed by its K (GEMM_SIZE_KNEE): forward K = input width, backward K = output width
+    (input gradient) and the micro-batch's tokens (weight gradient). With model.moe the mean over the
+    layers of the dense blocks' and the MoE blocks' (`moe_ffn_gemm_times`)."""
+    from hpctrain.plan.model_stats import moe_layer_count
+
+    n_moe = moe_layer_count(model)
+    if not n_moe:
+        return _gemm_times(layer_linears(model, tp), tokens, rate)
+    dense_f, dense_b = _gemm_times(layer_linears(model, tp), tokens, rate)
+    attn_f, attn_b = _gemm_times(layer_linears(model, tp)[:4], tokens, rate)
+    moe_f, moe_b = moe_ffn_gemm_times(model, tp, tokens, rate, ep, imbalance)
+    share = n_moe / model.layers
+    return ((1 - share) * dense_f + share * (attn_f + moe_f), (1 - share) * dense_b + share * (attn_b + moe_b))
+
+
+def moe_ffn_gemm_times(model: Any, tp: int, tokens: float, rate: float, ep: int = 1,
+                       imbalance: float = DEFAULT_EXPERT_STEP_IMBALANCE) -> tuple[float, float]:
+    """(forward, backward) time per micro-batch token of one MoE FFN on the busiest rank: the routed
+    experts' grouped GEMMs on top_k routed copies of the rank's token share (1/tp: with tp > 1 each tp rank
+    routes its own sequence shard, torchtitan's etp=1; x imbalance under ep), slowed by the expert width
+    (GROUPED_GEMM_WIDTH_KNEE) and, in the weight gradient, by the rows one expert gets; the shared experts
+    as a dense SwiGLU split over tp; the router [hidden, experts] on the token share."""
+    from hpctrain.config.moe import expert_width, shared_width
+
+    moe, h = model.moe, float(model.hidden)
+    width = float(expert_width(moe, int(model.ffn_hidden)))
+    share = 1.0 / tp
+    rows = moe.top_k * share * (imbalance if ep > 1 else 1.0)
+    expert_rows = tokens * share * moe.top_k * ep / moe.experts  # rows per local expert (its weight gradient's K)
+    grouped = width / (width + GROUPED_GEMM_WIDTH_KNEE)
+    routed = [(h, width), (h, width), (width, h)]
+    forward = backward = 0.0
+    for fan_in, fan_out in routed:
+        flops = 2.0 * fan_in * fan_out * rows
+        forward += flops / (rate * grouped * _gemm_size_factor(fan_in))
+        backward += flops / (rate * grouped) * (1.0 / _gemm_size_factor(fan_out) + 1.0 / _gemm_size_factor(expert_rows))
+    shared = shared_width(moe, int(model.ffn_hidden)) / tp
+    extra = ([(h, shared), (h, shared), (shared, h)] if shared else [])
+    f, b = _gemm_times(extra, tokens, rate)
+    rf, rb = _gemm_times([(h, float(moe.experts))], tokens * share, rate, rows=share)
+    return forward + f + rf, backward + b + rb
+
+
+def moe_a2a_per_micro_batch_s(model: Any, hw: Hardware, c: CostSetup, tokens_mb: float, act_bytes: int) -> float:
+    """The busiest rank's dispatch/combine all-to-alls of one micro-batch over its MoE blocks: each moves
+    the rank's top_k routed copies of its token share (tokens / tp under tp's sequence sharding) x hidden,
+    x imbalance (the busiest rank receives that much more), (ep-1)/ep of it off the rank (comm.all_to_all_s)."""
+    if c.ep <= 1 or getattr(model, "moe", None) is None:
+        return 0.0
+    from hpctrain.plan.model_stats import moe_layer_count
+
+    moe_layers = c.max_rank_layers * moe_layer_count(model) / model.layers
+    message = tokens_mb / c.tp * model.moe.top_k * model.hidden * act_bytes * c.expert_load_imbalance
+    count = A2A_FORWARD + A2A_BACKWARD + (A2A_FORWARD if c.ac == "full" else 0)
+    return moe_layers * count * comm.all_to_all_s(message, hw, comm.ep_placement(hw, c.tp, c.pp, c.ep))
+
+
+def fp8_linears_s(model: Any, hw: Hardware, tp: int, tokens: float, min_width: int, compiled: bool,
+                  ep: int = 1, imbalance: float = DEFAULT_EXPERT_STEP_IMBALANCE) -> float:
+    """Per token of one layer on one TP rank: what FP8 changes, (fp8 GEMMs + casts) - (16-bit GEMMs), over the
+    eligible linears (full widths >= min_width, multiples of FP8_TILE; runtime/parallel/float8.py). With
+    model.moe the FFN linears of the MoE blocks are the shared experts' only (the routed ones stay 16-bit)."""
+    from hpctrain.plan.model_stats import moe_layer_count
+
+    bf16_rate = hw.gpu.peak_flops_per_s("bf16") * hw.gpu.gemm_efficiency
+    fp8_rate = hw.gpu.fp8_flops_per_s * hw.gpu.gemm_efficiency * FP8_GEMM_EFFICIENCY_RATIO
+    if fp8_rate <= 0:
+        return 0.0
+    hbm = hw.gpu.hbm_bytes_per_s * HBM_EFFICIENCY
+    cast = FP8_CAST_BYTES_COMPILED if compiled else FP8_CAST_BYTES_EAGER
+
+    def delta(full: list[tuple[float, float]], local: list[tuple[float, float]]) -> float:
+        keep = [(i, o) for (fi, fo), (i, o) in zip(full, local)
+                if min(fi, fo) >= min_width and fi % FP8_TILE == 0 and fo % FP8_TILE == 0]
+        if not keep:
+            return 0.0
+        f16, b16 = _gemm_times(keep, tokens, bf16_rate)
+        f8, b8 = _gemm_times(keep, tokens, fp8_rate)
+        casts = sum(cast * (i + o) + cast * i * o / max(tokens, 1.0) for i, o in keep) / hbm
+        return f8 + b8 + casts - f16 - b16
+
+    dense = delta(layer_linears(model, 1), layer_linears(model, tp))
+    n_moe = moe_layer_count(model)
+    if not n_moe:
+        return dense
+    from hpctrain.config.moe import shared_width
+
+    h = float(model.hidden)
+    sw = float(shared_width(model.moe, int(model.ffn_hidden)))
+    shared_full = [(h, sw), (h, sw), (sw, h)] if sw else []
+    shared_local = [(h, sw / tp), (h, sw / tp), (sw / tp, h)] if sw else []
+    moe_block = delta(layer_linears(model, 1)[:4] + shared_full, layer_linears(model, tp)[:4] + shared_local)
+    share = n_moe / model.layers
+    return (1 - share) * dense + share * moe_block
+
+
 def layer_time_per_token_s(model: Any, hw: Hardware, tp: int, ac: str, precision: str, sp: bool = False,
-                           attention: str = "flash", tokens: float | None = None) -> float:
+                           attention: str = "flash", tokens: float | None = None, ep: int = 1,
+                           imbalance: float = DEFAULT_EXPERT_STEP_IMBALANCE, fp8: bool = False,
+                           fp8_min_width: int = 1024, compiled: bool = False) -> float:
     """Forward + backward (+ recompute) time of one layer per token on one TP rank; `tokens` is the
     micro-batch's token count (the weight gradients' K; default one sequence)."""
     peak = hw.gpu.peak_flops_per_s(precision)
     gemm_rate = peak * hw.gpu.gemm_efficiency
     attention_rate = peak * hw.gpu.attention_efficiency
-    matmul_fwd, matmul_bwd = linear_gemm_times(model, tp, tokens if tokens else model.seq_len, gemm_rate)
+    matmul_fwd, matmul_bwd = linear_gemm_times(model, tp, tokens if tokens else model.seq_len, gemm_rate, ep,
+                                               imbalance)
     hbm = hw.gpu.hbm_bytes_per_s * HBM_EFFICIENCY
     core_flops = attention_core_forward_flops_per_token(model) / tp
     if attention == "materialized":  # plain GEMMs over the whole square, plus the scores' traffic
@@ -190,13 +349,17 @@ def layer_time_per_token_s(model: Any, hw: Hardware, tp: int, ac: str, precision
     # under sequence parallelism the norm / residual regions run on a 1/tp sequence shard
     elementwise_fwd = layer_saved_bytes_per_token_no_ac(model, tp, sp and tp > 1, mode) / hbm
     # the attention core's backward is twice its forward's FLOPs (as every GEMM's)
-    total = (matmul_fwd + matmul_bwd + 3.0 * core_fwd + scores_fwd + scores_bwd
-             + ELEMENTWISE_PASSES * elementwise_fwd)
+    passes = COMPILED_ELEMENTWISE_PASSES if compiled else ELEMENTWISE_PASSES
+    forward_passes = COMPILED_ELEMENTWISE_FORWARD_PASSES if compiled else ELEMENTWISE_FORWARD_PASSES
+    fp8_delta = (fp8_linears_s(model, hw, tp, tokens if tokens else model.seq_len, fp8_min_width, compiled, ep,
+                               imbalance) if fp8 else 0.0)
+    total = (matmul_fwd + matmul_bwd + fp8_delta + 3.0 * core_fwd + scores_fwd + scores_bwd
+             + passes * elementwise_fwd)
     attention_replay = core_fwd + scores_fwd
-    if ac == "full":
-        total += matmul_fwd + attention_replay + ELEMENTWISE_FORWARD_PASSES * elementwise_fwd
+    if ac == "full":  # the recomputed forward replays the fp8 forward GEMMs too (a third of the delta, counted so)
+        total += matmul_fwd + fp8_delta / 3.0 + attention_replay + forward_passes * elementwise_fwd
     elif ac == "selective":  # the runtime's op policy saves matmul/SDPA outputs, recomputes the rest
-        total += ELEMENTWISE_FORWARD_PASSES * elementwise_fwd
+        total += forward_passes * elementwise_fwd
         if attention == "materialized":  # Korthikanti's selective: the attention core is replayed
             total += attention_replay
     return total
@@ -229,7 +392,8 @@ def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int) -> Step
     tokens_mb = c.micro_batch * model.seq_len // c.cp
     act_bytes = HALF_BYTES if c.precision != "fp32" else 4
     layer_s = layer_time_per_token_s(model, hw, c.tp, c.ac, c.precision, c.sequence_parallel, c.attention,
-                                     tokens=tokens_mb)
+                                     tokens=tokens_mb, ep=c.ep, imbalance=c.expert_load_imbalance, fp8=c.fp8,
+                                     fp8_min_width=c.fp8_min_width, compiled=c.compile)
     compute_mb = tokens_mb * (c.max_rank_layers * layer_s
                               + (head_time_per_token_s(model, hw, c.tp, c.precision) if c.max_rank_has_head else 0.0))
 
@@ -276,14 +440,15 @@ def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int) -> Step
             gathers = 2 if c.ac == "none" else 3
             cp_mb = c.max_rank_layers * gathers * collective_s(c.cp * message, cp_link, all_reduce=False)
     tp_mb += cp_mb  # reported with the model-parallel communication on the critical path
-    slot_s = compute_mb + tp_mb + pp_mb + (embedding_transfer_s(model, hw, tokens_mb, act_bytes)
+    a2a_mb = moe_a2a_per_micro_batch_s(model, hw, c, tokens_mb, act_bytes)
+    slot_s = compute_mb + tp_mb + pp_mb + a2a_mb + (embedding_transfer_s(model, hw, tokens_mb, act_bytes)
                                            if c.embedding_on_cpu else 0.0)
     # Bubble: (p-1)/v micro-batch slots for GPipe, 1F1B and interleaved 1F1B alike (Narayanan et
     # al. 2021, sections 2.2.1-2.2.2; v = 1 but for the interleaved schedule).
     bubble_slots = (c.pp - 1) / c.virtual_stages
     pipeline_s = (c.micro_batches + bubble_slots) * slot_s
 
-    dp_exposed, dp_total = _dp_comm_s(hw, c, compute_mb + tp_mb)
+    dp_exposed, dp_total = _dp_comm_s(hw, c, compute_mb + tp_mb + a2a_mb)
     local_params = c.rank_params / (c.dp if (c.dp > 1 or c.offload_optimizer) else 1)
     if c.offload_optimizer:
         optimizer_s = (OPTIMIZER_BYTES_PER_PARAM * local_params / CPU_OPTIMIZER_BYTES_PER_S
@@ -307,6 +472,8 @@ def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int) -> Step
         mfu=model_flops_per_token(model) * tokens_per_s / world / hw.gpu.peak_flops_per_s(c.precision),
         dp_comm_total_s=dp_total,
         cp_comm_s=c.micro_batches * cp_mb,
+        a2a_s=c.micro_batches * a2a_mb,
+        a2a_crosses_nodes=c.ep > 1 and comm.ep_placement(hw, c.tp, c.pp, c.ep).crosses_nodes,
     )
 
 

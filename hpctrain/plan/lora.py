@@ -145,6 +145,7 @@ def fine_tune_notes(job: Job) -> list[str]:
     if moe is not None:
         ep = job.parallel.ep
         held = ("every rank holds all routed experts of its stages" if ep == 1 else
+                "the planner picks ep (parallel.ep: auto)" if not isinstance(ep, int) else
                 f"each rank holds {moe.experts // ep} of the {moe.experts} routed experts of its stages (ep={ep})")
         notes.append(f"model.moe ({moe.experts} experts, top-{moe.top_k}): {held}; FLOPs count the active experts; "
                      "activations assume an even load (expert load imbalance 1.0: a rank that receives more "

@@ -146,7 +146,23 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+_STAGE_CACHE: dict[tuple[Any, ...], int] = {}
+
+
 def stage_param_count(
+    model: Any, first_layer: int, last_layer: int, *, has_embedding: bool, has_head: bool, tp: int = 1,
+    ep: int = 1,
+) -> int:
+    """`_stage_param_count`, cached per shape and arguments: the search asks for it thousands of times."""
+    key = (_shape_key(model), first_layer, last_layer, has_embedding, has_head, tp, ep)
+    count = _STAGE_CACHE.get(key)
+    if count is None:
+        count = _STAGE_CACHE[key] = _stage_param_count(model, first_layer, last_layer, has_embedding=has_embedding,
+                                                       has_head=has_head, tp=tp, ep=ep)
+    return count
+
+
+def _stage_param_count(
     model: Any, first_layer: int, last_layer: int, *, has_embedding: bool, has_head: bool, tp: int = 1,
     ep: int = 1,
 ) -> int:
@@ -196,13 +212,21 @@ def stage_routed_expert_params(model: Any, first_layer: int, last_layer: int, ep
 _SHARD_CACHE: dict[tuple[Any, ...], tuple[int, int, int]] = {}
 
 
+def _shape_key(model: Any) -> tuple[Any, ...]:
+    """Every field parameter counts depend on (the MoE section's sizes; its router settings hold no
+    parameters of their own beyond the [experts, hidden] matrix)."""
+    moe = getattr(model, "moe", None)
+    moe_key = None if moe is None else (moe.experts, moe.top_k, moe.expert_ffn_hidden, moe.shared_experts,
+                                        moe.shared_ffn_hidden, moe.dense_layers)
+    return (model.layers, model.hidden, model.heads, model.kv_heads, model.ffn_hidden, model.vocab,
+            model.activation, getattr(model, "head_dim", None), getattr(model, "qk_norm", False),
+            model.tie_embeddings, moe_key)
+
+
 def _tp_shard_sizes(model: Any, tp: int) -> tuple[int, int, int]:
     """(one layer's parameters on a TP rank, the vocab-parallel embedding/head shard, the final
     norm), cached per shape: the search asks for them thousands of times."""
-    moe = getattr(model, "moe", None)
-    key = (model.layers, model.hidden, model.heads, model.kv_heads, model.ffn_hidden, model.vocab,
-           model.activation, getattr(model, "head_dim", None), getattr(model, "qk_norm", False),
-           None if moe is None else repr(moe), tp)
+    key = (_shape_key(model), tp)
     sizes = _SHARD_CACHE.get(key)
     if sizes is None:
         sharded = attention_params(model) + ffn_params(model)

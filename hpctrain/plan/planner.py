@@ -57,7 +57,7 @@ class PlanResult:
 
     def to_json(self, top: Optional[int] = None) -> dict[str, Any]:
         """The `hpctrain plan --json` object (and plan.json in a run directory)."""
-        from hpctrain.plan.report import layout_json
+        from hpctrain.plan.report import advice_json, layout_json
 
         shown = self.layouts if top is None else self.layouts[:top]
         hw = self.hardware
@@ -74,6 +74,7 @@ class PlanResult:
             "placement": self.placement().to_dict() if self.layouts else None,
             "rejected": self.rejected.to_json(),
             "notes": list(self.notes),
+            "advice": advice_json(self) if self.layouts else None,
         }
 
 
@@ -105,9 +106,10 @@ def load_topology(job: Job) -> tuple[Optional[GpuTopology], Optional[SwitchTree]
 
 
 def planned_precision(job: Job) -> str:
-    """The precision the memory and cost models price. fp8 is priced as its high precision (bf16 or fp32):
-    the converted linears save their high-precision inputs for backward (torchao's Float8Linear recasts them),
-    and the fp8 GEMM speed-up is the planner's precision dimension's to model, not this."""
+    """The precision the memory model prices (and the cost model's 16-bit base). fp8 is priced as its high
+    precision (bf16 or fp32): the converted linears save their high-precision inputs for backward (torchao's
+    Float8Linear recasts them); the fp8 GEMMs and their casts are the cost model's (SearchSettings.fp8,
+    cost.fp8_linears_s)."""
     train = job.train
     return train.fp8.high_precision if train.precision == "fp8" else train.precision
 
@@ -137,7 +139,9 @@ def plan_job(job: Job) -> PlanResult:
                               budget_bytes=float(hw.gpu.memory_bytes), overhead_bytes=overhead,
                               lora=lora_shape(job), attention=planned_attention(job),
                               embedding_on_cpu=bool(job.train.embedding_on_cpu),
-                              cp_rotate=job.parallel.cp_rotate)
+                              cp_rotate=job.parallel.cp_rotate,
+                              fp8=job.train.precision == "fp8" and not job.train.fp8.emulate, fp8_min_width=int(job.train.fp8.min_width),
+                              compile=bool(job.train.compile))
     layouts, rejected, evaluated = search(job.model, hw, Choices.from_job(job), settings)
     result = PlanResult(job.name, job.model, hw, layouts, rejected, evaluated, time.perf_counter() - start,
                         settings.budget_bytes, gpu_topology, switch_tree)
@@ -166,7 +170,7 @@ def resolve_job(job: Job) -> tuple[Job, PlanResult]:
 
     result = plan_job(job)
     best = result.best
-    parallel = {"tp": best.tp, "pp": best.pp, "dp": best.dp, "cp": best.cp, "zero": best.zero,
+    parallel = {"tp": best.tp, "pp": best.pp, "dp": best.dp, "cp": best.cp, "ep": best.ep, "zero": best.zero,
                 "schedule": "1f1b" if best.schedule == "none" else best.schedule,
                 "virtual_stages": best.virtual_stages, "offload_optimizer": best.offload_optimizer}
     if job.parallel.sequence_parallel and best.tp == 1:

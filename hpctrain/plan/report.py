@@ -16,7 +16,7 @@ def layout_json(lay: Layout, model: Any) -> dict[str, Any]:
     """One entry of plan.json `layouts` (issue 4 item 7 lists the required keys)."""
     c = lay.cost
     return {
-        "tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "cp": lay.cp, "micro_batch": lay.micro_batch,
+        "tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "cp": lay.cp, "ep": lay.ep, "micro_batch": lay.micro_batch,
         "schedule": lay.schedule, "virtual_stages": lay.virtual_stages, "ac": lay.ac, "zero": lay.zero,
         "offload_optimizer": lay.offload_optimizer, "sequence_parallel": lay.sequence_parallel,
         "memory_gib": lay.memory.gib(),
@@ -29,7 +29,9 @@ def layout_json(lay: Layout, model: Any) -> dict[str, Any]:
         "time_s": {"compute": round(c.compute_s, 6), "tp_comm": round(c.tp_comm_s, 6),
                    "pp_comm": round(c.pp_comm_s, 6), "dp_comm_exposed": round(c.dp_comm_exposed_s, 6),
                    "bubble": round(c.bubble_s, 6), "optimizer": round(c.optimizer_s, 6),
-                   "dp_comm_total": round(c.dp_comm_total_s, 6), "cp_comm": round(c.cp_comm_s, 6)},
+                   "dp_comm_total": round(c.dp_comm_total_s, 6), "cp_comm": round(c.cp_comm_s, 6),
+                   "all_to_all": round(c.a2a_s, 6)},
+        "all_to_all_crosses_nodes": c.a2a_crosses_nodes,
         "stage_layers": [list(r) for r in lay.stage_layers], "stage_imbalance": round(lay.stage_imbalance, 4),
     }
 
@@ -52,6 +54,10 @@ def layouts_table(result: PlanResult, top: int) -> str:
                      f"{c.comm_share:.1%}", f"{c.bubble_share:.1%}", f"{c.step_time_s:.3f}"])
     headers = ["#", "tp", "pp", "dp", "mb", "schedule", "ac", "zero", "offload", "mem GiB", "tokens/s",
                "TFLOP/s/GPU", "MFU", "comm", "bubble", "step s"]
+    if any(lay.ep > 1 for lay in result.layouts[:top]):  # expert parallelism: an ep column after dp
+        headers.insert(4, "ep")
+        for row, lay in zip(rows, result.layouts[:top]):
+            row.insert(4, lay.ep)
     if any(lay.cp > 1 for lay in result.layouts[:top]):  # context parallelism: a cp column after dp
         headers.insert(4, "cp")
         for row, lay in zip(rows, result.layouts[:top]):
@@ -121,6 +127,86 @@ def runner_up(result: PlanResult) -> list[str]:
             + (f" ({', '.join(shown)})" if shown else "") + f"; {memory}"]
 
 
+# What can bound a layout's step (issue 26 item 4): each a share of the step time. "dense collectives" are
+# TP's and PP's on the critical path and FSDP's exposed part; CP's K/V exchanges and EP's all-to-alls apart.
+BOUND_PARTS = ("compute", "dense collectives", "all-to-all", "CP ring/gather", "pipeline bubble", "optimizer step")
+MEMORY_BOUND_SHARE = 0.90  # a best layout at >= 90 % of the budget is said to be memory-bound: its faster twins miss
+
+
+def step_shares(lay: Layout) -> dict[str, float]:
+    """Each BOUND_PARTS part of a layout's step, as a share of its step time."""
+    c = lay.cost
+    step = c.step_time_s
+    return {"compute": c.compute_s / step,
+            "dense collectives": (c.tp_comm_s - c.cp_comm_s + c.pp_comm_s + c.dp_comm_exposed_s) / step,
+            "all-to-all": c.a2a_s / step, "CP ring/gather": c.cp_comm_s / step,
+            "pipeline bubble": c.bubble_s / step, "optimizer step": c.optimizer_s / step}
+
+
+def shape(lay: Layout) -> tuple[int, int, int, int]:
+    """A layout's shape: (tp, pp, cp, ep); dp follows from them and the GPU count."""
+    return (lay.tp, lay.pp, lay.cp, lay.ep)
+
+
+def next_other_shape(result: PlanResult) -> Layout | None:
+    """The fastest layout whose (tp, pp, cp, ep) differs from the best's."""
+    best = shape(result.best)
+    return next((lay for lay in result.layouts[1:] if shape(lay) != best), None)
+
+
+def _shape_text(result: PlanResult, lay: Layout) -> str:
+    from hpctrain.plan.comm import ep_placement
+
+    best = result.best
+    changed = [f"{name} {getattr(best, name)}->{getattr(lay, name)}" for name in ("tp", "pp", "cp", "ep")
+               if getattr(best, name) != getattr(lay, name)]
+    text = ", ".join(changed)
+    if lay.ep > 1:
+        where = ep_placement(result.hardware, lay.tp, lay.pp, lay.ep)
+        text += (f" (EP {lay.ep} across {where.nodes} nodes, all-to-all over {result.hardware.fabric.name})"
+                 if where.crosses_nodes else f" (EP {lay.ep} inside a node, all-to-all over NVLink)")
+    return text
+
+
+def advice_json(result: PlanResult) -> dict[str, Any]:
+    """What bounds the best layout and by how much, and the next-best layout of another shape."""
+    best = result.best
+    shares = step_shares(best)
+    bound = max(shares, key=lambda key: shares[key])
+    memory_share = best.memory.total / result.budget_bytes
+    out: dict[str, Any] = {"bound": "memory" if memory_share >= MEMORY_BOUND_SHARE else bound,
+                           "time_bound": bound, "time_bound_share": round(shares[bound], 4),
+                           "shares": {key: round(value, 4) for key, value in shares.items()},
+                           "memory_share": round(memory_share, 4), "alternative": None}
+    alt = next_other_shape(result)
+    if alt is not None:
+        delta = alt.cost.step_time_s / best.cost.step_time_s - 1.0
+        alt_shares = step_shares(alt)
+        grew = max(BOUND_PARTS, key=lambda key: alt_shares[key] * alt.cost.step_time_s
+                   - shares[key] * best.cost.step_time_s)
+        out["alternative"] = {"tp": alt.tp, "pp": alt.pp, "dp": alt.dp, "cp": alt.cp, "ep": alt.ep,
+                              "label": alt.label(), "step_time_s": round(alt.cost.step_time_s, 6),
+                              "step_time_delta": round(delta, 4), "grew_most": grew,
+                              "all_to_all_crosses_nodes": alt.cost.a2a_crosses_nodes,
+                              "change": _shape_text(result, alt)}
+    return out
+
+
+def advice_lines(result: PlanResult) -> list[str]:
+    a = advice_json(result)
+    if a["bound"] == "memory":
+        lines = [f"bound: memory ({a['memory_share']:.0%} of the budget); of the step, {a['time_bound']} "
+                 f"{a['time_bound_share']:.0%}"]
+    else:
+        lines = [f"bound: {a['bound']}, {a['time_bound_share']:.0%} of the step (memory {a['memory_share']:.0%} "
+                 "of the budget)"]
+    alt = a["alternative"]
+    if alt is not None:
+        lines.append(f"next-best of another shape: {alt['change']}: {alt['step_time_delta']:+.0%} step time, "
+                     f"mostly {alt['grew_most']} ({alt['label']})")
+    return lines
+
+
 def three_walls(result: PlanResult, lay: Layout) -> list[str]:
     """One line each on the memory, compute and communication walls of a layout (issue 8 item 4)."""
     m, c = lay.memory, lay.cost
@@ -178,6 +264,7 @@ def render_text(result: PlanResult, top: int) -> str:
            f"searched in {result.elapsed_s * 1000:.0f} ms", "",
            layouts_table(result, top), TFLOPS_NOTE, "", memory_table(best), ""]
     out += three_walls(result, best)
+    out += advice_lines(result)
     out += runner_up(result)
     placement = result.placement()
     out.append("")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from hpctrain.plan.cost import CostSetup, StepCost, step_cost
+from hpctrain.plan.cost import DEFAULT_EXPERT_STEP_IMBALANCE, CostSetup, StepCost, step_cost
 from hpctrain.plan.hardware import Hardware
 from hpctrain.plan.lora import LoraShape
 from hpctrain.plan.memory import MemoryBreakdown, RankSetup, peak_rank_memory
@@ -44,10 +44,12 @@ class Layout:
     peak_rank: int
     cost: StepCost
     cp: int = 1  # context parallelism: dp x cp x tp x pp == world
+    ep: int = 1  # expert parallelism: routed experts over ep of the dp x tp ranks
 
     def label(self) -> str:
         sched = "" if self.pp == 1 else f" {self.schedule}" + (f" v={self.virtual_stages}" if self.virtual_stages > 1 else "")
         cp = f" cp={self.cp}" if self.cp > 1 else ""
+        cp += f" ep={self.ep}" if self.ep > 1 else ""
         return (f"tp={self.tp} pp={self.pp} dp={self.dp}{cp} mb={self.micro_batch}{sched} ac={self.ac} "
                 f"zero={self.zero}" + (" offload" if self.offload_optimizer else ""))
 
@@ -65,6 +67,11 @@ class SearchSettings:
     attention: str = "flash"  # cost.ATTENTION_KERNELS: the runtime's own is flash
     embedding_on_cpu: bool = False  # train.embedding_on_cpu: the table and its states in host memory
     cp_rotate: str = "allgather"  # parallel.cp_rotate (plan/context.py)
+    fp8: bool = False  # train.precision fp8 (memory is priced in `precision`, its high precision)
+    fp8_min_width: int = 1024
+    compile: bool = False  # train.compile: the runtime compiles the blocks of tp == 1 layouts
+    compile_with_tp: bool = False  # a published run's software fuses element-wise work under TP too (bench only)
+    expert_load_imbalance: float | None = None  # the busiest ep rank's load; None: cost.DEFAULT_EXPERT_STEP_IMBALANCE
 
 
 def optimizer_kind(job: Job) -> str:
@@ -120,8 +127,9 @@ def search(model: Any, hw: Hardware, choices: Choices, settings: SearchSettings)
             if choices.dp is not None and dp != choices.dp:
                 continue
             tag = f"tp={tp} pp={pp} dp={dp}" + (f" cp={cp}" if cp > 1 else "")
-            if cp > 1 and (choices.ep > 1 or (choices.sequence_parallel and tp > 1 and (model.seq_len // cp) % tp)):
-                rejected.add("cp_does_not_split_sequence", f"{tag}: seq_len={model.seq_len} ep={choices.ep}", family)
+            eps = tuple(ep for ep in choices.ep if cp == 1 or ep == 1)  # cp > 1 excludes ep > 1 (runtime)
+            if cp > 1 and (not eps or (choices.sequence_parallel and tp > 1 and (model.seq_len // cp) % tp)):
+                rejected.add("cp_does_not_split_sequence", f"{tag}: seq_len={model.seq_len} ep={choices.ep[0]}", family)
                 continue
             if tp > hw.nvlink_island_gpus or hw.nvlink_island_gpus % tp:
                 rejected.add("tp_exceeds_nvlink_island", f"{tag}: NVLink islands of {hw.nvlink_island_gpus} GPU(s)", family)
@@ -133,15 +141,17 @@ def search(model: Any, hw: Hardware, choices: Choices, settings: SearchSettings)
             if pp > model.layers:
                 rejected.add("pp_exceeds_layers", f"{tag}: {model.layers} layers", family)
                 continue
-            ep_problem = ep_layout_problem(choices.ep, dp, tp, choices.sequence_parallel and tp > 1,
-                                           model.moe is not None)
-            if ep_problem:
-                rejected.add("ep_does_not_divide_dp", f"{tag}: {ep_problem}", family)
+            problems = [ep_layout_problem(ep, dp, tp, choices.sequence_parallel and tp > 1, model.moe is not None)
+                        for ep in eps]
+            fitting = [ep for ep, problem in zip(eps, problems) if problem is None]
+            if not fitting:
+                rejected.add("ep_does_not_divide_dp", f"{tag}: {problems[0]}", family)
                 continue
             if settings.global_batch % dp:
                 rejected.add("global_batch_not_divisible", f"{tag}: global_batch={settings.global_batch}", family)
                 continue
-            evaluated += _search_family(model, hw, choices, settings, tp, pp, dp, stages, layouts, rejected, cp)
+            for ep in fitting:
+                evaluated += _search_family(model, hw, choices, settings, tp, pp, dp, stages, layouts, rejected, cp, ep)
     layouts = prefer_selective(layouts, rejected)
     layouts.sort(key=lambda lay: (-lay.cost.tokens_per_s, AC_ORDER[lay.ac], lay.memory.total))
     return layouts, rejected, evaluated
@@ -156,7 +166,7 @@ def prefer_selective(layouts: list[Layout], rejected: Rejections) -> list[Layout
     more TP collectives per layer (Korthikanti et al. 2022, table 2: selective recomputes ~2-5 %
     of the FLOPs, full ~33 %), so it is only worth its time where selective does not fit."""
     def twin(lay: Layout) -> tuple[Any, ...]:
-        return (lay.tp, lay.pp, lay.dp, lay.cp, lay.micro_batch, lay.schedule, lay.virtual_stages, lay.zero,
+        return (lay.tp, lay.pp, lay.dp, lay.cp, lay.ep, lay.micro_batch, lay.schedule, lay.virtual_stages, lay.zero,
                 lay.offload_optimizer)
 
     selective = {twin(lay) for lay in layouts if lay.ac == "selective"}
@@ -170,8 +180,8 @@ def prefer_selective(layouts: list[Layout], rejected: Rejections) -> list[Layout
 
 
 def _search_family(model: Any, hw: Hardware, choices: Choices, settings: SearchSettings, tp: int, pp: int, dp: int,
-                   stages: _StageCache, layouts: list[Layout], rejected: Rejections, cp: int = 1) -> int:
-    family, tag = (tp, pp), f"tp={tp} pp={pp} dp={dp}" + (f" cp={cp}" if cp > 1 else "")
+                   stages: _StageCache, layouts: list[Layout], rejected: Rejections, cp: int = 1, ep: int = 1) -> int:
+    family, tag = (tp, pp), f"tp={tp} pp={pp} dp={dp}" + (f" cp={cp}" if cp > 1 else "") + (f" ep={ep}" if ep > 1 else "")
     sp = choices.sequence_parallel and tp > 1
     local_batch = settings.global_batch // dp
     evaluated = 0
@@ -180,7 +190,7 @@ def _search_family(model: Any, hw: Hardware, choices: Choices, settings: SearchS
         if imbalance > MAX_STAGE_IMBALANCE:
             rejected.add("stages_imbalanced", f"{tag} v={v}: imbalance {imbalance:.0%}", family)
             continue
-        busiest_layers, busiest_head, busiest_params = busiest_rank(model, stage_layers, pp, tp, choices.ep)
+        busiest_layers, busiest_head, busiest_params = busiest_rank(model, stage_layers, pp, tp, ep)
         for mb in choices.micro_batches(local_batch):
             if local_batch % mb:
                 rejected.add("local_batch_not_divisible", f"{tag} mb={mb}: local batch {local_batch}", family)
@@ -197,7 +207,7 @@ def _search_family(model: Any, hw: Hardware, choices: Choices, settings: SearchS
                                           virtual_stages=v, ac=ac, zero=zero, offload_optimizer=offload,
                                           sequence_parallel=sp, precision=settings.precision,
                                           optimizer=settings.optimizer, overhead_bytes=settings.overhead_bytes,
-                                          lora=settings.lora, attention=settings.attention, cp=cp, ep=choices.ep,
+                                          lora=settings.lora, attention=settings.attention, cp=cp, ep=ep,
                                           cpu_attention=hw.gpu.name == "cpu",
                                           embedding_on_cpu=settings.embedding_on_cpu,
                                           cp_rotate=settings.cp_rotate)
@@ -211,9 +221,14 @@ def _search_family(model: Any, hw: Hardware, choices: Choices, settings: SearchS
                             tp=tp, pp=pp, dp=dp * cp, cp=cp, micro_batch=mb, micro_batches=m, virtual_stages=v, ac=ac, zero=zero,
                             offload_optimizer=offload, precision=settings.precision, max_rank_layers=busiest_layers,
                             max_rank_has_head=busiest_head, rank_params=busiest_params, sequence_parallel=sp,
-                            attention=settings.attention, embedding_on_cpu=settings.embedding_on_cpu,
-                            cp_rotate=settings.cp_rotate),
+                            attention=settings.attention, embedding_on_cpu=settings.embedding_on_cpu, ep=ep,
+                            cp_rotate=settings.cp_rotate,
+                            fp8=settings.fp8, fp8_min_width=settings.fp8_min_width,
+                            compile=settings.compile and (tp == 1 or settings.compile_with_tp),
+                            expert_load_imbalance=(DEFAULT_EXPERT_STEP_IMBALANCE
+                                                   if settings.expert_load_imbalance is None
+                                                   else settings.expert_load_imbalance)),
                             settings.global_batch)
                         layouts.append(Layout(tp, pp, dp, mb, schedule, v, ac, zero, offload, sp, tuple(stage_layers),
-                                              imbalance, memory, rank, cost, cp))
+                                              imbalance, memory, rank, cost, cp, ep))
     return evaluated

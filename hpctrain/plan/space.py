@@ -75,6 +75,19 @@ def ep_layout_problem(ep: int, dp: int, tp: int, sequence_parallel: bool, moe: b
     return None
 
 
+def ep_candidates(ep: Any, model: Any, world: int) -> tuple[int, ...]:
+    """parallel.ep's values to try: a fixed one as is; auto: 1 without model.moe, else every divisor of the
+    expert count up to the world size (the runtime splits whole experts, runtime/parallel/expert.py); the
+    search then keeps those that fit each (dp, tp) (ep_layout_problem) and ranks an ep group crossing nodes by
+    its all-to-all's cost (cost.py), it does not forbid it."""
+    if ep != AUTO:
+        return (int(ep),)
+    moe = getattr(model, "moe", None)
+    if moe is None:
+        return (1,)
+    return tuple(d for d in divisors(int(moe.experts)) if d <= world)
+
+
 def _fixed(value: Any) -> Any:
     return None if value == AUTO else value
 
@@ -98,7 +111,7 @@ class Choices:
     zero: int | None
     offload: tuple[bool, ...]
     sequence_parallel: bool
-    ep: int = 1  # parallel.ep, never searched: only (dp, tp) that it fits are tried (ep_layout_problem)
+    ep: tuple[int, ...] = (1,)  # parallel.ep: the job's, or with `auto` every divisor of the experts (ep_candidates)
     cp: tuple[int, ...] = (1,)  # parallel.cp: the job's, or 1 and more for a long sequence (plan/context.py)
 
     @classmethod
@@ -117,7 +130,7 @@ class Choices:
             zero=_fixed(par.zero),
             offload=(False, True) if offload == AUTO else (bool(offload),),
             sequence_parallel=bool(par.sequence_parallel),
-            ep=par.ep,
+            ep=ep_candidates(par.ep, job.model, world),
             cp=cp_candidates(par.cp, int(job.transformer.seq_len or 0), world),
         )
 

@@ -132,3 +132,39 @@ def test_a_run_the_planner_cannot_cost_is_a_miss_not_a_crash(corpus: list[dict])
     s = bench.summary(outcomes, "calibration")
     assert (s["throughput_cases"], s["within"], s["not_costed"]) == (2, 1, 1)
     assert "1 not costed, counted as misses" in bench.summary_line(s)
+
+
+def test_categories_and_the_new_rows_fields(corpus: list[dict]) -> None:
+    runs = {run["name"]: run for run in corpus}
+    assert bench.categories(runs["ptdp-1.7b"]) == ["dense"]
+    assert bench.categories(runs["mbridge-qwen3-30b-fp8"]) == ["MoE", "FP8"]
+    assert bench.categories(runs["tt24-8b-cp2"]) == ["CP", "FP8"]
+    assert bench.categories(runs["llama3-405b-131k"]) == ["CP"]
+    for category in bench.CATEGORIES:  # every category has validation rows
+        assert any(category in bench.categories(r) and r["set"] == "validation" for r in corpus), category
+
+
+def test_kendall_tau_and_table_lines() -> None:
+    assert bench.kendall_tau([1, 2, 3, 4], [10, 20, 30, 40]) == 1.0
+    assert bench.kendall_tau([1, 2, 3, 4], [40, 30, 20, 10]) == -1.0
+    assert bench.kendall_tau([1, 2, 3], [1, 3, 2]) == pytest.approx(1 / 3)
+
+    def outcome(name: str, published: float, predicted: float) -> bench.Outcome:
+        return bench.Outcome(name=name, set="validation", layout_case=False, rank=1, rank_note="",
+                             unit="tokens_per_s_per_gpu", published=published, predicted=predicted, layout="",
+                             fits=True, memory_gib=1.0, published_memory_gib=None)
+
+    outcomes = [outcome("a", 30, 10), outcome("b", 20, 20), outcome("c", 10, 30), outcome("d", 5, 5)]
+    runs = [{"table": "t"}] * 4
+    (line,) = bench.table_lines(outcomes, runs)
+    assert "Kendall tau +0.00" in line and "published best a in the planner's top 3" in line
+    assert bench.table_lines(outcomes[:2], runs[:2]) == []  # fewer than 3 layouts: no line
+
+
+def test_a_moe_fp8_row_is_costed_with_the_publishers_software(corpus: list[dict]) -> None:
+    run = next(r for r in corpus if r["name"] == "mbridge-qwen3-30b-fp8")
+    _, lay, _ = bench.predict(run)
+    assert lay.ep == 8 and lay.cost.a2a_s > 0
+    plain = {**run, "precision": "bf16", "fused": False, "expert_load_imbalance": None}
+    _, bf16, _ = bench.predict(plain)
+    assert lay.cost.tokens_per_s > bf16.cost.tokens_per_s  # FP8 linears and fused element-wise work

@@ -73,10 +73,13 @@ class ParallelDims:
     @classmethod
     def from_job(cls, job: Job, world_size: int) -> ParallelDims:
         """Degrees from a resolved job (`job.parallel.{pp,dp,tp}` must be integers)."""
-        pp, dp, tp = job.parallel.pp, job.parallel.dp, job.parallel.tp
+        pp, dp, tp, ep = job.parallel.pp, job.parallel.dp, job.parallel.tp, job.parallel.ep
         if not (isinstance(pp, int) and isinstance(dp, int) and isinstance(tp, int)):  # 'auto' left
             raise ConfigError(_degree_problems({"pp": pp, "dp": dp, "tp": tp, "world_size": world_size}))
-        return cls(pp=pp, dp=dp, tp=tp, world_size=world_size, ep=job.parallel.ep, cp=job.parallel.cp)
+        if not isinstance(ep, int):  # parallel.ep: auto left unresolved (the planner fills it)
+            raise ConfigError(f"parallel.ep: got {ep!r}; the runtime needs an integer (run `hpctrain plan` to "
+                              "resolve auto, or set parallel.ep)")
+        return cls(pp=pp, dp=dp, tp=tp, world_size=world_size, ep=ep, cp=job.parallel.cp)
 
     def validate_model(self, model_cfg: Any, virtual_stages: int = 1) -> None:
         """Check the degrees against a model shape; raises ConfigError naming each problem."""

@@ -1,0 +1,125 @@
+"""The cost of expert parallelism (issue 26 item 2): dispatch/combine all-to-alls over NVLink or the fabric,
+grouped-GEMM efficiency of narrow experts, the busiest rank's load imbalance. Torch-free."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpctrain.config import job_from_dict
+from hpctrain.plan import comm
+from hpctrain.plan.cost import (
+    A2A_BACKWARD,
+    A2A_FORWARD,
+    CostSetup,
+    moe_ffn_gemm_times,
+    step_cost,
+)
+from hpctrain.plan.hardware import resolve_hardware
+from hpctrain.plan.search import busiest_rank
+from hpctrain.plan.stages import balanced_stage_split
+
+
+def _hw(nodes: int = 4):
+    job = job_from_dict({"name": "h", "model": {"preset": "tiny"},
+                         "cluster": {"nodes": nodes, "gpus_per_node": 8, "gpu": "h100-80gb", "node": "dgx-h100",
+                                     "fabric": "ib-ndr400"}})
+    return resolve_hardware(job)
+
+
+def _qwen(**moe):
+    base = {"experts": 128, "top_k": 8, "expert_ffn_hidden": 1536}
+    return job_from_dict({"name": "q", "model": {"preset": "qwen3-235b-a22b", "seq_len": 4096,
+                                                 "moe": {**base, **moe}}}).model
+
+
+def _cost(model, hw, tp=1, pp=1, dp=32, ep=8, ac="selective", imbalance=1.1):
+    split = balanced_stage_split(model, pp, 1)
+    layers, head, params = busiest_rank(model, split, pp, tp, ep)
+    return step_cost(model, hw, CostSetup(
+        tp=tp, pp=pp, dp=dp, micro_batch=1, micro_batches=4, virtual_stages=1, ac=ac, zero=1,
+        offload_optimizer=False, precision="bf16", max_rank_layers=layers, max_rank_has_head=head,
+        rank_params=params, sequence_parallel=tp > 1, ep=ep, expert_load_imbalance=imbalance),
+        global_batch=4 * dp)
+
+
+def test_ep_placement_follows_the_rank_grid():
+    hw = _hw()
+    assert comm.ep_placement(hw, 1, 1, 8) == comm.EpPlacement(8, 8)
+    assert not comm.ep_placement(hw, 1, 1, 8).crosses_nodes
+    wide = comm.ep_placement(hw, 1, 1, 16)
+    assert wide.crosses_nodes and wide.nodes == 2
+    # tp 2 x pp 4 fills a node: each node holds one tp group of the ep group
+    assert comm.ep_placement(hw, 2, 4, 4) == comm.EpPlacement(4, 2)
+
+
+def test_all_to_all_inside_a_node_is_the_nvlink_share():
+    hw = _hw()
+    message = 1e9
+    where = comm.EpPlacement(8, 8)
+    nvlink = hw.intra_node_bytes_per_s * comm.A2A_NVLINK_EFFICIENCY
+    expected = message * 7 / 8 / nvlink + comm.RING_BASE_LATENCY_S + comm.NVLINK_STEP_LATENCY_S
+    assert comm.all_to_all_s(message, hw, where) == pytest.approx(expected)
+    assert comm.all_to_all_s(message, hw, comm.EpPlacement(1, 1)) == 0.0
+
+
+def test_all_to_all_across_nodes_is_bounded_by_the_nic():
+    hw = _hw()
+    message = 1e9
+    inside = comm.all_to_all_s(message, hw, comm.EpPlacement(8, 8))
+    across = comm.all_to_all_s(message, hw, comm.EpPlacement(16, 8))
+    nic = hw.node_fabric_bytes_per_s / hw.gpus_per_node
+    # half of the 16 peers sit in the other node: 8/16 of the message over one NIC's share
+    assert across == pytest.approx(message * 8 / 16 / nic + comm.RING_BASE_LATENCY_S + comm.NET_STEP_LATENCY_S)
+    assert across > 3 * inside  # 45 GB/s of NIC against 360 GB/s of NVLink
+
+
+def test_a2a_volume_and_count_per_step():
+    model, hw = _qwen(), _hw()
+    cost = _cost(model, hw, ep=8, imbalance=1.0)
+    tokens = 1 * model.seq_len
+    message = tokens * model.moe.top_k * model.hidden * 2
+    one = comm.all_to_all_s(message, hw, comm.EpPlacement(8, 8))
+    assert cost.a2a_s == pytest.approx(4 * model.layers * (A2A_FORWARD + A2A_BACKWARD) * one)
+    assert not cost.a2a_crosses_nodes
+    assert cost.comm_exposed_s == pytest.approx(cost.tp_comm_s + cost.pp_comm_s + cost.dp_comm_exposed_s
+                                                + cost.a2a_s)
+    full = _cost(model, hw, ep=8, ac="full", imbalance=1.0)
+    assert full.a2a_s == pytest.approx(cost.a2a_s * 6 / 4)  # recomputation replays dispatch and combine
+
+
+def test_ep_crossing_nodes_costs_more_all_to_all():
+    model, hw = _qwen(), _hw()
+    inside, across = _cost(model, hw, ep=8), _cost(model, hw, ep=16)
+    assert across.a2a_crosses_nodes and not inside.a2a_crosses_nodes
+    assert across.a2a_s > 2 * inside.a2a_s
+    # (the step itself may still shrink: ep 16 halves the experts each rank gathers and reduces over FSDP)
+    assert _cost(model, hw, ep=1).a2a_s == 0.0
+
+
+def test_load_imbalance_slows_the_busiest_rank():
+    model, hw = _qwen(), _hw()
+    even, skewed = _cost(model, hw, imbalance=1.0), _cost(model, hw, imbalance=1.3)
+    assert skewed.a2a_s == pytest.approx(1.3 * even.a2a_s, rel=0.01)
+    assert skewed.compute_s > even.compute_s
+    assert skewed.step_time_s > even.step_time_s
+
+
+def test_narrow_experts_run_slower_per_flop():
+    # the same routed FLOPs per token and rows per expert: top-8 of 128 experts of 1536 against top-2 of 32 of 6144
+    hw = _hw()
+    rate = hw.gpu.bf16_flops_per_s * hw.gpu.gemm_efficiency
+    wide = moe_ffn_gemm_times(_qwen(experts=32, top_k=2, expert_ffn_hidden=6144), 1, 4096, rate, ep=1)
+    narrow = moe_ffn_gemm_times(_qwen(top_k=8, expert_ffn_hidden=1536), 1, 4096, rate, ep=1)
+    assert sum(narrow) > 1.2 * sum(wide)
+
+
+def test_dense_models_have_no_all_to_all():
+    job = job_from_dict({"name": "d", "model": {"preset": "llama3-8b"}})
+    hw = _hw(1)
+    split = balanced_stage_split(job.model, 1, 1)
+    layers, head, params = busiest_rank(job.model, split, 1, 1)
+    cost = step_cost(job.model, hw, CostSetup(
+        tp=1, pp=1, dp=8, micro_batch=1, micro_batches=1, virtual_stages=1, ac="none", zero=1,
+        offload_optimizer=False, precision="bf16", max_rank_layers=layers, max_rank_has_head=head,
+        rank_params=params), global_batch=8)
+    assert cost.a2a_s == 0.0
