@@ -65,7 +65,8 @@ class RayCluster:
                 [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", f"--port={self.gcs_port}",
                  "--node-ip-address=127.0.0.1", f"--num-cpus={self.cpus}", "--num-gpus=0", "--include-dashboard=true",
                  "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard_port}", f"--temp-dir={self.temp_dir}",
-                 "--disable-usage-stats"], stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                 *self._own_ports(), "--disable-usage-stats"],
+                stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         from ray.job_submission import JobSubmissionClient
 
         deadline = time.monotonic() + timeout_s
@@ -78,6 +79,15 @@ class RayCluster:
                     self.stop()
                     raise RuntimeError(f"Ray did not start: {self.log_path.read_text()[-2000:]}") from None
                 time.sleep(0.5)
+
+    @staticmethod
+    def _own_ports() -> list[str]:
+        """Free ports for the head's other listeners, whose defaults are fixed (the Ray client server's 10001,
+        the dashboard agent's 52365, ...): two heads at once (tests on different pytest-xdist workers) would
+        otherwise collide, and the second head's dashboard fails to start."""
+        names = ("ray-client-server-port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
+                 "metrics-export-port", "runtime-env-agent-port", "node-manager-port", "object-manager-port")
+        return [f"--{name}={port}" for name, port in zip(names, free_ports(len(names)))]
 
     def gcs_pid(self) -> Optional[int]:
         """The pid of this head's `gcs_server` (a process of this head's session only), or None."""

@@ -101,7 +101,8 @@ def test_killing_the_gcs_stops_the_driver_and_status_settles_on_failed(tmp_path:
         quiet = max(p.stat().st_mtime for p in [run_dir / "events.jsonl", *run_dir.glob("logs/*")])
         if time.time() - quiet < LOST_AFTER_S - 3:  # within the window the answer is not final yet
             early = status_json(run_dir, env)
-            assert early["state"] == "UNKNOWN", early
+            if time.time() - quiet < LOST_AFTER_S:  # the call decided inside the window (a loaded machine is slow)
+                assert early["state"] == "UNKNOWN", early
         final = wait_status(run_dir, env, lambda s: s["state"] != "UNKNOWN", LOST_AFTER_S + 60,
                             "status to settle")
         assert final["state"] == "FAILED", final

@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("torch")
-pytestmark = [pytest.mark.dist, pytest.mark.slow]
+# One pytest-xdist worker runs the whole module (scripts/test passes --dist loadgroup): its module fixture
+# measures every configuration once (a few minutes), which each worker would otherwise repeat.
+pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.xdist_group("memory_truth")]
 
 # Imported by name from bench/ (on sys.path, which spawned gloo workers inherit) so that its
 # worker function and configurations pickle.
