@@ -430,14 +430,16 @@ def measure_all(configs: list[Config]) -> list[dict[str, float]]:
     configurations are independent single-process measurements (MemTracker counts tensors, not
     the process's memory), so they are spread over spawned workers, one per core; the gloo ones
     run as one multi-process group."""
-    from concurrent.futures import ProcessPoolExecutor
-
     out: dict[int, dict[str, float]] = {}
     local = [i for i, cfg in enumerate(configs) if cfg.kind in ("fake", "real")]
     if local:
         workers = max(1, min(len(local), os.cpu_count() or 1))
-        with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
-            for index, value in zip(local, pool.map(_measure_in_process, [configs[i] for i in local])):
+        # A fresh process per configuration: a fake process group and its meshes outlive a measurement in
+        # torch's registries, and the next configuration in the same process failed to resolve its groups
+        # ("Could not resolve the process group registered under the name 7").
+        # (multiprocessing's Pool: concurrent.futures' max_tasks_per_child breaks its pool on Python 3.11.)
+        with mp.get_context("spawn").Pool(workers, maxtasksperchild=1) as pool:
+            for index, value in zip(local, pool.map(_measure_in_process, [configs[i] for i in local], chunksize=1)):
                 out[index] = value
     gloo = [i for i, cfg in enumerate(configs) if cfg.kind == "gloo"]
     for world in sorted({_world(configs[i]) for i in gloo}):  # one group per world size, one after the other
