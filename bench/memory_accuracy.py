@@ -434,13 +434,21 @@ def measure_all(configs: list[Config]) -> list[dict[str, float]]:
     local = [i for i, cfg in enumerate(configs) if cfg.kind in ("fake", "real")]
     if local:
         workers = max(1, min(len(local), os.cpu_count() or 1))
-        # A fresh process per configuration: a fake process group and its meshes outlive a measurement in
-        # torch's registries, and the next configuration in the same process failed to resolve its groups
-        # ("Could not resolve the process group registered under the name 7").
+        # Context-parallel configurations get a fresh process each: their fake process group and meshes
+        # outlive a measurement in torch's registries, and the next configuration in the same process
+        # failed to resolve its groups ("Could not resolve the process group registered under the name 7").
+        # The rest share long-lived workers (a spawned process pays torch's import, seconds, per start).
         # (multiprocessing's Pool: concurrent.futures' max_tasks_per_child breaks its pool on Python 3.11.)
-        with mp.get_context("spawn").Pool(workers, maxtasksperchild=1) as pool:
-            for index, value in zip(local, pool.map(_measure_in_process, [configs[i] for i in local], chunksize=1)):
-                out[index] = value
+        ctx = mp.get_context("spawn")
+        shared = [i for i in local if configs[i].job().parallel.cp == 1]
+        alone = [i for i in local if configs[i].job().parallel.cp > 1]
+        for indices, per_child in ((shared, None), (alone, 1)):
+            if not indices:
+                continue
+            with ctx.Pool(min(workers, len(indices)), maxtasksperchild=per_child) as pool:
+                for index, value in zip(indices, pool.map(_measure_in_process, [configs[i] for i in indices],
+                                                          chunksize=1)):
+                    out[index] = value
     gloo = [i for i, cfg in enumerate(configs) if cfg.kind == "gloo"]
     for world in sorted({_world(configs[i]) for i in gloo}):  # one group per world size, one after the other
         group = [i for i in gloo if _world(configs[i]) == world]
