@@ -119,8 +119,14 @@ def test_a_script_that_exits_2_fails_without_requeue(slurm_cluster: Any, env: di
     assert status["state"] == "FAILED", status
     assert status["reason"] == f"not requeued: {WHY_NOT_REQUEUED['bad-input']}", status
     assert (slurm_cluster.job_info(jobid) or {}).get("Restarts", "0") == "0"
-    assert "the program exited 2 (bad input)" in (run_dir / "bad-input").read_text()
-    assert "refusing my input" in (run_dir / "logs" / "rank-0.attempt-0.log").read_text()
+    marker = (run_dir / "bad-input").read_text()
+    assert "the program exited 2 (bad input)" in marker
+    # The first rank to exit 2 ends the step (srun kills the others, which may not have printed yet under
+    # load): its own log holds the program's output.
+    refusing = re.search(r"rank (\d+): the program exited 2", marker)
+    assert refusing, marker
+    log = run_dir / "logs" / f"rank-{refusing.group(1)}.attempt-0.log"
+    assert "refusing my input" in log.read_text(), _logs(run_dir)
 
 
 @pytest.mark.timeout(300)
