@@ -23,7 +23,9 @@ table (corpus field `table`) with >= 3 layouts of one model on one cluster, Kend
 published and the predicted order and whether the published best is in the planner's top 3 of the table.
 Per run, what the publisher's software did is in its fields: `precision` (fp8 with `fp8_recipe`), `fused`
 (element-wise work fused: torch.compile, or Transformer Engine's fused kernels; under TP too), and
-`expert_load_imbalance` (1.0 where the publisher forced balanced routing). `--fit` fits each GPU's GEMM efficiency on the calibration
+`expert_load_imbalance` (1.0 where the publisher forced balanced routing), `selective_mm_recompute` (the share
+of forward matmuls the publisher's selective policy replays; cost.CostSetup) and `a2a_overlap` (expert
+all-to-alls beside another micro-batch's compute: Megatron-Core's moe_a2a_overlap). `--fit` fits each GPU's GEMM efficiency on the calibration
 set only (hardware.py cites the result) and reports both sets with the fitted values. Torch-free.
 """
 
@@ -139,7 +141,9 @@ def _search(job: Any, hw: Any, budget_bytes: Optional[float] = None, run: Option
                               attention=_attention(run) if run else "flash",
                               fp8=job.train.precision == "fp8", fp8_min_width=int(job.train.fp8.min_width),
                               compile=fused, compile_with_tp=fused,
-                              expert_load_imbalance=run.get("expert_load_imbalance") if run else None)
+                              expert_load_imbalance=run.get("expert_load_imbalance") if run else None,
+                              selective_mm_recompute=float(run.get("selective_mm_recompute", 0.0)) if run else 0.0,
+                              a2a_overlap=bool(run.get("a2a_overlap", False)) if run else False)
     choices = Choices.from_job(job)
     if run and run.get("ac_modes") and len(choices.ac) > 1:  # the publisher's software's recomputation modes
         choices = replace(choices, ac=tuple(m for m in choices.ac if m in run["ac_modes"]))

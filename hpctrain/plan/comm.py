@@ -177,8 +177,7 @@ A2A_NVLINK_EFFICIENCY = 0.80
 
 @dataclass(frozen=True)
 class EpPlacement:
-    """Where one ep group's ranks sit: `in_node` of its `ranks` share each node (tp innermost, then pp, then
-    dp x cp in the rank grid: an ep group is ep / tp tp groups that sit tp x pp slots apart)."""
+    """Where one ep group's ranks sit: `in_node` of its `ranks` share each node (ep_placement)."""
 
     ranks: int
     in_node: int
@@ -192,10 +191,30 @@ class EpPlacement:
         return self.ranks > self.in_node
 
 
+def pipeline_outermost(ep: int) -> bool:
+    """The slot order of a layout (plan/placement.py): tp innermost, then pp, then dp for dense layouts (a
+    pipeline on as few nodes as possible); with expert parallelism tp, then dp, then pp outermost, so that an
+    ep group (ep consecutive ranks of a stage's dp x tp, runtime/parallel/expert.py) shares NVLink before
+    any pipeline neighbour does: its all-to-alls move top_k x hidden per token several times a layer, a
+    pipeline send one hidden per token a stage (Megatron-Core's default rank order tp-cp-ep-dp-pp puts pp
+    outermost too, megatron/core/parallel_state.py `order`)."""
+    return ep > 1
+
+
+def pp_span(tp: int, dp: int, ep: int) -> int:
+    """Slots between pipeline neighbours (group_link's span_slots)."""
+    return tp * dp if pipeline_outermost(ep) else tp
+
+
+def dp_span(tp: int, pp: int, ep: int) -> int:
+    """Slots between data-parallel peers (group_link's span_slots)."""
+    return tp if pipeline_outermost(ep) else tp * pp
+
+
 def ep_placement(hw: Hardware, tp: int, pp: int, ep: int) -> EpPlacement:
-    """The ep group of a (tp, pp) layout: whole tp groups, the next one tp x pp ranks further on."""
-    groups_per_node = max(1, hw.gpus_per_node // (tp * pp))
-    return EpPlacement(ep, max(1, min(ep, tp * groups_per_node)))
+    """The ep group of a (tp, pp) layout: ep consecutive slots (pipeline_outermost): whole tp groups side by
+    side, as many in a node as it holds."""
+    return EpPlacement(ep, max(1, min(ep, hw.gpus_per_node)))
 
 
 def all_to_all_s(message_bytes: float, hw: Hardware, where: EpPlacement) -> float:

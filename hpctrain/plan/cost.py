@@ -45,6 +45,11 @@ ELEMENTWISE_FORWARD_PASSES = 2.5  # what a recomputed forward re-streams
 # full-matrix FLOPs that flops_per_token counts (the PaLM/Megatron convention); FlashAttention-2
 # skips the blocks above the diagonal, about half of them (Dao 2023, arXiv 2307.08691, section 3.1).
 CAUSAL_ATTENTION_WORK = 0.5
+# A flash kernel's backward recomputes the scores S = QK^T and the probabilities from the saved log-sum-exp
+# and then runs four more GEMMs (dV = P^T dO, dP = dO V^T, dQ = dS K, dK = dS^T Q): five GEMMs of the
+# forward's two, so 2.5x the forward's work at the same utilisation (Dao 2023, arXiv 2307.08691, algorithm 2;
+# Dao et al. 2022, arXiv 2205.14135, appendix B.4), where the FLOP convention counts backward as 2x.
+FLASH_BACKWARD_WORK = 2.5
 # Attention kernels before FlashAttention (Megatron-LM's CoreAttention until 2023, fairseq/metaseq,
 # DeepSpeed) materialise the [heads, s, s] score matrix: a baddbmm writes it, a fused
 # scale-mask-softmax reads and writes it, attention dropout reads it and writes it with a 1-byte
@@ -156,6 +161,14 @@ class CostSetup:
     fp8: bool = False  # train.precision fp8: eligible linears at the FP8 peak, plus their casts
     fp8_min_width: int = 1024  # train.fp8.min_width
     compile: bool = False  # train.compile on a layout the runtime compiles (tp == 1)
+    # The share of the forward linear GEMMs that ac: selective recomputes: 0 for hpctrain's runtime (its op
+    # policy saves every matmul output); a published run's software may differ (bench/planner_accuracy.py).
+    selective_mm_recompute: float = 0.0
+    # Expert all-to-alls overlapped with another micro-batch's compute (Megatron-Core's moe_a2a_overlap /
+    # --overlap-moe-expert-parallel-comm under interleaved 1F1B: one micro-batch's forward beside another's
+    # backward, DeepSeek-V3's DualPipe pairing, Liu et al. 2024, arXiv 2412.19437, section 3.2.1). hpctrain's
+    # runtime does not overlap them (A2A_FORWARD's note): a published run's software (bench only).
+    a2a_overlap: bool = False
 
 
 @dataclass(frozen=True)
@@ -327,9 +340,11 @@ def fp8_linears_s(model: Any, hw: Hardware, tp: int, tokens: float, min_width: i
 def layer_time_per_token_s(model: Any, hw: Hardware, tp: int, ac: str, precision: str, sp: bool = False,
                            attention: str = "flash", tokens: float | None = None, ep: int = 1,
                            imbalance: float = DEFAULT_EXPERT_STEP_IMBALANCE, fp8: bool = False,
-                           fp8_min_width: int = 1024, compiled: bool = False) -> float:
+                           fp8_min_width: int = 1024, compiled: bool = False,
+                           selective_mm_recompute: float = 0.0) -> float:
     """Forward + backward (+ recompute) time of one layer per token on one TP rank; `tokens` is the
-    micro-batch's token count (the weight gradients' K; default one sequence)."""
+    micro-batch's token count (the weight gradients' K; default one sequence); `selective_mm_recompute` the
+    share of the forward linear GEMMs that ac: selective replays (CostSetup)."""
     peak = hw.gpu.peak_flops_per_s(precision)
     gemm_rate = peak * hw.gpu.gemm_efficiency
     attention_rate = peak * hw.gpu.attention_efficiency
@@ -348,18 +363,19 @@ def layer_time_per_token_s(model: Any, hw: Hardware, tp: int, ac: str, precision
     mode = "fp32" if precision == "fp32" else "fsdp-mp"
     # under sequence parallelism the norm / residual regions run on a 1/tp sequence shard
     elementwise_fwd = layer_saved_bytes_per_token_no_ac(model, tp, sp and tp > 1, mode) / hbm
-    # the attention core's backward is twice its forward's FLOPs (as every GEMM's)
+    # the attention core's backward: FLASH_BACKWARD_WORK x its forward's work (flash kernels recompute the scores)
     passes = COMPILED_ELEMENTWISE_PASSES if compiled else ELEMENTWISE_PASSES
     forward_passes = COMPILED_ELEMENTWISE_FORWARD_PASSES if compiled else ELEMENTWISE_FORWARD_PASSES
     fp8_delta = (fp8_linears_s(model, hw, tp, tokens if tokens else model.seq_len, fp8_min_width, compiled, ep,
                                imbalance) if fp8 else 0.0)
-    total = (matmul_fwd + matmul_bwd + fp8_delta + 3.0 * core_fwd + scores_fwd + scores_bwd
+    core_bwd = (FLASH_BACKWARD_WORK if attention == "flash" else 2.0) * core_fwd
+    total = (matmul_fwd + matmul_bwd + fp8_delta + core_fwd + core_bwd + scores_fwd + scores_bwd
              + passes * elementwise_fwd)
     attention_replay = core_fwd + scores_fwd
     if ac == "full":  # the recomputed forward replays the fp8 forward GEMMs too (a third of the delta, counted so)
         total += matmul_fwd + fp8_delta / 3.0 + attention_replay + forward_passes * elementwise_fwd
     elif ac == "selective":  # the runtime's op policy saves matmul/SDPA outputs, recomputes the rest
-        total += forward_passes * elementwise_fwd
+        total += forward_passes * elementwise_fwd + selective_mm_recompute * (matmul_fwd + fp8_delta / 3.0)
         if attention == "materialized":  # Korthikanti's selective: the attention core is replayed
             total += attention_replay
     return total
@@ -393,7 +409,8 @@ def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int) -> Step
     act_bytes = HALF_BYTES if c.precision != "fp32" else 4
     layer_s = layer_time_per_token_s(model, hw, c.tp, c.ac, c.precision, c.sequence_parallel, c.attention,
                                      tokens=tokens_mb, ep=c.ep, imbalance=c.expert_load_imbalance, fp8=c.fp8,
-                                     fp8_min_width=c.fp8_min_width, compiled=c.compile)
+                                     fp8_min_width=c.fp8_min_width, compiled=c.compile,
+                                     selective_mm_recompute=c.selective_mm_recompute)
     compute_mb = tokens_mb * (c.max_rank_layers * layer_s
                               + (head_time_per_token_s(model, hw, c.tp, c.precision) if c.max_rank_has_head else 0.0))
 
@@ -410,7 +427,7 @@ def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int) -> Step
     # point-to-point between neighbouring stages (one network latency when they sit on two nodes).
     pp_mb = 0.0
     if c.pp > 1:
-        pp_link = group_link(hw, c.tp, c.pp)
+        pp_link = group_link(hw, comm.pp_span(c.tp, c.dp, c.ep), c.pp)
         message = tokens_mb * model.hidden * act_bytes / c.tp  # scatter-gather optimisation
         hop = comm.NET_STEP_LATENCY_S if pp_link.nodes > 1 else comm.NVLINK_STEP_LATENCY_S
         pp_mb = 2.0 * c.virtual_stages * (message / pp_link.bandwidth_bytes_per_s + comm.RING_BASE_LATENCY_S + hop)
@@ -441,6 +458,8 @@ def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int) -> Step
             cp_mb = c.max_rank_layers * gathers * collective_s(c.cp * message, cp_link, all_reduce=False)
     tp_mb += cp_mb  # reported with the model-parallel communication on the critical path
     a2a_mb = moe_a2a_per_micro_batch_s(model, hw, c, tokens_mb, act_bytes)
+    if c.a2a_overlap and c.pp > 1:  # beside the other micro-batch's compute: only what outlasts it shows
+        a2a_mb = max(0.0, a2a_mb - compute_mb)
     slot_s = compute_mb + tp_mb + pp_mb + a2a_mb + (embedding_transfer_s(model, hw, tokens_mb, act_bytes)
                                            if c.embedding_on_cpu else 0.0)
     # Bubble: (p-1)/v micro-batch slots for GPipe, 1F1B and interleaved 1F1B alike (Narayanan et
@@ -486,7 +505,7 @@ def _dp_comm_s(hw: Hardware, c: CostSetup, slot_s: float) -> tuple[float, float]
     the layers after it; under pipelining the parameters are gathered once per step."""
     if c.dp <= 1 or c.max_rank_layers <= 0:
         return 0.0, 0.0
-    link = group_link(hw, c.tp * c.pp, c.dp)
+    link = group_link(hw, comm.dp_span(c.tp, c.pp, c.ep), c.dp)
     units = c.max_rank_layers
     unit_params = c.rank_params / units
     compute_bytes = 4 if c.precision == "fp32" else HALF_BYTES

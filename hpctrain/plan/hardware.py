@@ -33,9 +33,9 @@ GIB = 2**30
 # "Matrix Multiplication Background" user guide, section 2.3, tile sizes and performance). Re-fit
 # when the cost model changes (A100: 0.66 before the pre-FlashAttention runs' score traffic had a
 # term of its own, cost.SCORE_BYTES_*; 0.70 with it; 0.69 once each GEMM's reduction width sets
-# its efficiency, cost.linear_gemm_times). H200 has no run in the corpus: it shares
+# its efficiency, cost.linear_gemm_times; 0.70 once a flash backward costs 2.5x its forward, cost.FLASH_BACKWARD_WORK). H200 has no run in the corpus: it shares
 # H100's SMs, clocks and 700 W limit (H200 datasheet) and takes H100's figure.
-A100_GEMM_EFFICIENCY = 0.69
+A100_GEMM_EFFICIENCY = 0.70
 H100_GEMM_EFFICIENCY = 0.57
 # Attention efficiency from the kernels' own papers (not fitted): FlashAttention-2 reaches 50-73 % of
 # the A100 peak (Dao 2023, arXiv 2307.08691, abstract; forward, backward lower, hence the low end) and
@@ -96,6 +96,17 @@ GPUS: dict[str, Gpu] = {
     "h100-80gb": Gpu("h100-80gb", 81559 * MIB, 989 * TERA, 989 * TERA, 67 * TERA, 3350 * GB, 450 * GB, 64 * GB,
                       gemm_efficiency=H100_GEMM_EFFICIENCY, attention_efficiency=H100_ATTENTION_EFFICIENCY,
                       fp8_flops_per_s=1979 * TERA),
+    # H100 SXM with 96 GB HBM2e at 2.4 TB/s run at a 500 W power limit: Meta's Grand Teton hosts, where
+    # torchtitan's 2024-12 benchmarks ran (torchtitan benchmarks/llama3_h100_202412_torchtitan.md: "the actual
+    # peak TFLOPs number is between SXM and NVL, and we don't know its exact value"). The peak is derived, not
+    # fitted: dynamic power goes as f x V^2 with V tracking f, so a power cap scales the sustained tensor
+    # clock by (cap / 700 W)^(1/3); at the H100 NVL's 400 W that gives 989 x 0.83 = 822 TFLOPS against its
+    # datasheet's 835 (H100 NVL: 1,671 with sparsity), so at 500 W: 989 x 0.894 = 884 (FP8 1,769). Memory:
+    # 96 GB scaled by the 80 GB part's MiB per GB (81559 / 80), an assumption (torchtitan's performance.md
+    # calls the same hosts' GPUs "94GB"). Efficiencies as the H100's.
+    "h100-96gb-500w": Gpu("h100-96gb-500w", 97871 * MIB, 884 * TERA, 884 * TERA, 60 * TERA, 2400 * GB, 450 * GB,
+                          64 * GB, gemm_efficiency=H100_GEMM_EFFICIENCY, attention_efficiency=H100_ATTENTION_EFFICIENCY,
+                          fp8_flops_per_s=1769 * TERA),
     # NVIDIA H200 datasheet (SXM): 989 TFLOPS bf16/fp16 dense, 67 TFLOPS FP32, 141 GB HBM3e at 4.8 TB/s,
     # NVLink 900 GB/s, FP8 1,979 TFLOPS dense. nvidia-smi: 143771 MiB.
     "h200-141gb": Gpu("h200-141gb", 143771 * MIB, 989 * TERA, 989 * TERA, 67 * TERA, 4800 * GB, 450 * GB, 64 * GB,
@@ -180,6 +191,10 @@ NODES: dict[str, NodeProfile] = {
     "dgx-a100": NodeProfile("dgx-a100", "a100-80gb", 8, 8, 8, "ib-hdr200", other_gpus=("a100-40gb",)),
     # NVIDIA DGX H100 user guide: 8x H100 SXM on 4 NVSwitches, 8x NDR400 (ConnectX-7) compute NICs.
     "dgx-h100": NodeProfile("dgx-h100", "h100-80gb", 8, 8, 8, "ib-ndr400"),
+    # Meta's Grand Teton (OCP 2022): 8x H100 fully connected with NVLink; torchtitan's benchmark hosts have a
+    # backend RDMA network at 400 Gb/s per GPU (torchtitan benchmarks/llama3_h100_202412_torchtitan.md),
+    # Meta's RoCE fabric (Dubey et al. 2024, section 3.3.1).
+    "grand-teton-h100": NodeProfile("grand-teton-h100", "h100-96gb-500w", 8, 8, 8, "roce-400"),
     # NVIDIA HGX H200 reference board: 8x H200 SXM with NVSwitch; typically 8x NDR400 NICs.
     "hgx-h200": NodeProfile("hgx-h200", "h200-141gb", 8, 8, 8, "ib-ndr400"),
     # A PCIe server with 8x L40S (no NVLink: every GPU is its own island) and 2x 200 GbE RoCE NICs.

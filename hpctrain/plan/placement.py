@@ -5,7 +5,9 @@ with SLURM_LOCALID the GPU). Global ranks are the runtime's grid `arange(world).
 (runtime/parallel/dims.py). The placement walks slots in the order TP innermost (inside one NVLink
 island), then PP, then DP outermost, so tensor-parallel peers share NVLink, a pipeline stays on
 as few nodes as possible, and only data-parallel traffic (overlapped with backward) crosses
-leaf switches first (Narayanan et al. 2021, section 3.3, on placing TP inside a server).
+leaf switches first (Narayanan et al. 2021, section 3.3, on placing TP inside a server). With expert
+parallelism the walk is TP, then DP, then PP outermost (plan/comm.py pipeline_outermost): the experts'
+all-to-alls stay inside a node before the pipeline's sends do.
 
 `rank_order[slot]` is the global rank the process on that slot takes; None means the identity.
 """
@@ -25,14 +27,21 @@ def local_gpu_order(gpus_per_node: int, topology: Optional[GpuTopology] = None) 
     return [gpu for island in topology.islands for gpu in island]
 
 
-def rank_order(tp: int, pp: int, dp: int, gpus_per_node: int, local_order: Optional[list[int]] = None) -> Optional[list[int]]:
-    """rank_order[slot] = global rank (see the module docstring); None when it is the identity."""
+def rank_order(tp: int, pp: int, dp: int, gpus_per_node: int, local_order: Optional[list[int]] = None,
+               pipeline_outermost: bool = False) -> Optional[list[int]]:
+    """rank_order[slot] = global rank (see the module docstring); None when it is the identity.
+    `pipeline_outermost` (layouts with expert parallelism, plan/comm.py pipeline_outermost): TP innermost,
+    then DP, then PP, so that an ep group's consecutive ranks share a node."""
     world = tp * pp * dp
     local = local_order if local_order is not None else list(range(gpus_per_node))
     order = [0] * world
     for position in range(world):
-        d, rest = divmod(position, pp * tp)
-        p, t = divmod(rest, tp)
+        if pipeline_outermost:
+            p, rest = divmod(position, dp * tp)
+            d, t = divmod(rest, tp)
+        else:
+            d, rest = divmod(position, pp * tp)
+            p, t = divmod(rest, tp)
         node, index = divmod(position, gpus_per_node)
         slot = node * gpus_per_node + local[index]
         order[slot] = (p * dp + d) * tp + t

@@ -12,6 +12,7 @@ from hpctrain.plan.lora import fine_tune_notes, lora_shape
 from hpctrain.plan.memory import CPU_RUNTIME_OVERHEAD_BYTES, DEFAULT_RUNTIME_OVERHEAD_BYTES, GIB
 from hpctrain.plan.model_stats import flops_per_token, model_flops_per_token, param_count
 from hpctrain.plan.placement import PlacementPlan, local_gpu_order, rank_order, switches_request
+from hpctrain.plan.comm import pipeline_outermost
 from hpctrain.plan.search import Layout, SearchSettings, optimizer_kind, search
 from hpctrain.plan.space import REASON_UNITS, REASONS, Choices, Rejections
 from hpctrain.plan.topology import (
@@ -52,7 +53,8 @@ class PlanResult:
         hw = self.hardware
         # cp sits between dp and tp in the rank grid (runtime/parallel/dims.py): the placement treats
         # dp x cp as one data-parallel dimension, tp innermost.
-        order = rank_order(lay.tp, lay.pp, lay.dp * lay.cp, hw.gpus_per_node, local_gpu_order(hw.gpus_per_node, self.gpu_topology))
+        order = rank_order(lay.tp, lay.pp, lay.dp * lay.cp, hw.gpus_per_node, local_gpu_order(hw.gpus_per_node, self.gpu_topology),
+                           pipeline_outermost=pipeline_outermost(lay.ep))
         return PlacementPlan([list(r) for r in lay.stage_layers], order, switches_request(hw.nodes, self.switch_tree))
 
     def to_json(self, top: Optional[int] = None) -> dict[str, Any]:

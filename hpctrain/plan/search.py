@@ -72,6 +72,8 @@ class SearchSettings:
     compile: bool = False  # train.compile: the runtime compiles the blocks of tp == 1 layouts
     compile_with_tp: bool = False  # a published run's software fuses element-wise work under TP too (bench only)
     expert_load_imbalance: float | None = None  # the busiest ep rank's load; None: cost.DEFAULT_EXPERT_STEP_IMBALANCE
+    selective_mm_recompute: float = 0.0  # cost.CostSetup's: a published run's selective policy (bench only)
+    a2a_overlap: bool = False  # cost.CostSetup's: a published run's overlapped expert all-to-alls (bench only)
 
 
 def optimizer_kind(job: Job) -> str:
@@ -227,7 +229,9 @@ def _search_family(model: Any, hw: Hardware, choices: Choices, settings: SearchS
                             compile=settings.compile and (tp == 1 or settings.compile_with_tp),
                             expert_load_imbalance=(DEFAULT_EXPERT_STEP_IMBALANCE
                                                    if settings.expert_load_imbalance is None
-                                                   else settings.expert_load_imbalance)),
+                                                   else settings.expert_load_imbalance),
+                            selective_mm_recompute=settings.selective_mm_recompute,
+                            a2a_overlap=settings.a2a_overlap),
                             settings.global_batch)
                         layouts.append(Layout(tp, pp, dp, mb, schedule, v, ac, zero, offload, sp, tuple(stage_layers),
                                               imbalance, memory, rank, cost, cp, ep))

@@ -48,8 +48,31 @@ def test_ep_placement_follows_the_rank_grid():
     assert not comm.ep_placement(hw, 1, 1, 8).crosses_nodes
     wide = comm.ep_placement(hw, 1, 1, 16)
     assert wide.crosses_nodes and wide.nodes == 2
-    # tp 2 x pp 4 fills a node: each node holds one tp group of the ep group
-    assert comm.ep_placement(hw, 2, 4, 4) == comm.EpPlacement(4, 2)
+    # with experts the pipeline is outermost in the slot order: tp 2 x pp 4 no longer pushes an ep group of 4
+    # across nodes (it was one tp group per node before)
+    assert comm.ep_placement(hw, 2, 4, 4) == comm.EpPlacement(4, 4)
+    assert comm.pp_span(2, 4, ep=4) == 8 and comm.dp_span(2, 4, ep=4) == 2
+    assert comm.pp_span(2, 4, ep=1) == 2 and comm.dp_span(2, 4, ep=1) == 8
+
+
+@pytest.mark.parametrize("tp, pp, dp, ep", [(2, 4, 4, 4), (1, 2, 8, 8), (2, 2, 8, 16), (1, 8, 4, 4)])
+def test_the_placement_keeps_each_ep_group_on_as_few_nodes_as_the_cost_model_assumes(tp, pp, dp, ep):
+    # The runtime's ep group: ep consecutive ranks of a stage's (dp, tp) grid (runtime/parallel/expert.py).
+    from hpctrain.plan.placement import rank_order
+
+    gpus_per_node = 8
+    order = rank_order(tp, pp, dp, gpus_per_node, pipeline_outermost=comm.pipeline_outermost(ep))
+    world = tp * pp * dp
+    slot_of = {rank: slot for slot, rank in enumerate(order or range(world))}
+    where = comm.ep_placement(_hw(), tp, pp, ep)
+    for stage in range(pp):
+        for first in range(0, dp * tp, ep):
+            nodes = {slot_of[stage * dp * tp + first + i] // gpus_per_node for i in range(ep)}
+            assert len(nodes) == where.nodes, (stage, first, nodes)
+    # pipeline neighbours and dp peers sit where the spans say
+    assert slot_of[dp * tp] - slot_of[0] == comm.pp_span(tp, dp, ep)
+    if dp > 1:
+        assert slot_of[tp] - slot_of[0] == comm.dp_span(tp, pp, ep)
 
 
 def test_all_to_all_inside_a_node_is_the_nvlink_share():
