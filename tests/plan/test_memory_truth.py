@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("torch")
-# One pytest-xdist worker runs the whole module (scripts/test passes --dist loadgroup): its module fixture
-# measures every configuration once (a few minutes), which each worker would otherwise repeat.
+# The module fixture measures every configuration once per session (a few minutes) under a file lock: the
+# xdist_group mark would keep the module on one worker under --dist loadgroup, but with pytest 9.2 it does not
+# (scripts/test), and each worker would otherwise repeat the measurement.
 pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.xdist_group("memory_truth")]
 
 # Imported by name from bench/ (on sys.path, which spawned gloo workers inherit) so that its

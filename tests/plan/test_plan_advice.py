@@ -56,3 +56,23 @@ def test_the_report_prints_both(result):
     alt = result.to_json(top=5)["advice"]["alternative"]
     assert f"{alt['step_time_delta']:+.0%}" in text
     assert alt["label"] in text
+
+
+def test_the_placement_of_an_expert_parallel_layout_keeps_its_ep_groups_inside_nodes(result):
+    # The rank order the run gets (plan.json / job.resolved.yaml's placement) is the one the cost model priced:
+    # with ep > 1 the pipeline is outermost, so each ep group's ranks (ep consecutive ranks of a stage's
+    # dp x tp grid) share a node when ep <= 8; a dense layout keeps its pipeline inside the node first.
+    from hpctrain.plan.comm import ep_placement
+
+    gpus_per_node = result.hardware.gpus_per_node
+    for lay in result.layouts[:20]:
+        if lay.ep <= 1:
+            continue
+        order = result.placement(lay).rank_order
+        slot_of = {rank: slot for slot, rank in enumerate(order or range(lay.tp * lay.pp * lay.dp))}
+        stage_ranks = lay.dp * lay.tp
+        where = ep_placement(result.hardware, lay.tp, lay.pp, lay.ep)
+        for stage in range(lay.pp):
+            for first in range(0, stage_ranks, lay.ep):
+                nodes = {slot_of[stage * stage_ranks + first + i] // gpus_per_node for i in range(lay.ep)}
+                assert len(nodes) == where.nodes, (lay.label(), stage, first)
