@@ -60,3 +60,15 @@ def test_a_node_profile_takes_its_gpu_variants_and_refuses_others():
         resolve_hardware(job(node="dgx-h100", gpu="a100-40gb", gpus_per_node=8))
     with pytest.raises(ValueError, match="'dgx-a100' has a100-80gb or a100-40gb GPUs"):
         resolve_hardware(job(node="dgx-a100", gpu="h100-80gb", gpus_per_node=8))
+
+
+def test_the_power_limited_h100_sits_between_the_nvl_and_the_sxm_and_holds_torchtitans_peaks():
+    # torchtitan's Grand Teton H100s (benchmarks/llama3_h100_202412_torchtitan.md): "between SXM and NVL", 96 GB
+    # HBM2e at 2.4 TB/s; its tables report peaks up to 84.9 GiB on them, which the catalog's memory must hold.
+    hw = resolve_hardware(job(node="grand-teton-h100", gpu="h100-96gb-500w", fabric="roce-400", nodes=2))
+    sxm, gpu = GPUS["h100-80gb"], hw.gpu
+    nvl_dense_bf16 = 1671e12 / 2  # H100 NVL datasheet, 1,671 TFLOPS with sparsity
+    assert nvl_dense_bf16 < gpu.bf16_flops_per_s < sxm.bf16_flops_per_s
+    assert gpu.fp8_flops_per_s / gpu.bf16_flops_per_s == pytest.approx(2.0, rel=0.01)
+    assert gpu.hbm_bytes_per_s == pytest.approx(2.4e12) and gpu.memory_bytes > 84.9 * 2**30
+    assert hw.gpus_per_node == 8 and hw.nvlink_island_gpus == 8 and hw.nics_per_node == 8
