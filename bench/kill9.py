@@ -9,20 +9,23 @@ every 2 steps, validation every 4 steps (8 batches), the TensorBoard tracker, re
 ends the attempt; the bench resumes it). HPCTRAIN_TEST_STEP_DELAY_S=0.15 slows each step so that the
 faults land mid-run. The uninterrupted reference (no delay) runs alongside the trials.
 
-Kill schedule (one run, one rank): 16 trials in a seeded order, 4 of each moment, each a SIGKILL to the
-rank or to its local supervisor (seeded; a killed supervisor takes its rank along, PR_SET_PDEATHSIG):
+Kill schedule (one rank per run): 16 trials, 4 of each moment, dealt over two runs side by side
+(`--kill-runs 2`: 8 trials each, 2 of each moment, each run in its own seeded order; the trials' start-ups then
+overlap instead of queueing), each a SIGKILL to the rank or to its local supervisor (seeded; a killed supervisor
+takes its rank along, PR_SET_PDEATHSIG):
   save      the first sight of `checkpoints/step-N.partial/` (DCP writing its shards)
   finalize  the first sight of `step-N.partial/.metadata` (DCP is done, the finalize thread has not renamed)
   eval      (step delay + 0.15 s) after the metrics line of the step before an evaluation step
   tracker   the first growth of the TensorBoard event file after the attempt's 1st-3rd step
 Each moment is watched by polling every 2 ms; what the run directory held at the kill is recorded
 (`hit`), so a missed window shows in the output. Then `hpctrain resume`. After the last trial the run
-resumes to the end. Checks: COMPLETED; steps 1..N once in metrics.jsonl; loss, grad_norm and val_loss
+resumes to the end. Checks, for each killed run: COMPLETED; steps 1..N once in metrics.jsonl; loss, grad_norm and val_loss
 equal to the uninterrupted reference's (same job, no faults) bit for bit at every step; the final checkpoint's
 tensors (model and optimizer, read with DCP's dcp_to_torch_save) equal the reference's bit for bit;
 TensorBoard's reader (which applies each resumed writer's purge_step) shows each step once.
 
-Measured (2-core VM shared with other jobs, load average 8-12): 230 s and 282 s for the whole --check.
+Measured (2-core VM): with one killed run, 230 s and 282 s for the whole --check under load 8-12, 96.9 s quiet,
+143-198 s in three fresh-clone CI runs (the suite beside it).
 
 Layout trials (a second run, started alongside): the 1-rank run is killed (SIGKILL of its rank after a
 new checkpoint) and resumed on another layout, 6 times in a chain: 1 -> dp2 -> tp2 -> dp2 -> pp2 ->
@@ -212,17 +215,17 @@ def arm(run_dir: Path, moment: str, rng: random.Random) -> str:
     return f"TensorBoard grew after step {steps_done(run_dir)}'s record"
 
 
-def kill_schedule(bench: Bench, job_file: Path, kills: int, report: dict[str, Any]) -> Path:
-    order = [MOMENTS[i % len(MOMENTS)] for i in range(kills)]
-    bench.rng.shuffle(order)
+def kill_schedule(bench: Bench, job_file: Path, order: list[str], rng: random.Random, first_trial: int,
+                  trials: list[dict[str, Any]]) -> Path:
+    """One run through `order`'s kills (its trials appended to `trials`, numbered from `first_trial`)."""
     run_dir = bench.submit(job_file)
     wait_for(lambda: bool(complete_checkpoints(run_dir)), 180, "a first checkpoint", poll_s=0.02)
-    trials = []
-    for i, moment in enumerate(order):
+    for n, moment in enumerate(order):
+        i = first_trial + n - 1
         wait_started(run_dir)
-        victim = bench.rng.choice(["rank", "supervisor"])
-        extra_ms = bench.rng.randint(0, 20) if moment in ("save", "finalize") else 0
-        hit = arm(run_dir, moment, bench.rng)
+        victim = rng.choice(["rank", "supervisor"])
+        extra_ms = rng.randint(0, 20) if moment in ("save", "finalize") else 0
+        hit = arm(run_dir, moment, rng)
         time.sleep(extra_ms / 1000)
         ranks, supervisors = processes(run_dir)
         pids = ranks if victim == "rank" else supervisors
@@ -238,8 +241,17 @@ def kill_schedule(bench: Bench, job_file: Path, kills: int, report: dict[str, An
         print(f"{time.strftime('%H:%M:%S')} kill {i + 1:2d}: {moment:8s} {victim:10s} +{extra_ms:2d} ms  step {step:3d}  {hit}", flush=True)
         bench.check(bool(pids), f"kill {i + 1}: no {victim} process to kill")
         bench.resume(run_dir)
-    report["kills"] = trials
     return run_dir
+
+
+def kill_orders(kills: int, runs: int, rng: random.Random) -> list[list[str]]:
+    """The trials' moments, `kills` in all (as many of each moment as can be), dealt round-robin over `runs` runs
+    after a seeded shuffle within each moment's share, so each run meets every moment."""
+    order = [MOMENTS[i % len(MOMENTS)] for i in range(kills)]
+    orders: list[list[str]] = [order[r::runs] for r in range(runs)]
+    for one in orders:
+        rng.shuffle(one)
+    return orders
 
 
 def layout_chain(bench: Bench, job_file: Path, report: dict[str, Any]) -> Path:
@@ -308,6 +320,8 @@ def main() -> int:
     parser.add_argument("--kills", type=int, default=16)
     parser.add_argument("--layouts", type=int, default=len(LAYOUTS), help="layout-change trials (at most 6)")
     parser.add_argument("--steps", type=int, default=32)
+    parser.add_argument("--kill-runs", type=int, default=2,
+                        help="runs the kills are spread over, side by side (each its own seeded schedule)")
     parser.add_argument("--json", type=Path, help="write the trials and checks here")
     parser.add_argument("--work", type=Path, help="folder for the runs (default: a temporary one)")
     parser.add_argument("--check", action="store_true", help="exit 1 when a check fails")
@@ -323,7 +337,8 @@ def main() -> int:
         if prepared.returncode != 0:
             raise RuntimeError(prepared.stderr)
     files = {}
-    for name in ("reference", "killed", "layouts"):
+    killed_names = ["killed"] if args.kill_runs <= 1 else [f"killed{r + 1}" for r in range(args.kill_runs)]
+    for name in ("reference", *killed_names, "layouts"):
         path = work / f"{name}.yaml"
         path.write_text(yaml.safe_dump(job(name, args.steps, data, val), sort_keys=False))
         files[name] = path
@@ -339,15 +354,27 @@ def main() -> int:
         except BaseException as exc:  # reported by the main thread
             errors.append(exc)
 
-    side = threading.Thread(target=chain) if args.layouts else None
-    if side:
-        side.start()
-    if args.kills:
-        results["killed"] = kill_schedule(bench, files["killed"], args.kills, report)
-    if side:
-        side.join()
+    orders = kill_orders(args.kills, len(killed_names), bench.rng) if args.kills else []
+    trial_lists: list[list[dict[str, Any]]] = [[] for _ in orders]
+
+    def kills(index: int) -> None:
+        first = 1 + sum(len(o) for o in orders[:index])
+        try:
+            results[killed_names[index]] = kill_schedule(bench, files[killed_names[index]], orders[index],
+                                                         random.Random(args.seed * 1000 + index), first,
+                                                         trial_lists[index])
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=chain)] if args.layouts else []
+    threads += [threading.Thread(target=kills, args=(index,)) for index in range(len(orders))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
     if errors:
         raise errors[0]
+    report["kills"] = [t for trials in trial_lists for t in trials]
 
     bench.check(wait_completed(bench, reference, 300) == "COMPLETED", "the reference did not complete")
     ref = {m["step"]: m for m in lines(reference / "metrics.jsonl") if "loss" in m}
@@ -360,21 +387,25 @@ def main() -> int:
         bench.check(steps == list(range(1, args.steps + 1)), f"{name}: steps {steps} (each step once)")
         for m in metrics:
             r = ref.get(m["step"], {})
-            if name == "killed":
+            if name.startswith("killed"):
                 same = (m["loss"], m.get("grad_norm"), m.get("val_loss")) == (
                     r.get("loss"), r.get("grad_norm"), r.get("val_loss"))
-                bench.check(same, f"killed: step {m['step']} differs from the reference: {m} vs {r}")
+                bench.check(same, f"{name}: step {m['step']} differs from the reference: {m} vs {r}")
             else:
                 bench.check(abs(m["loss"] - r.get("loss", float("inf"))) <= LAYOUT_TOLERANCE,
                             f"layouts: step {m['step']} loss {m['loss']} vs reference {r.get('loss')}")
-    if "killed" in results and not bench.failures:
-        mine, theirs = final_tensors(results["killed"], args.steps), final_tensors(reference, args.steps)
-        bench.check(sorted(mine) == sorted(theirs), "killed: the final checkpoint holds other tensors")
-        differ = [k for k in mine if k in theirs and not bool((mine[k] == theirs[k]).all())]
-        bench.check(not differ, f"killed: final tensors differ from the reference's: {differ[:5]}")
-        report["final_tensors_compared"] = len(mine)
-        tb = tensorboard_steps(results["killed"])
-        bench.check(tb == list(range(1, args.steps + 1)), f"killed: TensorBoard steps {tb} (each once)")
+    killed_runs = [name for name in killed_names if name in results]
+    if killed_runs and not bench.failures:
+        theirs = final_tensors(reference, args.steps)
+        report["final_tensors_compared"] = 0
+        for name in killed_runs:
+            mine = final_tensors(results[name], args.steps)
+            bench.check(sorted(mine) == sorted(theirs), f"{name}: the final checkpoint holds other tensors")
+            differ = [k for k in mine if k in theirs and not bool((mine[k] == theirs[k]).all())]
+            bench.check(not differ, f"{name}: final tensors differ from the reference's: {differ[:5]}")
+            report["final_tensors_compared"] += len(mine)
+            tb = tensorboard_steps(results[name])
+            bench.check(tb == list(range(1, args.steps + 1)), f"{name}: TensorBoard steps {tb} (each once)")
     report["wall_s"] = round(time.monotonic() - started, 1)
     report["failures"] = bench.failures
     hits = sum(1 for t in report.get("kills", []) if not t["hit"].startswith("missed"))

@@ -22,32 +22,22 @@ whatever the micro-batch count (tests/runtime/test_pipeline_memory.py).
 
 from __future__ import annotations
 
-import copy
 import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.pipelining import (
-    PipelineStage,
-    Schedule1F1B,
-    ScheduleGPipe,
-    ScheduleInterleaved1F1B,
-)
 
 from hpctrain.errors import ConfigError
-from hpctrain.runtime.model.moe import paused_moe_stats
 from hpctrain.runtime.model.transformer import Transformer, make_stage
 
 if TYPE_CHECKING:
     from hpctrain.config import Job
 
-SCHEDULES: dict[str, Any] = {
-    "gpipe": ScheduleGPipe,
-    "1f1b": Schedule1F1B,
-    "interleaved-1f1b": ScheduleInterleaved1F1B,
-}
+# torch.distributed.pipelining (and the torch._dynamo it imports: ~0.6 s of a rank's start) is imported only
+# when a pipeline is built: pipeline_stage.py holds the stage class and the schedules.
+SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved-1f1b")
 
 
 def even_split(layers: int, stages: int) -> list[tuple[int, int]]:
@@ -111,83 +101,6 @@ def split_model(
     return parts
 
 
-_SPEC = "_hpctrain_buffer_spec"  # (shape, dtype) of a receive buffer that is not allocated now
-
-
-class BoundedStage(PipelineStage):
-    """A PipelineStage whose receive buffers exist only while their micro-batch is in flight.
-
-    It overrides private hooks of torch.distributed.pipelining (set-up of the receive infos,
-    posting of receives, a micro-batch's backward); on a torch whose stage lacks them, the stock
-    behaviour (a buffer per micro-batch) remains and only memory differs."""
-
-    # The stage's first forward infers the shapes it sends, on the first micro-batch (or on empty
-    # tensors past the first stage): not a training forward, so the MoE layers must not count its tokens.
-    # torch 2.13 names it _forward_metadata_inference, earlier ones _shape_inference.
-    def _forward_metadata_inference(self, *args: Any, **kwargs: Any) -> Any:
-        with paused_moe_stats():
-            return getattr(super(), "_forward_metadata_inference")(*args, **kwargs)
-
-    def _shape_inference(self, *args: Any, **kwargs: Any) -> Any:
-        with paused_moe_stats():
-            return getattr(super(), "_shape_inference")(*args, **kwargs)
-
-    def _setup_forward_recv_info(self, num_microbatches: int, *args: Any, **kwargs: Any) -> None:
-        super()._setup_forward_recv_info(1, *args, **kwargs)
-        self._replicate_lazily(self.args_recv_info, num_microbatches)
-
-    def _setup_backward_recv_info(self, num_microbatches: int) -> None:
-        super()._setup_backward_recv_info(1)
-        self.chunks = num_microbatches
-        self._replicate_lazily(self.grad_recv_info, num_microbatches)
-
-    @staticmethod
-    def _replicate_lazily(infos: dict[int, Any], num_microbatches: int) -> None:
-        template = infos[0]
-        for chunk in range(num_microbatches):
-            infos[chunk] = tuple(copy.copy(info) for info in template)
-            _release(infos[chunk])
-
-    def get_fwd_recv_ops(self, fwd_chunk_id: int) -> list[Any]:
-        _allocate(self.args_recv_info.get(fwd_chunk_id, ()), self.device)
-        return super().get_fwd_recv_ops(fwd_chunk_id)
-
-    def get_bwd_recv_ops(self, bwd_chunk_id: int) -> list[Any]:
-        _allocate(self.grad_recv_info.get(bwd_chunk_id, ()), self.device)
-        return super().get_bwd_recv_ops(bwd_chunk_id)
-
-    def backward_one_chunk(self, bwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
-        result = super().backward_one_chunk(bwd_chunk_id, *args, **kwargs)
-        loss = kwargs.get("loss")
-        if isinstance(loss, torch.Tensor) and loss.grad_fn is not None:
-            # The schedule keeps every micro-batch's loss until the step ends; with its graph
-            # attached, each one pins its received input (the graph's leaf) for the whole step.
-            loss.detach_()
-        # The received activation and gradient of this micro-batch are consumed; the input
-        # gradient to send back lives on in grads_input (and in the pending send) until sent.
-        _release(self.args_recv_info.get(bwd_chunk_id, ()))
-        _release(self.grad_recv_info.get(bwd_chunk_id, ()))
-        return result
-
-
-def _release(infos: Any) -> None:
-    for info in infos or ():
-        buffer = getattr(info, "buffer", None)
-        if getattr(info, "is_root_arg", False) or not isinstance(buffer, torch.Tensor):
-            continue
-        if not hasattr(info, _SPEC) or buffer.numel():
-            setattr(info, _SPEC, (tuple(buffer.shape), buffer.dtype))
-        info.buffer = torch.empty(0, dtype=buffer.dtype, device=buffer.device)
-
-
-def _allocate(infos: Any, device: torch.device) -> None:
-    for info in infos or ():
-        spec = getattr(info, _SPEC, None)
-        if spec is not None and isinstance(info.buffer, torch.Tensor) and info.buffer.numel() == 0:
-            shape, dtype = spec
-            info.buffer = torch.empty(shape, dtype=dtype, device=device)
-
-
 def step_kwargs(schedule: Any) -> dict[str, Any]:
     """`return_outputs=False` where the schedule accepts it: no logits kept for a merge."""
     return {"return_outputs": False} if "return_outputs" in inspect.signature(schedule.step).parameters else {}
@@ -207,9 +120,9 @@ def apply_pp(
     `loss_fn` returns the mean loss of one micro-batch; the schedule divides the accumulated
     gradients by `n_microbatches`, so they are the mean over the local batch.
     """
-    if schedule not in SCHEDULES:
+    if schedule not in SCHEDULE_NAMES:
         raise ConfigError(
-            f"parallel.schedule: got {schedule!r}; valid: {', '.join(SCHEDULES)} "
+            f"parallel.schedule: got {schedule!r}; valid: {', '.join(SCHEDULE_NAMES)} "
             "(resolve 'auto' with `hpctrain plan`)"
         )
     pp = pp_mesh.size()
@@ -224,6 +137,8 @@ def apply_pp(
             f"train.micro_batch: gives {n_microbatches} micro-batches per step, fewer than pp={pp}; "
             "the pipeline would idle (lower train.micro_batch or raise train.global_batch)"
         )
+    from hpctrain.runtime.parallel.pipeline_stage import SCHEDULES, BoundedStage
+
     group = pp_mesh.get_group()
     stages = [BoundedStage(module, sid, n_stages, device, group=group) for sid, module in parts]
     cls = SCHEDULES[schedule]
