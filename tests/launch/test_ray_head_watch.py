@@ -73,11 +73,15 @@ def test_gcs_address_parsing() -> None:
 def test_stop_pids_kills_this_runs_ranks_and_nothing_else(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     # A rank that ignores SIGTERM (stuck in a collective): SIGKILL after the grace.
+    # Each says "ready" once set up: under load an interpreter takes more than a fixed sleep to get there.
     stubborn = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, "
-                                 "signal.SIG_IGN); time.sleep(60)", "--run-dir", str(run_dir)])
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "--run-dir", str(tmp_path / "x")])
+                                 "signal.SIG_IGN); print('ready', flush=True); time.sleep(60)", "--run-dir",
+                                 str(run_dir)], stdout=subprocess.PIPE, text=True)
+    other = subprocess.Popen([sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(60)",
+                              "--run-dir", str(tmp_path / "x")], stdout=subprocess.PIPE, text=True)
     try:
-        time.sleep(0.5)  # both have set their handlers
+        for proc in (stubborn, other):
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
         started = time.monotonic()
         stop_pids([stubborn.pid, other.pid], run_dir, grace_s=0.5)
         assert stubborn.wait(5) == -signal.SIGKILL
