@@ -7,12 +7,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
 from hpctrain.errors import ConfigError, PlanError
+from hpctrain.plan.comm import pipeline_outermost
 from hpctrain.plan.hardware import Hardware, check_catalog_names, precision_problems, resolve_hardware
 from hpctrain.plan.lora import fine_tune_notes, lora_shape
 from hpctrain.plan.memory import CPU_RUNTIME_OVERHEAD_BYTES, DEFAULT_RUNTIME_OVERHEAD_BYTES, GIB
 from hpctrain.plan.model_stats import flops_per_token, model_flops_per_token, param_count
 from hpctrain.plan.placement import PlacementPlan, local_gpu_order, rank_order, switches_request
-from hpctrain.plan.comm import pipeline_outermost
 from hpctrain.plan.search import Layout, SearchSettings, optimizer_kind, search
 from hpctrain.plan.space import REASON_UNITS, REASONS, Choices, Rejections
 from hpctrain.plan.topology import (
