@@ -43,6 +43,10 @@ class Dtypes:
     casts_weights: bool  # autocast: each linear saves a 16-bit copy of its weight
 
 
+# One instance per mode (the planner asks for them ~100,000 times per search).
+_DTYPES = {"fp32": Dtypes(FP32_BYTES, FP32_BYTES, FP32_BYTES, False, False),
+           "autocast": Dtypes(HALF_BYTES, HALF_BYTES, HALF_BYTES, False, True),
+           "fsdp-mp": Dtypes(HALF_BYTES, HALF_BYTES, HALF_BYTES, False, False)}
 
 
 def precision_mode(precision: str, fsdp: bool) -> str:
@@ -53,13 +57,10 @@ def precision_mode(precision: str, fsdp: bool) -> str:
 
 
 def dtypes(mode: str) -> Dtypes:
-    if mode == "fp32":
-        return Dtypes(FP32_BYTES, FP32_BYTES, FP32_BYTES, False, False)
-    if mode == "autocast":
-        return Dtypes(HALF_BYTES, HALF_BYTES, HALF_BYTES, False, True)
-    if mode == "fsdp-mp":
-        return Dtypes(HALF_BYTES, HALF_BYTES, HALF_BYTES, False, False)
-    raise ValueError(f"unknown precision mode {mode!r}")
+    try:
+        return _DTYPES[mode]
+    except KeyError:
+        raise ValueError(f"unknown precision mode {mode!r}") from None
 
 
 @dataclass(frozen=True)

@@ -206,10 +206,29 @@ class _States:
     reduce_buffer: float
 
 
+@dataclass(frozen=True)
+class _ModelCounts:
+    """Parameter counts `_states` reads that depend on the model and (tp, ep) only."""
+
+    layer_params: float  # rank_layer_params
+    routed_experts: float  # routed_expert_params (one MoE block's)
+    head_unit: float  # head + final norm, per TP rank
+    embedding: float  # the whole table
+    attention: float  # one layer's attention projections
+
+
+def _model_counts(model: Any, tp: int, ep: int) -> _ModelCounts:
+    moe = getattr(model, "moe", None)
+    return _ModelCounts(rank_layer_params(model, tp, ep), float(routed_expert_params(model)) if moe else 0.0,
+                        (head_param_count(model) + final_norm_param_count(model)) / tp,
+                        float(embedding_param_count(model)), float(attention_param_count(model)))
+
+
 def _states(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, pp_rank: int, fsdp: bool, mode: str,
-            params: int, layers: int) -> _States:
+            params: int, layers: int, counts: _ModelCounts | None = None) -> _States:
     on_gpu = 0.0 if s.offload_optimizer else 1.0
-    layer_params = rank_layer_params(model, s.tp, s.ep)
+    counts = counts or _model_counts(model, s.tp, s.ep)
+    layer_params = counts.layer_params
     # Routed experts are an FSDP unit of their own over efsdp ranks (runtime/parallel/expert.py's
     # shard_experts), the rest over dp: `sharded(total, experts)` is a parameter-sized buffer per rank
     # whose `experts` part (in parameters) is sharded over efsdp. At ep=1 efsdp = dp: one degree.
@@ -222,7 +241,7 @@ def _states(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, pp_ra
     routed = float(_rank_routed_params(model, stage_layers, s, pp_rank)) if s.ep > 1 else 0.0
     first_layer = stage_layers[pp_rank][0]
     # The rank's last-processed layer (its first) still lacks its experts' gradients in its FFN backward.
-    first_routed = (routed_expert_params(model) / s.ep
+    first_routed = (counts.routed_experts / s.ep
                     if routed and first_layer >= int(model.moe.dense_layers) else 0.0)
     compute_bytes = HALF_BYTES if mode == "fsdp-mp" else FP32_BYTES
     unsharded_fwd = unsharded_bwd = 0.0
@@ -236,14 +255,13 @@ def _states(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, pp_ra
         # block and the norm + head unit stay gathered (the embedding was resharded); in the
         # backward of the first layer that layer and the embedding are gathered (the head was
         # resharded after its backward). Measured against MemTracker (bench/memory_accuracy.py).
-        head_unit = (head_param_count(model) + final_norm_param_count(model)) / s.tp
-        unsharded_fwd = compute_bytes * (layer_params + head_unit)
-        unsharded_bwd = compute_bytes * (layer_params + embedding_param_count(model) / s.tp)
+        unsharded_fwd = compute_bytes * (layer_params + counts.head_unit)
+        unsharded_bwd = compute_bytes * (layer_params + counts.embedding / s.tp)
     elif fsdp:
         unsharded_fwd = unsharded_bwd = compute_bytes * params
     # train.embedding_on_cpu (runtime/parallel/host_embedding.py): the first stage's table is no FSDP unit and
     # never on the device, nor its gradient or optimizer state (tp is 1: validate refuses more).
-    host_table = float(embedding_param_count(model)) if s.embedding_on_cpu and pp_rank == 0 else 0.0
+    host_table = counts.embedding if s.embedding_on_cpu and pp_rank == 0 else 0.0
     if host_table:
         params = int(params - host_table)
         if fsdp and s.zero >= 3 and s.pp == 1:
@@ -253,7 +271,7 @@ def _states(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, pp_ra
     # Trained parameters (everything, or LoRA's adapters): gradients, optimizer states, FSDP's
     # gradient buffers. Held parameters (fp32, FSDP-gathered) are the base plus the adapters.
     w2_params = model.hidden * model.ffn_hidden / s.tp
-    embedding = embedding_param_count(model) / s.tp if pp_rank == 0 and not host_table else 0.0
+    embedding = counts.embedding / s.tp if pp_rank == 0 and not host_table else 0.0
     trained, trained_layer = float(params), layer_params
     trained_routed = routed
     if s.lora is not None:
@@ -274,7 +292,7 @@ def _states(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, pp_ra
                                  trained_routed - first_routed) * on_gpu
     # Later moments (memory.py's _late_backward_phases): the FFN norm's backward, where the
     # first layer's attention gradients are still missing, and the embedding's backward.
-    attention_trained = (attention_param_count(model) + model.hidden) / s.tp
+    attention_trained = (counts.attention + model.hidden) / s.tp
     if s.lora is not None:
         attention_trained = sum(adapter_params(model, s.lora, t, s.tp) for t in s.lora.targets
                                 if t in ("wq", "wk", "wv", "wo"))
@@ -295,15 +313,31 @@ def _states(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, pp_ra
     )
 
 
-def _phase_items(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, pp_rank: int) -> dict[str, dict[str, float]]:
-    """Bytes per item at each phase's peak: the loss (end of forward, every activation alive),
-    the start of backward (the oldest micro-batch's last layer), the end of backward (the rank's
-    first layer, where full recompute peaks as gradients pile up) and the optimizer step."""
-    fsdp = s.fsdp
-    mode = precision_mode(s.precision, fsdp)
-    params, layers = _rank_params(model, stage_layers, s, pp_rank)
-    st = _states(model, stage_layers, s, pp_rank, fsdp, mode, params, layers)
-    first, last = pp_rank == 0, pp_rank == s.pp - 1
+@dataclass(frozen=True)
+class _ActivationTerms:
+    """What one micro-batch's activations and buffers cost on a rank, whatever its pipeline position,
+    sharding or optimizer: the part of `_phase_items` that many layouts of one search share."""
+
+    tokens: int
+    layer: Any  # LayerActivations (context parallelism's, the scores' and LoRA's terms included)
+    head: Any  # HeadActivations
+    copies_per_layer: float
+    recompute: float
+    transient: float
+    ffn_output_input: float
+    output_projection_backward: float
+    ffn_part: float
+    norm_backward_transient: float
+    embedding_backward_transient: float
+
+
+def _activation_key(s: RankSetup, mode: str) -> tuple[Any, ...]:
+    """Every field of `s` that `_activation_terms` reads (with the precision mode)."""
+    return (mode, s.micro_batch, s.cp, s.tp, s.sequence_parallel, s.ac, s.ep, s.expert_load_imbalance, s.attention,
+            s.lora, s.cp_rotate, s.cpu_attention, s.cp_rank)
+
+
+def _activation_terms(model: Any, s: RankSetup, mode: str) -> _ActivationTerms:
     tokens = tokens_per_rank(s.micro_batch, model.seq_len, s.cp)
     routing = expert_routing(s.tp, s.sequence_parallel, s.ep, s.expert_load_imbalance)
     layer = layer_activations(model, tokens, s.tp, s.sequence_parallel, s.ac, mode, routing)
@@ -313,15 +347,8 @@ def _phase_items(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, 
         layer = materialized_score_activations(layer, model, tokens, s.tp, s.ac)
     if s.lora is not None:
         layer, head = lora_activations(layer, head, model, s.lora, tokens, s.tp, s.sequence_parallel, s.ac, mode)
-    in_flight = in_flight_micro_batches(s.schedule, s.pp, pp_rank, s.micro_batches, s.virtual_stages)
-    copies = layers * weight_copy_bytes_per_layer(model, s.tp, mode, s.ac) + (head.weight_copy_bytes if last else 0.0)
-    if s.lora is not None and s.ac == "full":
-        # autocast caches the 16-bit copies of parameters that require grad only: a frozen base's copies
-        # live while a matmul saves them, so under full checkpointing only the recomputed layer's.
-        copies -= (layers - 1) * weight_copy_bytes_per_layer(model, s.tp, mode, s.ac)
-    per_micro_batch = layers * layer.saved_bytes + (embedding_saved_bytes(tokens) if first else 0.0)
-    pipeline = pipeline_buffer_bytes(model, s, pp_rank, tokens, in_flight, mode)
-    recompute = layer.recompute_peak_bytes - ffn_output_input_bytes(model, tokens, s.tp, mode)
+    ffn_output_input = ffn_output_input_bytes(model, tokens, s.tp, mode)
+    recompute = layer.recompute_peak_bytes - ffn_output_input
     if s.ac == "full":
         # Measured against MemTracker at the FFN backward of a recomputed block: with an fp32
         # stream (fp32, autocast) the recomputed RMSNorm saves the kept block input itself and a
@@ -329,8 +356,58 @@ def _phase_items(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, 
         # stream-sized tensor is alive. Each correction is one [tokens, hidden] stream tensor.
         stream = dtypes(mode).stream * model.hidden / (s.tp if s.sequence_parallel else 1) * tokens
         recompute += stream if mode == "fsdp-mp" else -layer.saved_bytes - stream
-    recompute = max(recompute, 0.0)
-    transient = backward_transient_bytes(model, tokens, s.tp, s.sequence_parallel, mode)
+    return _ActivationTerms(
+        tokens=tokens, layer=layer, head=head, copies_per_layer=weight_copy_bytes_per_layer(model, s.tp, mode, s.ac),
+        recompute=max(recompute, 0.0),
+        transient=backward_transient_bytes(model, tokens, s.tp, s.sequence_parallel, mode),
+        ffn_output_input=ffn_output_input,
+        output_projection_backward=output_projection_backward_bytes(model, tokens, s.tp, mode),
+        ffn_part=ffn_saved_bytes_per_token(model, s.tp, s.sequence_parallel, mode) * tokens,
+        norm_backward_transient=norm_backward_transient_bytes(model, tokens, s.tp, s.sequence_parallel, mode),
+        embedding_backward_transient=embedding_backward_transient_bytes(model, tokens, s.tp, s.sequence_parallel,
+                                                                        mode))
+
+
+def _phase_items(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, pp_rank: int,
+                 cache: dict[Any, Any] | None = None) -> dict[str, dict[str, float]]:
+    """Bytes per item at each phase's peak: the loss (end of forward, every activation alive),
+    the start of backward (the oldest micro-batch's last layer), the end of backward (the rank's
+    first layer, where full recompute peaks as gradients pile up) and the optimizer step.
+    `cache`: one search's memo of the parts that depend on fewer fields than the whole setup (the
+    caller guarantees one model, and one stage split per (pp, virtual_stages))."""
+    fsdp = s.fsdp
+    mode = precision_mode(s.precision, fsdp)
+    counts: _ModelCounts | None = None
+    if cache is None:
+        params, layers = _rank_params(model, stage_layers, s, pp_rank)
+        act = _activation_terms(model, s, mode)
+    else:
+        counts_key = ("counts", s.tp, s.ep)
+        counts = cache.get(counts_key)
+        if counts is None:
+            counts = cache[counts_key] = _model_counts(model, s.tp, s.ep)
+        params_key = ("params", s.pp, s.virtual_stages, pp_rank, s.tp, s.ep)
+        if params_key not in cache:
+            cache[params_key] = _rank_params(model, stage_layers, s, pp_rank)
+        params, layers = cache[params_key]
+        act_key = _activation_key(s, mode)
+        memo = cache.get(act_key)
+        if memo is None:
+            memo = cache[act_key] = _activation_terms(model, s, mode)
+        act = memo
+    st = _states(model, stage_layers, s, pp_rank, fsdp, mode, params, layers, counts)
+    first, last = pp_rank == 0, pp_rank == s.pp - 1
+    tokens, layer, head = act.tokens, act.layer, act.head
+    in_flight = in_flight_micro_batches(s.schedule, s.pp, pp_rank, s.micro_batches, s.virtual_stages)
+    copies = layers * act.copies_per_layer + (head.weight_copy_bytes if last else 0.0)
+    if s.lora is not None and s.ac == "full":
+        # autocast caches the 16-bit copies of parameters that require grad only: a frozen base's copies
+        # live while a matmul saves them, so under full checkpointing only the recomputed layer's.
+        copies -= (layers - 1) * act.copies_per_layer
+    per_micro_batch = layers * layer.saved_bytes + (embedding_saved_bytes(tokens) if first else 0.0)
+    pipeline = pipeline_buffer_bytes(model, s, pp_rank, tokens, in_flight, mode)
+    recompute = act.recompute
+    transient = act.transient
     common = {"fp32 master weights": st.master, "RoPE tables": st.rope, "optimizer states": st.optimizer,
               "autocast weight copies": copies, "pipeline stage buffers": pipeline}
     phases: dict[str, dict[str, float]] = {}
@@ -359,21 +436,21 @@ def _phase_items(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, 
         later = s.lora is None
         freed = 0.0
         if s.ac == "none" and later:
-            freed = (3 if model.activation == "swiglu" else 1) * ffn_output_input_bytes(model, tokens, s.tp, mode)
+            freed = (3 if model.activation == "swiglu" else 1) * act.ffn_output_input
         phases[f"backward start, {label}"] = {**backward, "saved activations": saved - freed}
         if grads and s.ac == "none" and later:
             # Just before: w2's backward with every activation alive, its input gradient and a
             # new weight gradient that is then added to the held one.
             phases[f"output-projection backward, {label}"] = {
                 **backward, "saved activations": saved,
-                "backward gradient buffers": output_projection_backward_bytes(model, tokens, s.tp, mode)}
+                "backward gradient buffers": act.output_projection_backward}
         # In the backward of the rank's first layer, the micro-batch's other layers are freed.
         end_saved = saved - (layers - 1) * layer.saved_bytes
         phases[f"backward end, {label}"] = {**backward, "saved activations": end_saved,
                                             "gradients": grads if grads else st.grads_fresh_at_end}
         if later:
-            phases.update(_late_backward_phases(model, s, label, backward, saved, end_saved, grads, st, layer,
-                                                tokens, stage_layers[0][1] - stage_layers[0][0] if first else 0))
+            phases.update(_late_backward_phases(model, s, label, backward, saved, end_saved, grads, st, act,
+                                                stage_layers[0][1] - stage_layers[0][0] if first else 0))
     phases["optimizer step"] = {
         "fp32 master weights": st.master, "RoPE tables": st.rope, "optimizer states": st.optimizer,
         "gradients": st.grads_sharded,
@@ -382,7 +459,7 @@ def _phase_items(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, 
 
 
 def _late_backward_phases(model: Any, s: RankSetup, label: str, backward: dict[str, float], saved_all: float,
-                          end_saved: float, grads: float, st: _States, layer: Any, tokens: int,
+                          end_saved: float, grads: float, st: _States, act: _ActivationTerms,
                           embedding_chunk_layers: int) -> dict[str, dict[str, float]]:
     """Two later moments of the rank's last-processed backward, where the peak falls when the
     gradients piling up outweigh the activations already freed (found with MemTracker's
@@ -391,8 +468,7 @@ def _late_backward_phases(model: Any, s: RankSetup, label: str, backward: dict[s
     stage, the embedding's backward (the micro-batch's first chunk is freed; a weight-sized
     gradient). Selective recomputation is left out: its FFN-norm input is recomputed."""
     phases: dict[str, dict[str, float]] = {}
-    mode = precision_mode(s.precision, s.fsdp)
-    ffn_part = ffn_saved_bytes_per_token(model, s.tp, s.sequence_parallel, mode) * tokens
+    layer, ffn_part = act.layer, act.ffn_part
     if s.ac in ("none", "full"):
         if s.ac == "none":
             saved, recompute = end_saved - ffn_part, 0.0
@@ -401,13 +477,13 @@ def _late_backward_phases(model: Any, s: RankSetup, label: str, backward: dict[s
             saved, recompute = end_saved, max(layer.recompute_peak_bytes - ffn_part - layer.saved_bytes, 0.0)
         phases[f"FFN-norm backward, {label}"] = {
             **backward, "saved activations": saved, "recompute of one layer (activation checkpointing)": recompute,
-            "backward gradient buffers": norm_backward_transient_bytes(model, tokens, s.tp, s.sequence_parallel, mode),
+            "backward gradient buffers": act.norm_backward_transient,
             "gradients": grads if grads else st.grads_fresh_at_norm}
     if embedding_chunk_layers and not s.embedding_on_cpu:  # a host embedding's backward runs on the host
         phases[f"embedding backward, {label}"] = {
             **backward, "saved activations": saved_all - embedding_chunk_layers * layer.saved_bytes,
             "recompute of one layer (activation checkpointing)": 0.0,
-            "backward gradient buffers": embedding_backward_transient_bytes(model, tokens, s.tp, s.sequence_parallel, mode),
+            "backward gradient buffers": act.embedding_backward_transient,
             "gradients": grads if grads else st.grads_fresh_at_embedding}
     return phases
 
@@ -462,9 +538,11 @@ def stage_layers_on_rank(stage_layers: list[tuple[int, int]], pp: int, pp_rank: 
     return len(range(pp_rank, len(stage_layers), pp))
 
 
-def rank_memory(model: Any, stage_layers: list[tuple[int, int]], setup: RankSetup, pp_rank: int) -> MemoryBreakdown:
-    """Peak memory of pipeline rank `pp_rank` (any of its tp x dp replicas), with its breakdown."""
-    phases = _phase_items(model, stage_layers, setup, pp_rank)
+def rank_memory(model: Any, stage_layers: list[tuple[int, int]], setup: RankSetup, pp_rank: int,
+                cache: dict[Any, Any] | None = None) -> MemoryBreakdown:
+    """Peak memory of pipeline rank `pp_rank` (any of its tp x dp replicas), with its breakdown
+    (`cache`: as `_phase_items`'s)."""
+    phases = _phase_items(model, stage_layers, setup, pp_rank, cache)
     name, items = max(phases.items(), key=lambda kv: sum(kv[1].values()))
     items = {**items, "runtime overhead (CUDA context, allocator)": setup.overhead_bytes}
     parts = {"weights": 0.0, "grads": 0.0, "optimizer": 0.0, "activations": 0.0, "other": 0.0}
@@ -474,14 +552,15 @@ def rank_memory(model: Any, stage_layers: list[tuple[int, int]], setup: RankSetu
                            parts["other"], name, tuple((k, v) for k, v in items.items() if v))
 
 
-def peak_rank_memory(model: Any, stage_layers: list[tuple[int, int]], setup: RankSetup) -> tuple[int, MemoryBreakdown]:
+def peak_rank_memory(model: Any, stage_layers: list[tuple[int, int]], setup: RankSetup,
+                     cache: dict[Any, Any] | None = None) -> tuple[int, MemoryBreakdown]:
     """The most loaded pipeline rank and its breakdown. Ranks 0 (most micro-batches in flight,
     the embedding), pp-1 (head and loss) and the rank with the most layers are the candidates."""
     if setup.pp == 1:
-        return 0, rank_memory(model, stage_layers, setup, 0)
+        return 0, rank_memory(model, stage_layers, setup, 0, cache)
     sizes = [0] * setup.pp
     for index, (a, b) in enumerate(stage_layers):
         sizes[index % setup.pp] += b - a
     candidates = {0, setup.pp - 1, sizes.index(max(sizes))}
-    results = [(rank, rank_memory(model, stage_layers, setup, rank)) for rank in sorted(candidates)]
+    results = [(rank, rank_memory(model, stage_layers, setup, rank, cache)) for rank in sorted(candidates)]
     return max(results, key=lambda item: item[1].total)

@@ -93,6 +93,7 @@ class _StageCache:
     def __init__(self, model: Any) -> None:
         self.model = model
         self._splits: dict[tuple[int, int], tuple[StageLayers, float]] = {}
+        self.memory: dict[Any, Any] = {}  # memory.peak_rank_memory's memo: one model, one split per (pp, v)
 
     def split(self, pp: int, v: int) -> tuple[StageLayers, float]:
         key = (pp, v)
@@ -213,7 +214,7 @@ def _search_family(model: Any, hw: Hardware, choices: Choices, settings: SearchS
                                           cpu_attention=hw.gpu.name == "cpu",
                                           embedding_on_cpu=settings.embedding_on_cpu,
                                           cp_rotate=settings.cp_rotate)
-                        rank, memory = peak_rank_memory(model, stage_layers, setup)
+                        rank, memory = peak_rank_memory(model, stage_layers, setup, stages.memory)
                         label = f"{tag} mb={mb} {schedule} v={v} ac={ac} zero={zero}{' offload' if offload else ''}"
                         if memory.total > settings.budget_bytes:
                             rejected.add_memory_miss(f"{label}: {memory.total / 2**30:.1f} GiB > "
