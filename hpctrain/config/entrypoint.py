@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from pydantic import Field
 
 import hpctrain.config.limits as L
-from hpctrain.config.base import Section
+from hpctrain.config.base import Section, new_list
 from hpctrain.config.problem import Problem
 from hpctrain.config.types import Text
 
@@ -33,7 +33,7 @@ class EntrypointConfig(Section):
     module: Optional[Text] = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$",
                                    description="A module each rank runs (`python -m MODULE ARGS...`). Exactly one "
                                    "of script and module.")
-    args: list[Text] = Field(default_factory=list, max_length=L.MAX_LIST_ITEMS, description="The program's "
+    args: list[Text] = Field(default_factory=new_list, max_length=L.MAX_LIST_ITEMS, description="The program's "
                              "arguments, one item each (never a shell line). Placeholders filled from the resolved "
                              "job: {tp} {pp} {dp} {world_size} {run_dir} {checkpoint_dir}; {{ and }} are literal "
                              "braces.")

@@ -16,7 +16,7 @@ from pydantic import Field, PlainValidator, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
 from hpctrain.config import limits as L
-from hpctrain.config.base import Section
+from hpctrain.config.base import Section, new_dict, new_list
 from hpctrain.config.types import Text
 
 # k8s.io/apimachinery/pkg/util/validation/validation.go: IsDNS1123Label, IsDNS1123Subdomain,
@@ -90,11 +90,11 @@ class KubernetesConfig(Section):
     priority_class: Optional[DnsSubdomain] = Field(None, description="PriorityClass of the Job "
                                                    "(spec.priorityClassName); unset: the cluster's default.")
     pvc: PvcConfig = Field(..., description="Shared volume for the run directory and checkpoints.")
-    node_selector: dict[QualifiedName, LabelValue] = Field(default_factory=dict, max_length=L.MAX_LIST_ITEMS,
+    node_selector: dict[QualifiedName, LabelValue] = Field(default_factory=new_dict, max_length=L.MAX_LIST_ITEMS,
                                                            description="Node labels the pods must match.")
-    tolerations: list[Toleration] = Field(default_factory=list, max_length=L.MAX_LIST_ITEMS,
+    tolerations: list[Toleration] = Field(default_factory=new_list, max_length=L.MAX_LIST_ITEMS,
                                           description="Taints the pods tolerate.")
-    annotations: dict[QualifiedName, Text] = Field(default_factory=dict, max_length=L.MAX_LIST_ITEMS,
+    annotations: dict[QualifiedName, Text] = Field(default_factory=new_dict, max_length=L.MAX_LIST_ITEMS,
                                                    description="Extra pod annotations (values are free text).")
     service_account: Optional[DnsSubdomain] = Field(None, description="ServiceAccount of the pods; unset: "
                                                     "the namespace's default.")

@@ -8,7 +8,7 @@ from typing import Any, Literal, Optional
 from pydantic import Field, PrivateAttr, model_validator
 
 from hpctrain.config import limits as L
-from hpctrain.config.base import Section
+from hpctrain.config.base import Section, new_list
 from hpctrain.config.hf_config import same
 from hpctrain.config.moe import MoEConfig
 from hpctrain.config.types import Text
@@ -115,7 +115,7 @@ class ModelConfig(Section):
                                       "gives every shape field the job leaves out and must agree with those it "
                                       "sets; seq_len stays the job's. Ignored when resuming from a checkpoint.")
     # Problems found reading init_from, as (field, message, got, fix): reported with the cross-field checks.
-    _init_problems: list[tuple[str, str, Any, str]] = PrivateAttr(default_factory=list)
+    _init_problems: list[tuple[str, str, Any, str]] = PrivateAttr(default_factory=new_list)
 
     @model_validator(mode="before")
     @classmethod
