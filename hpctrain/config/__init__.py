@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
@@ -43,6 +42,8 @@ def dump_job(job: Job) -> str:
 
 def json_schema() -> dict[str, Any]:
     """JSON Schema (draft 2020-12) of job.yaml, for editors (yaml-language-server) and checks."""
+    import json  # here, not at the top: validate and render never need it
+
     schema = Job.model_json_schema(by_alias=True, mode="validation")
     schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema, "title": "hpctrain job"}
     json.dumps(schema)  # fail here, not in a user's editor, if something is not serialisable

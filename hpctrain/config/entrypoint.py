@@ -9,7 +9,6 @@ dp the rest) and reach the script as HPCTRAIN_TP/PP/DP and the placeholders.
 
 from __future__ import annotations
 
-import string
 from typing import TYPE_CHECKING, Any, Optional
 
 from pydantic import Field
@@ -41,6 +40,8 @@ class EntrypointConfig(Section):
 
 def placeholders(arg: str) -> list[str]:
     """The {names} in one argument (ValueError on an unmatched brace)."""
+    import string  # only for a job with entrypoint.args
+
     return [name for _, name, _, _ in string.Formatter().parse(arg) if name is not None]
 
 

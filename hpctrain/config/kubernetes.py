@@ -29,13 +29,13 @@ _LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 
 
 def _name_type(pattern: str, max_length: int, what: str, example: str) -> Any:
-    compiled = re.compile(pattern)
-
     def check(value: Any) -> str:
         if not isinstance(value, str):
             raise PydanticCustomError("k8s_name", "expected a string")
         name_part = value.rsplit("/", 1)[-1] if what.startswith("a label key") else value
-        if not compiled.match(value) or len(name_part) > max_length:
+        # re.match compiles the pattern at the first check (and keeps it): a job without a kubernetes section
+        # does not pay for compiling these four at import (issue 23 item 8)
+        if not re.match(pattern, value) or len(name_part) > max_length:
             raise PydanticCustomError("k8s_name", f"must be {what} (at most {max_length} characters), e.g. {example}")
         return value
 
