@@ -2,26 +2,14 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-# Building the schema's ~30 models asks pydantic for its plugins, and its first ask reads the entry points of
-# every installed distribution (~5 ms of `hpctrain validate` with this project's environment, more in a
-# bigger one; issue 23 item 8). hpctrain's models take no pydantic plugin, so they are built with plugins
-# off: pydantic reads PYDANTIC_DISABLE_PLUGINS at each model build, and the variable is put back as it was
-# (or removed) before this import returns, so neither later models, os.environ nor a child process sees it.
-_PLUGINS_SETTING = os.environ.get("PYDANTIC_DISABLE_PLUGINS")
-os.environ["PYDANTIC_DISABLE_PLUGINS"] = "__all__"
-try:
+from hpctrain.config.plugins_off import pydantic_plugins_off
+
+with pydantic_plugins_off():  # the ~30 models of the schema are built here (config/plugins_off.py says why)
     from hpctrain.config.job import Job, Problem, cross_field_problems
     from hpctrain.config.loader import job_from_dict, load_job
     from hpctrain.config.model import PRESETS, ModelConfig
-finally:
-    if _PLUGINS_SETTING is None:
-        del os.environ["PYDANTIC_DISABLE_PLUGINS"]
-    else:
-        os.environ["PYDANTIC_DISABLE_PLUGINS"] = _PLUGINS_SETTING
-    del _PLUGINS_SETTING
 
 __all__ = ["Job", "ModelConfig", "PRESETS", "Problem", "cross_field_problems", "dump_job", "job_from_dict",
            "job_to_dict", "json_schema", "load_job"]
