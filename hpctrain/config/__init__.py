@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from hpctrain.config.plugins_off import pydantic_plugins_off
+from hpctrain.config.plugins_off import collector_paused, pydantic_plugins_off
 
-with pydantic_plugins_off():  # the ~30 models of the schema are built here (config/plugins_off.py says why)
+# The ~30 models of the schema are built here, plugins off and the collector paused (config/plugins_off.py).
+with pydantic_plugins_off(), collector_paused():
     from hpctrain.config.job import Job, Problem, cross_field_problems
     from hpctrain.config.loader import job_from_dict, load_job
     from hpctrain.config.model import PRESETS, ModelConfig
