@@ -112,6 +112,38 @@ def test_validate_does_not_import_torch(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
 
 
+VALIDATE_MODULES_PROBE = """
+import os, sys
+from hpctrain.cli import main
+rc = main(['validate', sys.argv[1]])
+print(sorted(m for m in ('importlib.metadata', 'email', 'pydantic.plugin._loader', 'difflib', 'json',
+                         'hpctrain.config.hf_weights_check', 'hpctrain.render.recipe') if m in sys.modules))
+print(os.environ.get('PYDANTIC_DISABLE_PLUGINS'))
+from pydantic import BaseModel
+class Later(BaseModel):  # a model built after hpctrain's asks the real plugin finder, as without hpctrain
+    x: int = 1
+from pydantic.plugin import _loader
+print(type(_loader).__name__, _loader._plugins is not None)
+sys.exit(rc)
+"""
+
+
+@pytest.mark.parametrize("setting", [None, "some_plugin"])
+def test_validate_loads_no_plugin_finder_nor_error_helpers(setting: str | None) -> None:
+    """What issue 23 item 8 took off validate's path stays off for a valid job: pydantic's plugin finder
+    (importlib.metadata, email, ...; config/plugins_off.py), difflib and json. PYDANTIC_DISABLE_PLUGINS is
+    left as the user set it, and a model built afterwards gets pydantic's own finder."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "PYDANTIC_DISABLE_PLUGINS"}
+    if setting is not None:
+        env["PYDANTIC_DISABLE_PLUGINS"] = setting
+    proc = subprocess.run([sys.executable, "-c", VALIDATE_MODULES_PROBE, str(data_dir("examples") / "quickstart.yaml")],
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[1:] == ["[]", str(setting), "module True"], proc.stdout
+
+
 def test_version_and_help() -> None:
     out = subprocess.run([sys.executable, "-m", "hpctrain", "--version"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.startswith("hpctrain ")

@@ -37,7 +37,8 @@ def run_validate(args: argparse.Namespace) -> int:
             job, source = load_job_with_source(path, args.overrides)
             found = [locate_problem(line, source) for line in _catalog_problems(job)]
             found += [locate_problem(line, source) for line in _render_problems(job)]
-            if not found:  # init_from's safetensors headers (config/hf_weights_check.py), when config.json is fine
+            if not found and job.model is not None and job.model.init_from is not None:
+                # init_from's safetensors headers (config/hf_weights_check.py), when config.json is fine
                 from hpctrain.config.hf_weights_check import weights_problems
 
                 found += [locate_problem(line, source) for line in weights_problems(job.model)]

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from hpctrain.config.job import Job, Problem, cross_field_problems
-from hpctrain.config.loader import job_from_dict, load_job
-from hpctrain.config.model import PRESETS, ModelConfig
+from hpctrain.config.plugins_off import collector_paused, pydantic_plugins_off
+
+# The ~30 models of the schema are built here, plugins off and the collector paused (config/plugins_off.py).
+with pydantic_plugins_off(), collector_paused():
+    from hpctrain.config.job import Job, Problem, cross_field_problems
+    from hpctrain.config.loader import job_from_dict, load_job
+    from hpctrain.config.model import PRESETS, ModelConfig
 
 __all__ = ["Job", "ModelConfig", "PRESETS", "Problem", "cross_field_problems", "dump_job", "job_from_dict",
            "job_to_dict", "json_schema", "load_job"]
@@ -28,6 +31,8 @@ def dump_job(job: Job) -> str:
 
 def json_schema() -> dict[str, Any]:
     """JSON Schema (draft 2020-12) of job.yaml, for editors (yaml-language-server) and checks."""
+    import json  # here, not at the top: validate and render never need it
+
     schema = Job.model_json_schema(by_alias=True, mode="validation")
     schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema, "title": "hpctrain job"}
     json.dumps(schema)  # fail here, not in a user's editor, if something is not serialisable

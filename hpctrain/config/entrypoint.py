@@ -9,13 +9,12 @@ dp the rest) and reach the script as HPCTRAIN_TP/PP/DP and the placeholders.
 
 from __future__ import annotations
 
-import string
 from typing import TYPE_CHECKING, Any, Optional
 
 from pydantic import Field
 
 import hpctrain.config.limits as L
-from hpctrain.config.base import Section
+from hpctrain.config.base import Section, new_list
 from hpctrain.config.problem import Problem
 from hpctrain.config.types import Text
 
@@ -33,7 +32,7 @@ class EntrypointConfig(Section):
     module: Optional[Text] = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$",
                                    description="A module each rank runs (`python -m MODULE ARGS...`). Exactly one "
                                    "of script and module.")
-    args: list[Text] = Field(default_factory=list, max_length=L.MAX_LIST_ITEMS, description="The program's "
+    args: list[Text] = Field(default_factory=new_list, max_length=L.MAX_LIST_ITEMS, description="The program's "
                              "arguments, one item each (never a shell line). Placeholders filled from the resolved "
                              "job: {tp} {pp} {dp} {world_size} {run_dir} {checkpoint_dir}; {{ and }} are literal "
                              "braces.")
@@ -41,6 +40,8 @@ class EntrypointConfig(Section):
 
 def placeholders(arg: str) -> list[str]:
     """The {names} in one argument (ValueError on an unmatched brace)."""
+    import string  # only for a job with entrypoint.args
+
     return [name for _, name, _, _ in string.Formatter().parse(arg) if name is not None]
 
 

@@ -9,7 +9,7 @@ from pydantic import Field, PlainValidator, WithJsonSchema, model_validator
 from pydantic_core import PydanticCustomError
 
 from hpctrain.config import limits as L
-from hpctrain.config.base import Section
+from hpctrain.config.base import Section, new_dict, new_list
 from hpctrain.config.types import EnvName, SbatchOption, SlurmTime, Text
 
 
@@ -69,7 +69,8 @@ class ClusterConfig(Section):
     gpu_spec: Optional[GpuSpec] = Field(None, description="Override or define the GPU's figures.")
     node: Optional[str] = Field(None, min_length=1, max_length=L.MAX_NAME_CHARS, description="Node catalog profile (e.g. dgx-a100).")
     fabric: str = Field("ib-hdr200", min_length=1, max_length=L.MAX_NAME_CHARS, description="Inter-node fabric catalog name.")
-    topology: Topology = Field(default_factory=Topology, description="Topology files for islands and leaf switches.")
+    topology: Topology = Field(default_factory=lambda: Topology(),
+                               description="Topology files for islands and leaf switches.")
     runtime_overhead_gib: Optional[float] = Field(None, ge=0, le=L.MAX_GPU_MEMORY_GIB, description="Per-GPU memory the planner reserves.")
     ray: RayConfig = Field(default_factory=lambda: RayConfig(), description="The Ray cluster (cluster.executor: ray).")
 
@@ -154,17 +155,17 @@ class SlurmConfig(Section):
                                           "(read as it, with a notice).")
     max_requeues: Optional[int] = Field(None, ge=0, le=1000, description="Old name of restart.max_requeues (read "
                                         "as it, with a notice).")
-    setup: list[Text] = Field(default_factory=list, max_length=L.MAX_LIST_ITEMS, description="Shell lines run before training (module load ...). "
+    setup: list[Text] = Field(default_factory=new_list, max_length=L.MAX_LIST_ITEMS, description="Shell lines run before training (module load ...). "
                              "These are shell by design: they run as written.")
-    extra: dict[SbatchOption, Union[str, int, bool]] = Field(default_factory=dict, description="Further sbatch options.")
+    extra: dict[SbatchOption, Union[str, int, bool]] = Field(default_factory=new_dict, description="Further sbatch options.")
 
 
 class RecipeConfig(Section):
     """What goes into the Singularity/Apptainer image."""
 
     base_image: Text = Field("docker://nvcr.io/nvidia/pytorch:24.12-py3", description="Bootstrap image (CUDA + PyTorch).")
-    pip: list[Text] = Field(default_factory=list, max_length=L.MAX_LIST_ITEMS, description="Extra pip packages.")
-    apt: list[Text] = Field(default_factory=list, max_length=L.MAX_LIST_ITEMS, description="Extra Debian/Ubuntu packages.")
+    pip: list[Text] = Field(default_factory=new_list, max_length=L.MAX_LIST_ITEMS, description="Extra pip packages.")
+    apt: list[Text] = Field(default_factory=new_list, max_length=L.MAX_LIST_ITEMS, description="Extra Debian/Ubuntu packages.")
     hpctrain: Optional[Text] = Field(None, description="pip requirement that installs hpctrain in the image, e.g. "
                                      "a VCS URL (default: the checkout hpctrain runs from, copied in by %files).")
 
@@ -173,9 +174,9 @@ class ContainerConfig(Section):
     """Run the ranks inside a Singularity/Apptainer image (with --nv)."""
 
     image: Optional[Text] = Field(None, description="Path to the .sif image; unset runs on the host.")
-    binds: list[Text] = Field(default_factory=list, max_length=L.MAX_LIST_ITEMS, description="--bind specs, src[:dst[:opts]].")
+    binds: list[Text] = Field(default_factory=new_list, max_length=L.MAX_LIST_ITEMS, description="--bind specs, src[:dst[:opts]].")
     runtime: Literal["singularity", "apptainer"] = Field("singularity", description="Container command.")
-    recipe: RecipeConfig = Field(default_factory=RecipeConfig, description="Image recipe options.")
+    recipe: RecipeConfig = Field(default_factory=lambda: RecipeConfig(), description="Image recipe options.")
 
 
 class RuntimeConfig(Section):
@@ -210,7 +211,7 @@ class NcclConfig(Section):
     profile: Literal["auto", "ib", "roce", "ethernet", "none"] = Field("auto", description="Tuning profile.")
     socket_ifname: Optional[Text] = Field(None, description="NCCL_SOCKET_IFNAME (bootstrap/socket interface).")
     ib_hca: Optional[Text] = Field(None, description="NCCL_IB_HCA (which HCAs to use).")
-    env: dict[EnvName, Text] = Field(default_factory=dict, description="Extra or overriding environment variables.")
+    env: dict[EnvName, Text] = Field(default_factory=new_dict, description="Extra or overriding environment variables.")
 
 
 TrackerName = Literal["none", "tensorboard", "wandb", "mlflow"]

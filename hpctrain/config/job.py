@@ -37,18 +37,19 @@ class Job(Section):
                                          "(then, when given, `plan` advises the script's layout).")
     entrypoint: Optional[EntrypointConfig] = Field(None, description="Your own training program instead of the "
                                                    "built-in model: every rank runs it with torchrun's variables.")
-    train: TrainConfig = Field(default_factory=TrainConfig, description="Training settings.")
-    parallel: ParallelConfig = Field(default_factory=ParallelConfig, description="Parallel layout.")
+    train: TrainConfig = Field(default_factory=lambda: TrainConfig(), description="Training settings.")
+    parallel: ParallelConfig = Field(default_factory=lambda: ParallelConfig(), description="Parallel layout.")
     placement: Optional[Placement] = Field(None, description="Filled by the planner; leave unset.")
-    cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="The machines.")
-    slurm: SlurmConfig = Field(default_factory=SlurmConfig, description="sbatch options.")
-    restart: RestartConfig = Field(default_factory=RestartConfig, description="The restart policy every backend "
-                                   "follows (requeue, max_requeues, signal, signal_seconds).")
-    container: ContainerConfig = Field(default_factory=ContainerConfig, description="Singularity/Apptainer image.")
-    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig, description="How the ranks are started.")
-    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoints.")
-    nccl: NcclConfig = Field(default_factory=NcclConfig, description="NCCL environment.")
-    monitor: MonitorConfig = Field(default_factory=MonitorConfig, description="Optional monitors.")
+    cluster: ClusterConfig = Field(default_factory=lambda: ClusterConfig(), description="The machines.")
+    slurm: SlurmConfig = Field(default_factory=lambda: SlurmConfig(), description="sbatch options.")
+    restart: RestartConfig = Field(default_factory=lambda: RestartConfig(), description="The restart policy every "
+                                   "backend follows (requeue, max_requeues, signal, signal_seconds).")
+    container: ContainerConfig = Field(default_factory=lambda: ContainerConfig(),
+                                       description="Singularity/Apptainer image.")
+    runtime: RuntimeConfig = Field(default_factory=lambda: RuntimeConfig(), description="How the ranks are started.")
+    checkpoint: CheckpointConfig = Field(default_factory=lambda: CheckpointConfig(), description="Checkpoints.")
+    nccl: NcclConfig = Field(default_factory=lambda: NcclConfig(), description="NCCL environment.")
+    monitor: MonitorConfig = Field(default_factory=lambda: MonitorConfig(), description="Optional monitors.")
     sweep: Optional[SweepConfig] = Field(None, description="Grid for `hpctrain sweep`.")
     kubernetes: Optional[KubernetesConfig] = Field(None, description="Kubernetes with Volcano "
                                                    "(cluster.executor: volcano).")

@@ -16,7 +16,7 @@ from pydantic import Field, PlainValidator, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
 from hpctrain.config import limits as L
-from hpctrain.config.base import Section
+from hpctrain.config.base import Section, new_dict, new_list
 from hpctrain.config.types import Text
 
 # k8s.io/apimachinery/pkg/util/validation/validation.go: IsDNS1123Label, IsDNS1123Subdomain,
@@ -29,13 +29,13 @@ _LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 
 
 def _name_type(pattern: str, max_length: int, what: str, example: str) -> Any:
-    compiled = re.compile(pattern)
-
     def check(value: Any) -> str:
         if not isinstance(value, str):
             raise PydanticCustomError("k8s_name", "expected a string")
         name_part = value.rsplit("/", 1)[-1] if what.startswith("a label key") else value
-        if not compiled.match(value) or len(name_part) > max_length:
+        # re.match compiles the pattern at the first check (and keeps it): a job without a kubernetes section
+        # does not pay for compiling these four at import (issue 23 item 8)
+        if not re.match(pattern, value) or len(name_part) > max_length:
             raise PydanticCustomError("k8s_name", f"must be {what} (at most {max_length} characters), e.g. {example}")
         return value
 
@@ -90,11 +90,11 @@ class KubernetesConfig(Section):
     priority_class: Optional[DnsSubdomain] = Field(None, description="PriorityClass of the Job "
                                                    "(spec.priorityClassName); unset: the cluster's default.")
     pvc: PvcConfig = Field(..., description="Shared volume for the run directory and checkpoints.")
-    node_selector: dict[QualifiedName, LabelValue] = Field(default_factory=dict, max_length=L.MAX_LIST_ITEMS,
+    node_selector: dict[QualifiedName, LabelValue] = Field(default_factory=new_dict, max_length=L.MAX_LIST_ITEMS,
                                                            description="Node labels the pods must match.")
-    tolerations: list[Toleration] = Field(default_factory=list, max_length=L.MAX_LIST_ITEMS,
+    tolerations: list[Toleration] = Field(default_factory=new_list, max_length=L.MAX_LIST_ITEMS,
                                           description="Taints the pods tolerate.")
-    annotations: dict[QualifiedName, Text] = Field(default_factory=dict, max_length=L.MAX_LIST_ITEMS,
+    annotations: dict[QualifiedName, Text] = Field(default_factory=new_dict, max_length=L.MAX_LIST_ITEMS,
                                                    description="Extra pod annotations (values are free text).")
     service_account: Optional[DnsSubdomain] = Field(None, description="ServiceAccount of the pods; unset: "
                                                     "the namespace's default.")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import sys
 from typing import Any, Mapping, Optional, Sequence
 
@@ -75,6 +74,8 @@ _FIXES = {
 
 def _describe(err: Mapping[str, Any], path: Path) -> tuple[str, str]:
     """(what is wrong, how to fix) for one pydantic error."""
+    import difflib  # only for an error's did-you-mean: a valid job never loads it
+
     kind, ctx = err["type"], err.get("ctx") or {}
     if kind == "extra_forbidden":
         model = _model_at(path[:-1])

@@ -8,8 +8,7 @@ from typing import Any, Literal, Optional
 from pydantic import Field, PrivateAttr, model_validator
 
 from hpctrain.config import limits as L
-from hpctrain.config.base import Section
-from hpctrain.config.hf_config import same
+from hpctrain.config.base import Section, new_list
 from hpctrain.config.moe import MoEConfig
 from hpctrain.config.types import Text
 
@@ -115,7 +114,7 @@ class ModelConfig(Section):
                                       "gives every shape field the job leaves out and must agree with those it "
                                       "sets; seq_len stays the job's. Ignored when resuming from a checkpoint.")
     # Problems found reading init_from, as (field, message, got, fix): reported with the cross-field checks.
-    _init_problems: list[tuple[str, str, Any, str]] = PrivateAttr(default_factory=list)
+    _init_problems: list[tuple[str, str, Any, str]] = PrivateAttr(default_factory=new_list)
 
     @model_validator(mode="before")
     @classmethod
@@ -142,7 +141,7 @@ class ModelConfig(Section):
 
     def _fill_from_hf(self, folder: str) -> None:
         """Take the shape from init_from's config.json (hf_config.py says the rules)."""
-        from hpctrain.config.hf_config import HfConfigProblem, read_hf_config
+        from hpctrain.config.hf_config import HfConfigProblem, read_hf_config, same
 
         try:
             hf = read_hf_config(os.path.expanduser(folder))
@@ -198,6 +197,8 @@ class ModelConfig(Section):
 
     def _take_hf_moe(self, theirs: dict[str, Any] | None, given: bool) -> None:
         """model.moe from config.json: its shape fields must agree with the job's, the rest stay the job's."""
+        from hpctrain.config.hf_config import same
+
         ours = self.moe
         if theirs is None or ours is None:
             if theirs is None and ours is not None:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Literal, Optional, Union
 from pydantic import Field
 
 from hpctrain.config import limits as L
-from hpctrain.config.base import Section
+from hpctrain.config.base import Section, new_list
 from hpctrain.config.lora import LoraConfig
 from hpctrain.config.types import Text, ZeroStage, auto_int
 
@@ -76,15 +76,16 @@ class TrainConfig(Section):
     steps: int = Field(100, ge=1, le=L.MAX_STEPS, description="Optimizer steps to run.")
     precision: Literal["bf16", "fp16", "fp32", "fp8"] = Field("bf16", description="Compute precision (master weights "
                                                               "fp32); fp8: torchao's float8 linears (train.fp8).")
-    fp8: Fp8Config = Field(default_factory=Fp8Config, description="FP8 training settings (train.precision: fp8).")
+    fp8: Fp8Config = Field(default_factory=lambda: Fp8Config(),
+                           description="FP8 training settings (train.precision: fp8).")
     embedding_on_cpu: bool = Field(False, description="Keep the token embedding, its gradient and its optimizer "
                                    "state in host memory; only the lookup's output moves to the device. Not with "
                                    "parallel.tp > 1 or model.tie_embeddings.")
     attention_kernel: Literal["auto", "flash", "efficient", "math"] = Field(
         "auto", description="SDPA backend: auto (torch picks), flash, efficient (memory-efficient) or math "
         "(materialises the score matrix; the planner's 'materialized' cost).")
-    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig, description="Optimizer settings.")
-    lr_schedule: LRSchedule = Field(default_factory=LRSchedule, description="Learning-rate schedule.")
+    optimizer: OptimizerConfig = Field(default_factory=lambda: OptimizerConfig(), description="Optimizer settings.")
+    lr_schedule: LRSchedule = Field(default_factory=lambda: LRSchedule(), description="Learning-rate schedule.")
     activation_checkpointing: Literal["auto", "none", "selective", "full"] = Field(
         "auto", description="Recompute activations in backward: none, selective (attention core), full (whole block)."
     )
@@ -130,7 +131,7 @@ class Placement(Section):
     """Filled by the planner in the resolved job: where each layer and rank goes."""
 
     stage_layers: list[Annotated[list[Annotated[int, Field(ge=0, le=L.MAX_LAYERS)]], Field(min_length=2, max_length=2)]] = Field(
-        default_factory=list, max_length=L.MAX_LAYERS, description="[first, end) layer range per virtual stage, in pipeline order."
+        default_factory=new_list, max_length=L.MAX_LAYERS, description="[first, end) layer range per virtual stage, in pipeline order."
     )
     rank_order: Optional[list[Annotated[int, Field(ge=0, lt=L.MAX_WORLD)]]] = Field(None, max_length=L.MAX_WORLD, description="Global rank -> slot order (tp innermost).")
     switches: Optional[int] = Field(None, ge=1, le=L.MAX_NODES, description="sbatch --switches request, when one leaf fits the job.")

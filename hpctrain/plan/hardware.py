@@ -9,7 +9,6 @@ fit of bench/planner_accuracy.py; the few without one say that they are assumpti
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -239,6 +238,8 @@ def _lookup(table: dict[str, Any], name: str) -> Any:
 
 def did_you_mean(name: str, known: list[str]) -> str:
     """' (did you mean 'x'?)' or '', for error messages."""
+    import difflib  # only for an error message: validate of a valid job never loads it
+
     close = difflib.get_close_matches(name.lower(), known, n=1, cutoff=0.5)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
