@@ -25,7 +25,8 @@ Per run, what the publisher's software did is in its fields: `precision` (fp8 wi
 (element-wise work fused: torch.compile, or Transformer Engine's fused kernels; under TP too), and
 `expert_load_imbalance` (1.0 where the publisher forced balanced routing), `selective_mm_recompute` (the share
 of forward matmuls the publisher's selective policy replays; cost.CostSetup) and `a2a_overlap` (expert
-all-to-alls beside another micro-batch's compute: Megatron-Core's moe_a2a_overlap). `--fit` fits each GPU's GEMM efficiency on the calibration
+all-to-alls beside another micro-batch's compute: Megatron-Core's moe_a2a_overlap) and `cp_repeated_kv` (torch's
+context_parallel around a model that repeats K/V to the query heads before SDPA: torchtitan's Llama). `--fit` fits each GPU's GEMM efficiency on the calibration
 set only (hardware.py cites the result) and reports both sets with the fitted values. Torch-free.
 """
 
@@ -143,7 +144,8 @@ def _search(job: Any, hw: Any, budget_bytes: Optional[float] = None, run: Option
                               compile=fused, compile_with_tp=fused,
                               expert_load_imbalance=run.get("expert_load_imbalance") if run else None,
                               selective_mm_recompute=float(run.get("selective_mm_recompute", 0.0)) if run else 0.0,
-                              a2a_overlap=bool(run.get("a2a_overlap", False)) if run else False)
+                              a2a_overlap=bool(run.get("a2a_overlap", False)) if run else False,
+                              cp_repeated_kv=bool(run.get("cp_repeated_kv", False)) if run else False)
     choices = Choices.from_job(job)
     if run and run.get("ac_modes") and len(choices.ac) > 1:  # the publisher's software's recomputation modes
         choices = replace(choices, ac=tuple(m for m in choices.ac if m in run["ac_modes"]))

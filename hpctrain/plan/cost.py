@@ -169,6 +169,13 @@ class CostSetup:
     # backward, DeepSeek-V3's DualPipe pairing, Liu et al. 2024, arXiv 2412.19437, section 3.2.1). hpctrain's
     # runtime does not overlap them (A2A_FORWARD's note): a published run's software (bench only).
     a2a_overlap: bool = False
+    # Context parallelism through torch's context_parallel around a model that repeats K/V to the query heads
+    # before SDPA (torchtitan's Llama of 2024-12: `keys = repeat_kv(xk, self.n_rep)` ahead of
+    # F.scaled_dot_product_attention in torchtitan/models/llama/model.py): the all-gathered K/V carry `heads`,
+    # not `kv_heads`, and their gradients come back in fp32 (torch's _ContextParallelOptions.convert_to_f32,
+    # default True). hpctrain's runtime gathers the kv heads in the compute dtype: a published run's software
+    # (bench only).
+    cp_repeated_kv: bool = False
 
 
 @dataclass(frozen=True)
@@ -454,8 +461,12 @@ def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int) -> Step
                        / attention_rate / c.cp)
             cp_mb = c.max_rank_layers * cp_ring_exposed_s(c.cp, kv_s, grad_s, block_s, c.ac == "full")
         else:
-            gathers = 2 if c.ac == "none" else 3
-            cp_mb = c.max_rank_layers * gathers * collective_s(c.cp * message, cp_link, all_reduce=False)
+            gathers = 1 if c.ac == "none" else 2  # forward, and again in the recompute
+            grads = 1.0  # the K/V gradients' reduce-scatter, in the compute dtype
+            if c.cp_repeated_kv:
+                message *= model.heads / model.kv_heads
+                grads = 4.0 / act_bytes
+            cp_mb = c.max_rank_layers * (gathers + grads) * collective_s(c.cp * message, cp_link, all_reduce=False)
     tp_mb += cp_mb  # reported with the model-parallel communication on the critical path
     a2a_mb = moe_a2a_per_micro_batch_s(model, hw, c, tokens_mb, act_bytes)
     if c.a2a_overlap and c.pp > 1:  # beside the other micro-batch's compute: only what outlasts it shows

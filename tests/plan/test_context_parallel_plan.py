@@ -129,3 +129,34 @@ def test_plan_at_128k_with_the_ring_fits_and_exposes_less_cp_communication() -> 
     assert 0 < ring.cost.cp_comm_s < allgather.cost.cp_comm_s
     print(f"[cp plan] llama3-8b 8 H100 ring: {ring.label()} {ring.memory.total / GIB:.1f} GiB, exposed cp "
           f"{ring.cost.cp_comm_s:.3f} s vs all-gather {allgather.cost.cp_comm_s:.3f} s per step")
+
+
+def test_repeated_kv_gathers_carry_the_query_heads_and_fp32_gradients() -> None:
+    """cost.CostSetup.cp_repeated_kv (a published run's software: torch's context_parallel around a model that
+    repeats K/V before SDPA): each all-gather moves heads / kv_heads times the bytes, the gradients' reduce-scatter
+    fp32; without recomputation that is (1 + 2) x collective_s(4 M) against (1 + 1) x collective_s(M) per layer and
+    micro-batch."""
+    from dataclasses import replace
+
+    from hpctrain.plan.comm import collective_s, group_link
+    from hpctrain.plan.context import cp_kv_message_bytes
+    from hpctrain.plan.cost import CostSetup, step_cost
+    from hpctrain.plan.hardware import resolve_hardware
+
+    job = job_from_dict({"name": "cp", "model": {"preset": "llama3-8b", "seq_len": 65536},
+                         "train": {"global_batch": 8, "micro_batch": 1, "activation_checkpointing": "none"},
+                         "parallel": {"tp": 1, "pp": 1, "cp": 4},
+                         "cluster": {"nodes": 1, "gpus_per_node": 8, "gpu": "h100-80gb", "node": "dgx-h100",
+                                     "fabric": "ib-ndr400"}})
+    model, hw = job.model, resolve_hardware(job)
+    base = CostSetup(tp=1, pp=1, dp=8, cp=4, micro_batch=1, micro_batches=4, virtual_stages=1, ac="none", zero=3,
+                     offload_optimizer=False, precision="bf16", max_rank_layers=model.layers, max_rank_has_head=True,
+                     rank_params=8e9)
+    plain = step_cost(model, hw, base, 8).cp_comm_s
+    repeated = step_cost(model, hw, replace(base, cp_repeated_kv=True), 8).cp_comm_s
+    link = group_link(hw, 1, 4)
+    message = cp_kv_message_bytes(model, 1, 4, 1, 2)
+    assert model.heads // model.kv_heads == 4
+    assert plain == pytest.approx(base.micro_batches * model.layers * 2 * collective_s(4 * message, link, all_reduce=False))
+    assert repeated == pytest.approx(base.micro_batches * model.layers * 3 * collective_s(4 * 4 * message, link, all_reduce=False))
+    assert repeated > 5 * plain
