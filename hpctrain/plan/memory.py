@@ -225,9 +225,8 @@ def _model_counts(model: Any, tp: int, ep: int) -> _ModelCounts:
 
 
 def _states(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, pp_rank: int, fsdp: bool, mode: str,
-            params: int, layers: int, counts: _ModelCounts | None = None) -> _States:
+            params: int, layers: int, counts: _ModelCounts) -> _States:
     on_gpu = 0.0 if s.offload_optimizer else 1.0
-    counts = counts or _model_counts(model, s.tp, s.ep)
     layer_params = counts.layer_params
     # Routed experts are an FSDP unit of their own over efsdp ranks (runtime/parallel/expert.py's
     # shard_experts), the rest over dp: `sharded(total, experts)` is a parameter-sized buffer per rank
@@ -368,6 +367,14 @@ def _activation_terms(model: Any, s: RankSetup, mode: str) -> _ActivationTerms:
                                                                         mode))
 
 
+def _memo(cache: dict[Any, Any], key: tuple[Any, ...], compute: Any) -> Any:
+    """cache[key], computed by `compute()` the first time."""
+    value = cache.get(key)
+    if value is None:
+        value = cache[key] = compute()
+    return value
+
+
 def _phase_items(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, pp_rank: int,
                  cache: dict[Any, Any] | None = None) -> dict[str, dict[str, float]]:
     """Bytes per item at each phase's peak: the loss (end of forward, every activation alive),
@@ -377,24 +384,11 @@ def _phase_items(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, 
     caller guarantees one model, and one stage split per (pp, virtual_stages))."""
     fsdp = s.fsdp
     mode = precision_mode(s.precision, fsdp)
-    counts: _ModelCounts | None = None
-    if cache is None:
-        params, layers = _rank_params(model, stage_layers, s, pp_rank)
-        act = _activation_terms(model, s, mode)
-    else:
-        counts_key = ("counts", s.tp, s.ep)
-        counts = cache.get(counts_key)
-        if counts is None:
-            counts = cache[counts_key] = _model_counts(model, s.tp, s.ep)
-        params_key = ("params", s.pp, s.virtual_stages, pp_rank, s.tp, s.ep)
-        if params_key not in cache:
-            cache[params_key] = _rank_params(model, stage_layers, s, pp_rank)
-        params, layers = cache[params_key]
-        act_key = _activation_key(s, mode)
-        memo = cache.get(act_key)
-        if memo is None:
-            memo = cache[act_key] = _activation_terms(model, s, mode)
-        act = memo
+    memo: dict[Any, Any] = {} if cache is None else cache
+    counts: _ModelCounts = _memo(memo, ("counts", s.tp, s.ep), lambda: _model_counts(model, s.tp, s.ep))
+    params, layers = _memo(memo, ("params", s.pp, s.virtual_stages, pp_rank, s.tp, s.ep),
+                           lambda: _rank_params(model, stage_layers, s, pp_rank))
+    act: _ActivationTerms = _memo(memo, _activation_key(s, mode), lambda: _activation_terms(model, s, mode))
     st = _states(model, stage_layers, s, pp_rank, fsdp, mode, params, layers, counts)
     first, last = pp_rank == 0, pp_rank == s.pp - 1
     tokens, layer, head = act.tokens, act.layer, act.head
