@@ -71,6 +71,10 @@ def test_cancel_resume_crash_resume_keeps_one_attempt_count(tmp_path: Path) -> N
     _cli_ok(["resume", str(run_dir)], tmp_path, env)
     first_resumed = _lines(run_dir / "metrics.jsonl")[-1]["step"] if (run_dir / "metrics.jsonl").exists() else 0
     wait_status(run_dir, env, lambda s: (s["step"] or 0) >= first_resumed + 2, 120, "two steps of attempt 1")
+    # ... and until attempt 1 has saved a checkpoint: killed before that, attempt 2 resumes from attempt 0's and
+    # re-runs (and re-logs) attempt 1's steps, which leaves attempt 1 no metrics line (a race seen in CI).
+    wait_status(run_dir, env, lambda s: any(e["event"] == "checkpoint saved" and e.get("attempt") == 1
+                                            for e in _lines(run_dir / "events.jsonl")), 120, "attempt 1's checkpoint")
     [rank] = [int(p.stem) for p in set(probes.glob("*.json")) - seen]
     os.kill(rank, signal.SIGKILL)
     assert _ended(run_dir, env, "the killed rank")["state"] == "FAILED", log_tail(run_dir)
