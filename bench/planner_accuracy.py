@@ -118,13 +118,24 @@ def _job(run: dict[str, Any], fixed: bool) -> Any:
                           "cluster": cluster})
 
 
-def _hardware(job: Any, gemm_efficiency: Optional[dict[str, float]]) -> Any:
-    from hpctrain.plan.hardware import resolve_hardware
+def _stack(run: Optional[dict[str, Any]]) -> str:
+    """The publisher's software family (corpus field `stack`, default torch; hardware.STACKS)."""
+    from hpctrain.plan.hardware import STACKS
+
+    stack = (run or {}).get("stack", "torch")
+    if stack not in STACKS:
+        raise SystemExit(f"run {(run or {}).get('name')!r}: stack must be one of {', '.join(STACKS)} (got {stack!r})")
+    return str(stack)
+
+
+def _hardware(job: Any, gemm_efficiency: Optional[dict[tuple[str, str], float]], run: Optional[dict[str, Any]] = None
+              ) -> Any:
+    """The run's hardware as its publisher's software stack runs it; `gemm_efficiency` (the fit) per (GPU, stack)."""
+    from hpctrain.plan.hardware import resolve_hardware, with_stack
 
     hw = resolve_hardware(job)
-    if gemm_efficiency and hw.gpu.name in gemm_efficiency:
-        hw = replace(hw, gpu=replace(hw.gpu, gemm_efficiency=gemm_efficiency[hw.gpu.name]))
-    return hw
+    stack = _stack(run)
+    return with_stack(hw, stack, (gemm_efficiency or {}).get((hw.gpu.name, stack)))
 
 
 def _search(job: Any, hw: Any, budget_bytes: Optional[float] = None, run: Optional[dict[str, Any]] = None
@@ -145,7 +156,10 @@ def _search(job: Any, hw: Any, budget_bytes: Optional[float] = None, run: Option
                               expert_load_imbalance=run.get("expert_load_imbalance") if run else None,
                               selective_mm_recompute=float(run.get("selective_mm_recompute", 0.0)) if run else 0.0,
                               a2a_overlap=bool(run.get("a2a_overlap", False)) if run else False,
-                              cp_repeated_kv=bool(run.get("cp_repeated_kv", False)) if run else False)
+                              cp_repeated_kv=bool(run.get("cp_repeated_kv", False)) if run else False,
+                              dispatcher=_dispatcher(run) if run else "alltoall",
+                              # Transformer Engine's grouped linear runs the routed experts in FP8 too
+                              fp8_experts=bool(run and _stack(run) == "megatron-te" and job.train.precision == "fp8"))
     choices = Choices.from_job(job)
     if run and run.get("ac_modes") and len(choices.ac) > 1:  # the publisher's software's recomputation modes
         choices = replace(choices, ac=tuple(m for m in choices.ac if m in run["ac_modes"]))
@@ -194,6 +208,17 @@ def family_rank(layouts: list[Any], family: tuple[int, int]) -> Optional[int]:
     return None
 
 
+def _dispatcher(run: dict[str, Any]) -> str:
+    """The publisher's expert dispatcher (corpus field `dispatcher`, default alltoall; cost.CostSetup.dispatcher)."""
+    from hpctrain.plan.comm import DEDUP_DISPATCHERS
+
+    known = ("alltoall", *DEDUP_DISPATCHERS)
+    dispatcher = run.get("dispatcher", "alltoall")
+    if dispatcher not in known:
+        raise SystemExit(f"run {run['name']!r}: dispatcher must be one of {', '.join(known)} (got {dispatcher!r})")
+    return str(dispatcher)
+
+
 def _attention(run: dict[str, Any]) -> str:
     """The publisher's attention kernel (corpus field `attention`, default flash; cost.py)."""
     from hpctrain.plan.cost import ATTENTION_KERNELS
@@ -204,14 +229,15 @@ def _attention(run: dict[str, Any]) -> str:
     return kernel
 
 
-def predict(run: dict[str, Any], gemm_efficiency: Optional[dict[str, float]] = None) -> tuple[Any, Any, bool]:
+def predict(run: dict[str, Any], gemm_efficiency: Optional[dict[tuple[str, str], float]] = None
+            ) -> tuple[Any, Any, bool]:
     """(hardware, layout, fits): the planner's best layout within the published one, searched
     with the GPU's memory as the search itself would. Only when nothing fits is it searched again
     without a memory limit, so that a layout the memory model rejects is still costed (a search
     without a limit cannot be used first: the search drops full recomputation wherever selective
     "fits", and without a limit selective always does)."""
     job = _job(run, fixed=True)
-    hw = _hardware(job, gemm_efficiency)
+    hw = _hardware(job, gemm_efficiency, run)
     layouts, _ = _search(job, hw, run=run)
     if layouts:
         return hw, layouts[0], True
@@ -221,7 +247,8 @@ def predict(run: dict[str, Any], gemm_efficiency: Optional[dict[str, float]] = N
     return hw, layouts[0], False
 
 
-def evaluate(run: dict[str, Any], gemm_efficiency: Optional[dict[str, float]] = None, rank: bool = True) -> Outcome:
+def evaluate(run: dict[str, Any], gemm_efficiency: Optional[dict[tuple[str, str], float]] = None,
+             rank: bool = True) -> Outcome:
     hw, lay, fits = predict(run, gemm_efficiency)
     job = _job(run, fixed=False)
     position, note = None, ""
@@ -251,7 +278,7 @@ def failed(run: dict[str, Any], why: str) -> Outcome:
                    published_memory_gib=None, failure=why.strip().splitlines()[0] if why.strip() else "error")
 
 
-def evaluate_or_fail(run: dict[str, Any], gemm_efficiency: Optional[dict[str, float]] = None) -> Outcome:
+def evaluate_or_fail(run: dict[str, Any], gemm_efficiency: Optional[dict[tuple[str, str], float]] = None) -> Outcome:
     from hpctrain.errors import ConfigError
 
     try:
@@ -360,21 +387,22 @@ def row(o: Outcome) -> str:
 GEMM_GRID = [round(0.50 + 0.01 * i, 2) for i in range(46)]  # 0.50 .. 0.95
 
 
-def fit_gemm_efficiency(runs: list[dict[str, Any]]) -> dict[str, float]:
-    """Per GPU model, the GEMM efficiency that minimises the median |log(predicted / published)|
-    over the CALIBRATION runs on that GPU (validation runs are never looked at)."""
+def fit_gemm_efficiency(runs: list[dict[str, Any]]) -> dict[tuple[str, str], float]:
+    """Per (GPU model, software stack), the GEMM efficiency that minimises the median |log(predicted / published)|
+    over the CALIBRATION runs on that GPU with that stack (validation runs are never looked at)."""
     import math
 
     calibration = [r for r in runs if r["set"] == "calibration"]
-    fitted: dict[str, float] = {}
-    for gpu in sorted({r["hardware"]["gpu"] for r in calibration}):
-        mine = [r for r in calibration if r["hardware"]["gpu"] == gpu]
+    fitted: dict[tuple[str, str], float] = {}
+    for key in sorted({(r["hardware"]["gpu"], _stack(r)) for r in calibration}):
+        mine = [r for r in calibration if (r["hardware"]["gpu"], _stack(r)) == key]
 
         def loss(value: float) -> float:
-            errs = [abs(math.log(evaluate(r, {gpu: value}, rank=False).predicted / r["metric"]["value"])) for r in mine]
+            errs = [abs(math.log(evaluate(r, {key: value}, rank=False).predicted / r["metric"]["value"]))
+                    for r in mine]
             return statistics.median(errs)
 
-        fitted[gpu] = min(GEMM_GRID, key=loss)
+        fitted[key] = min(GEMM_GRID, key=loss)
     return fitted
 
 
@@ -394,7 +422,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     fitted: Optional[dict[str, float]] = None
     if args.fit:
         fitted = fit_gemm_efficiency(runs)
-        print("fitted on calibration: " + ", ".join(f"{gpu} gemm_efficiency={v:.2f}" for gpu, v in fitted.items()))
+        print("fitted on calibration: " + ", ".join(f"{gpu} ({stack}) gemm_efficiency={v:.2f}"
+                                                    for (gpu, stack), v in fitted.items()))
     outcomes = [evaluate_or_fail(r, fitted) for r in runs]
     print("rank: of the published (tp,pp) family in the full search (* = not a layout case); "
           "predicted: the best layout within the published one")

@@ -178,6 +178,28 @@ def layer_saved_bytes_per_token_no_ac(model: Any, tp: int, sp: bool, mode: str,
     return _over_layers(model, dense, moe, shape)
 
 
+def moe_block_saved_bytes_per_token_no_ac(model: Any, tp: int, sp: bool, mode: str,
+                                          routing: ExpertRouting | None = None) -> float:
+    """Per token: what one MoE block (a dense FFN of the shared width plus the routing) saves without
+    checkpointing; `layer_saved_bytes_per_token_no_ac` is its mean with the dense blocks."""
+    shape = moe_shape(model)
+    assert shape is not None, "a MoE block needs model.moe"
+    return (_block_saved_no_ac(model, tp, sp, mode, ffn=shape.shared)
+            + moe_routing_bytes_per_token(shape, model, dtypes(mode), routing))
+
+
+def moe_attention_side_saved_bytes_per_token(model: Any, tp: int, sp: bool, mode: str) -> float:
+    """Of `_block_saved_no_ac`, the attention side of a block (its RMSNorm, the attention's input and SDPA's
+    tensors), the part before a MoE block's dispatch (plan/cost.py's BlockParts)."""
+    d = dtypes(mode)
+    hidden, q_width, repeated, _, _ = _widths(model, tp)
+    seq_split = tp if sp else 1
+    norm = (d.stream * hidden + FP32_BYTES) / seq_split
+    inputs = 3 * d.matmul * hidden if d.casts_inputs else d.norm_out * hidden / seq_split
+    attention = d.matmul * (2 * q_width + 2 * repeated) + FP32_BYTES * model.heads / tp
+    return norm + inputs + attention
+
+
 def _block_saved_no_ac(model: Any, tp: int, sp: bool, mode: str, ffn: float | None = None) -> float:
     """Per token: every tensor one layer saves without checkpointing (see module docstring).
 

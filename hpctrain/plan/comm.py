@@ -217,19 +217,56 @@ def ep_placement(hw: Hardware, tp: int, pp: int, ep: int) -> EpPlacement:
     return EpPlacement(ep, max(1, min(ep, hw.gpus_per_node)))
 
 
-def all_to_all_s(message_bytes: float, hw: Hardware, where: EpPlacement) -> float:
+def all_to_all_s(message_bytes: float, hw: Hardware, where: EpPlacement,
+                 fabric_copies: float | None = None, top_k: int = 1) -> float:
     """One all-to-all of `message_bytes` per rank over an ep group: (ep-1)/ep of it leaves the rank, the
     in-node peers' share over NVLink and the rest over the rank's share of the node's NICs (hierarchical
-    when the group spans nodes); plus NCCL's base latency and one hop (a network hop when it crosses)."""
+    when the group spans nodes); plus NCCL's base latency and one hop (a network hop when it crosses).
+
+    `fabric_copies` (a node-deduplicating dispatcher, `dedup_fabric_copies`): of the `top_k` routed copies of a
+    token that `message_bytes` carries, only this many cross the fabric (one per remote node it reaches), and
+    the receiving GPU forwards them over NVLink to the GPUs of their experts, so NVLink carries every copy
+    that does not land on its relay: (top_k - 1 / in_node) of top_k, an upper bound of the forwarding."""
     ep = where.ranks
     if ep <= 1 or message_bytes <= 0:
         return 0.0
     nvlink = hw.intra_node_bytes_per_s * A2A_NVLINK_EFFICIENCY
-    intra = message_bytes * (where.in_node - 1) / ep / nvlink
     inter = 0.0
-    if where.crosses_nodes:
+    if fabric_copies is not None and where.crosses_nodes:
+        per_copy = message_bytes / top_k
+        intra = per_copy * top_k * (where.in_node - 1) / where.in_node / nvlink
         nic = min(nvlink, hw.node_fabric_bytes_per_s / hw.gpus_per_node)
-        inter = message_bytes * (ep - where.in_node) / ep / nic
+        inter = per_copy * fabric_copies / nic
+    else:
+        intra = message_bytes * (where.in_node - 1) / ep / nvlink
+        if where.crosses_nodes:
+            nic = min(nvlink, hw.node_fabric_bytes_per_s / hw.gpus_per_node)
+            inter = message_bytes * (ep - where.in_node) / ep / nic
     hop = NET_STEP_LATENCY_S if where.crosses_nodes else NVLINK_STEP_LATENCY_S
     return max(intra, inter) + RING_BASE_LATENCY_S + hop
+
+
+# Node-deduplicating dispatch (DeepEP's normal kernels, Megatron-Core's "flex" dispatcher with the deepep or
+# hybridep backend): a token bound for several experts on one remote node crosses the fabric once, to the GPU
+# of the same rail there, which forwards it over NVLink to the GPUs holding those experts (Liu et al. 2024,
+# DeepSeek-V3, arXiv 2412.19437, section 3.2.2: "each token ... first transmitted via IB to the GPUs with the
+# same in-node index on its target nodes ... then forwarded via NVLink"; deepseek-ai/DeepEP README: its RDMA
+# "bottleneck bandwidth" counts those deduplicated bytes). NCCL's all-to-all (Megatron's alltoall dispatcher,
+# torchtitan, hpctrain's runtime) sends every routed copy: (ep - in_node) / ep of top_k copies cross.
+DEDUP_DISPATCHERS = ("deepep", "hybridep")
+
+
+def dedup_fabric_copies(experts: int, top_k: int, where: EpPlacement) -> float:
+    """Expected remote nodes a token reaches when its top_k experts are drawn without replacement, uniformly
+    (a balanced router), from `experts` spread evenly over the ep group's nodes: (nodes - 1) x P(a given
+    remote node holds at least one of them) = (nodes - 1) x (1 - C(E - E_n, k) / C(E, k)), E_n = experts per
+    node. Capped by top_k (never more than the copies themselves)."""
+    nodes = where.nodes
+    if nodes <= 1:
+        return 0.0
+    per_node = experts / nodes
+    miss = 1.0
+    for i in range(top_k):  # C(E - E_n, k) / C(E, k) as a product
+        miss *= max(0.0, (experts - per_node - i)) / (experts - i)
+    return min(float(top_k), (nodes - 1) * (1.0 - miss))
 

@@ -169,6 +169,13 @@ class CostSetup:
     # backward, DeepSeek-V3's DualPipe pairing, Liu et al. 2024, arXiv 2412.19437, section 3.2.1). hpctrain's
     # runtime does not overlap them (A2A_FORWARD's note): a published run's software (bench only).
     a2a_overlap: bool = False
+    # How the routed copies travel (comm.DEDUP_DISPATCHERS): "alltoall" (NCCL's all-to-all of every copy: hpctrain's
+    # runtime, Megatron-Core's alltoall dispatcher, torchtitan) or a node-deduplicating dispatcher ("deepep",
+    # "hybridep": Megatron-Core's flex dispatcher): a published run's software (bench only).
+    dispatcher: str = "alltoall"
+    # FP8 GEMMs for the routed experts too (Transformer Engine's grouped linear under Megatron-Core's fp8): hpctrain's
+    # runtime keeps the routed experts in 16 bits (runtime/parallel/float8.py): a published run's software (bench only).
+    fp8_experts: bool = False
     # Context parallelism through torch's context_parallel around a model that repeats K/V to the query heads
     # before SDPA (torchtitan's Llama of 2024-12: `keys = repeat_kv(xk, self.n_rep)` ahead of
     # F.scaled_dot_product_attention in torchtitan/models/llama/model.py): the all-gathered K/V carry `heads`,
@@ -270,7 +277,25 @@ def moe_ffn_gemm_times(model: Any, tp: int, tokens: float, rate: float, ep: int 
     routes its own sequence shard, torchtitan's etp=1; x imbalance under ep), slowed by the expert width
     (GROUPED_GEMM_WIDTH_KNEE) and, in the weight gradient, by the rows one expert gets; the shared experts
     as a dense SwiGLU split over tp; the router [hidden, experts] on the token share."""
-    from hpctrain.config.moe import expert_width, shared_width
+    from hpctrain.config.moe import shared_width
+
+    moe, h = model.moe, float(model.hidden)
+    share = 1.0 / tp
+    forward, backward = routed_gemm_times(model, tp, tokens, rate, ep, imbalance)
+    shared = shared_width(moe, int(model.ffn_hidden)) / tp
+    extra = ([(h, shared), (h, shared), (shared, h)] if shared else [])
+    f, b = _gemm_times(extra, tokens, rate)
+    rf, rb = _gemm_times([(h, float(moe.experts))], tokens * share, rate, rows=share)
+    return forward + f + rf, backward + b + rb
+
+
+def routed_gemm_times(model: Any, tp: int, tokens: float, rate: float, ep: int = 1,
+                      imbalance: float = DEFAULT_EXPERT_STEP_IMBALANCE) -> tuple[float, float]:
+    """(forward, backward) time per micro-batch token of one MoE block's routed experts on the busiest rank
+    (`moe_ffn_gemm_times`' routed part): top_k routed copies of the rank's token share x imbalance under ep, each
+    GEMM slowed by the expert width (GROUPED_GEMM_WIDTH_KNEE) and its K, the weight gradient's K the rows one
+    local expert gets."""
+    from hpctrain.config.moe import expert_width
 
     moe, h = model.moe, float(model.hidden)
     width = float(expert_width(moe, int(model.ffn_hidden)))
@@ -278,17 +303,35 @@ def moe_ffn_gemm_times(model: Any, tp: int, tokens: float, rate: float, ep: int 
     rows = moe.top_k * share * (imbalance if ep > 1 else 1.0)
     expert_rows = tokens * share * moe.top_k * ep / moe.experts  # rows per local expert (its weight gradient's K)
     grouped = width / (width + GROUPED_GEMM_WIDTH_KNEE)
-    routed = [(h, width), (h, width), (width, h)]
     forward = backward = 0.0
-    for fan_in, fan_out in routed:
+    for fan_in, fan_out in [(h, width), (h, width), (width, h)]:
         flops = 2.0 * fan_in * fan_out * rows
         forward += flops / (rate * grouped * _gemm_size_factor(fan_in))
         backward += flops / (rate * grouped) * (1.0 / _gemm_size_factor(fan_out) + 1.0 / _gemm_size_factor(expert_rows))
-    shared = shared_width(moe, int(model.ffn_hidden)) / tp
-    extra = ([(h, shared), (h, shared), (shared, h)] if shared else [])
-    f, b = _gemm_times(extra, tokens, rate)
-    rf, rb = _gemm_times([(h, float(moe.experts))], tokens * share, rate, rows=share)
-    return forward + f + rf, backward + b + rb
+    return forward, backward
+
+
+def routed_fp8_delta_s(model: Any, hw: Hardware, tp: int, tokens: float, compiled: bool, ep: int = 1,
+                       imbalance: float = DEFAULT_EXPERT_STEP_IMBALANCE) -> float:
+    """Per micro-batch token of one MoE block: what FP8 routed experts change (CostSetup.fp8_experts), their grouped
+    GEMMs at the FP8 rate minus at the 16-bit rate, plus the casts of what they read: each routed copy's input
+    (hidden) and output gradient (hidden), the SwiGLU product and its gradient (width), per element as
+    fp8_linears_s's, and every local expert's three weights once per micro-batch."""
+    from hpctrain.config.moe import expert_width
+
+    fp8_rate = hw.gpu.fp8_flops_per_s * hw.gpu.gemm_efficiency * FP8_GEMM_EFFICIENCY_RATIO
+    if fp8_rate <= 0:
+        return 0.0
+    bf16_rate = hw.gpu.peak_flops_per_s("bf16") * hw.gpu.gemm_efficiency
+    f16, b16 = routed_gemm_times(model, tp, tokens, bf16_rate, ep, imbalance)
+    f8, b8 = routed_gemm_times(model, tp, tokens, fp8_rate, ep, imbalance)
+    moe, h = model.moe, float(model.hidden)
+    width = float(expert_width(moe, int(model.ffn_hidden)))
+    rows = moe.top_k / tp * (imbalance if ep > 1 else 1.0)
+    cast = FP8_CAST_BYTES_COMPILED if compiled else FP8_CAST_BYTES_EAGER
+    activations = cast * rows * 2 * (h + width)
+    weights = cast * 3 * h * width * (moe.experts / ep) / max(tokens, 1.0)
+    return f8 + b8 - f16 - b16 + (activations + weights) / (hw.gpu.hbm_bytes_per_s * HBM_EFFICIENCY)
 
 
 def moe_a2a_per_micro_batch_s(model: Any, hw: Hardware, c: CostSetup, tokens_mb: float, act_bytes: int) -> float:
@@ -300,16 +343,112 @@ def moe_a2a_per_micro_batch_s(model: Any, hw: Hardware, c: CostSetup, tokens_mb:
     from hpctrain.plan.model_stats import moe_layer_count
 
     moe_layers = c.max_rank_layers * moe_layer_count(model) / model.layers
-    message = tokens_mb / c.tp * model.moe.top_k * model.hidden * act_bytes * c.expert_load_imbalance
+    one = one_a2a_s(model, hw, c, tokens_mb, act_bytes)
+    if c.a2a_overlap:
+        return moe_layers * overlapped_a2a_per_block_s(one, moe_block_parts(model, hw, c, tokens_mb),
+                                                       comm.overlap_slowdown(hw.gpu.name))
     count = A2A_FORWARD + A2A_BACKWARD + (A2A_FORWARD if c.ac == "full" else 0)
-    return moe_layers * count * comm.all_to_all_s(message, hw, comm.ep_placement(hw, c.tp, c.pp, c.ep))
+    return moe_layers * count * one
+
+
+def one_a2a_s(model: Any, hw: Hardware, c: CostSetup, tokens_mb: float, act_bytes: int) -> float:
+    """One dispatch (or combine) of one MoE block and micro-batch on the busiest rank: its top_k routed copies of
+    the rank's token share (tokens / tp under tp's sequence sharding) x hidden x imbalance (the busiest rank
+    receives that much more), over the ep group (comm.all_to_all_s), deduplicated per node by a DEDUP_DISPATCHER."""
+    where = comm.ep_placement(hw, c.tp, c.pp, c.ep)
+    top_k = model.moe.top_k
+    message = tokens_mb / c.tp * top_k * model.hidden * act_bytes * c.expert_load_imbalance
+    if c.dispatcher in comm.DEDUP_DISPATCHERS:
+        return comm.all_to_all_s(message, hw, where, comm.dedup_fabric_copies(model.moe.experts, top_k, where), top_k)
+    return comm.all_to_all_s(message, hw, where)
+
+
+@dataclass(frozen=True)
+class BlockParts:
+    """One MoE block's compute for one micro-batch on one TP rank, in the sub-modules Megatron-Core's overlapped
+    1F1B schedule pairs with the all-to-alls (`overlapped_a2a_per_block_s`): the pre-dispatch part (norms,
+    attention, router) and the experts (routed and shared), forward and backward (with what recomputation
+    replays in the backward)."""
+
+    attention_forward: float
+    attention_backward: float
+    mlp_forward: float
+    mlp_backward: float
+
+
+def moe_block_parts(model: Any, hw: Hardware, c: CostSetup, tokens_mb: float) -> BlockParts:
+    """`BlockParts` of one MoE block from the terms layer_time_per_token_s adds up: the attention linears, the core
+    attention and the norm-side element-wise passes before the dispatch; the expert GEMMs (moe_ffn_gemm_times) and
+    the routed copies' element-wise passes after it; FP8 changes each side's GEMMs (fp8_linears_s' eligible
+    attention linears and shared experts, `routed_fp8_delta_s` with fp8_experts)."""
+    from hpctrain.plan.activations import moe_attention_side_saved_bytes_per_token
+
+    precision = c.precision
+    peak = hw.gpu.peak_flops_per_s(precision)
+    gemm_rate = peak * hw.gpu.gemm_efficiency
+    attention_rate = peak * hw.gpu.attention_efficiency
+    hbm = hw.gpu.hbm_bytes_per_s * HBM_EFFICIENCY
+    attn_f, attn_b = _gemm_times(layer_linears(model, c.tp)[:4], tokens_mb, gemm_rate)
+    mlp_f, mlp_b = moe_ffn_gemm_times(model, c.tp, tokens_mb, gemm_rate, c.ep, c.expert_load_imbalance)
+    core_f = CAUSAL_ATTENTION_WORK * attention_core_forward_flops_per_token(model) / c.tp / attention_rate
+    mode = "fp32" if precision == "fp32" else "fsdp-mp"
+    sp = c.sequence_parallel and c.tp > 1
+    total_bytes = moe_block_saved_bytes_per_token(model, c.tp, sp, mode)
+    attn_bytes = moe_attention_side_saved_bytes_per_token(model, c.tp, sp, mode)
+    passes = COMPILED_ELEMENTWISE_PASSES if c.compile else ELEMENTWISE_PASSES
+    forward_passes = COMPILED_ELEMENTWISE_FORWARD_PASSES if c.compile else ELEMENTWISE_FORWARD_PASSES
+    ew_attn, ew_mlp = attn_bytes / hbm, (total_bytes - attn_bytes) / hbm
+    a_f = attn_f + core_f + forward_passes * ew_attn
+    a_b = attn_b + FLASH_BACKWARD_WORK * core_f + (passes - forward_passes) * ew_attn
+    m_f = mlp_f + forward_passes * ew_mlp
+    m_b = mlp_b + (passes - forward_passes) * ew_mlp
+    dense_delta = routed = 0.0
+    if c.fp8:  # the delta splits 1:2 between forward and backward GEMMs, as layer_time_per_token_s counts it
+        dense_delta = fp8_linears_s(model, hw, c.tp, tokens_mb, c.fp8_min_width, c.compile, c.ep,
+                                    c.expert_load_imbalance, moe_block_only=True)
+        routed = (routed_fp8_delta_s(model, hw, c.tp, tokens_mb, c.compile, c.ep, c.expert_load_imbalance)
+                  if c.fp8_experts else 0.0)
+        a_f, a_b = a_f + dense_delta / 3.0, a_b + 2.0 * dense_delta / 3.0
+        m_f, m_b = m_f + routed / 3.0, m_b + 2.0 * routed / 3.0
+    if c.ac == "full":
+        a_b, m_b = a_b + a_f, m_b + m_f
+    elif c.ac == "selective":
+        a_b += forward_passes * ew_attn + c.selective_mm_recompute * (attn_f + dense_delta / 3.0)
+        m_b += forward_passes * ew_mlp + c.selective_mm_recompute * (mlp_f + routed / 3.0)
+    return BlockParts(a_f * tokens_mb, a_b * tokens_mb, m_f * tokens_mb, m_b * tokens_mb)
+
+
+def moe_block_saved_bytes_per_token(model: Any, tp: int, sp: bool, mode: str) -> float:
+    """What one MoE block (not the mean layer) saves per token without checkpointing (activations.py)."""
+    from hpctrain.plan.activations import moe_block_saved_bytes_per_token_no_ac
+
+    return moe_block_saved_bytes_per_token_no_ac(model, tp, sp, mode)
+
+
+def overlapped_a2a_per_block_s(one: float, parts: BlockParts, slowdown: float) -> float:
+    """Exposed all-to-all time of one MoE block per micro-batch under Megatron-Core's overlapped 1F1B schedule
+    (--overlap-moe-expert-parallel-comm; megatron/core/models/common/model_chunk_schedule_plan.py,
+    TransformerLayerSchedulePlan.run): one micro-batch's forward of a layer runs beside another's backward of a
+    layer in three phases, communication stream against compute stream:
+        combine backward              | pre-dispatch forward (norm, attention, router)
+        dispatch forward + backward   | experts backward (dgrad, wgrad) + experts forward
+        combine forward               | pre-dispatch backward
+    so each a2a hides only behind the compute of its phase; while they overlap, the communication kernels hold
+    `slowdown` of the SMs (comm.overlapped_s's rule: a phase costs max(c - w, c s / (1 + s)) beyond its compute)."""
+    hidden = slowdown / (1.0 + slowdown)
+    phases = ((one, parts.attention_forward), (2.0 * one, parts.mlp_backward + parts.mlp_forward),
+              (one, parts.attention_backward))
+    return sum(max(c - w, c * hidden) for c, w in phases)
 
 
 def fp8_linears_s(model: Any, hw: Hardware, tp: int, tokens: float, min_width: int, compiled: bool,
-                  ep: int = 1, imbalance: float = DEFAULT_EXPERT_STEP_IMBALANCE) -> float:
+                  ep: int = 1, imbalance: float = DEFAULT_EXPERT_STEP_IMBALANCE, moe_block_only: bool = False,
+                  fp8_experts: bool = False) -> float:
     """Per token of one layer on one TP rank: what FP8 changes, (fp8 GEMMs + casts) - (16-bit GEMMs), over the
     eligible linears (full widths >= min_width, multiples of FP8_TILE; runtime/parallel/float8.py). With
-    model.moe the FFN linears of the MoE blocks are the shared experts' only (the routed ones stay 16-bit)."""
+    model.moe the FFN linears of the MoE blocks are the shared experts' only (the routed ones stay 16-bit),
+    unless `fp8_experts` (a published run's software: `routed_fp8_delta_s`); `moe_block_only`: one MoE block's
+    attention linears and shared experts, not the mean layer."""
     from hpctrain.plan.model_stats import moe_layer_count
 
     bf16_rate = hw.gpu.peak_flops_per_s("bf16") * hw.gpu.gemm_efficiency
@@ -340,6 +479,10 @@ def fp8_linears_s(model: Any, hw: Hardware, tp: int, tokens: float, min_width: i
     shared_full = [(h, sw), (h, sw), (sw, h)] if sw else []
     shared_local = [(h, sw / tp), (h, sw / tp), (sw / tp, h)] if sw else []
     moe_block = delta(layer_linears(model, 1)[:4] + shared_full, layer_linears(model, tp)[:4] + shared_local)
+    if moe_block_only:
+        return moe_block
+    if fp8_experts:
+        moe_block += routed_fp8_delta_s(model, hw, tp, tokens, compiled, ep, imbalance)
     share = n_moe / model.layers
     return (1 - share) * dense + share * moe_block
 
@@ -348,7 +491,7 @@ def layer_time_per_token_s(model: Any, hw: Hardware, tp: int, ac: str, precision
                            attention: str = "flash", tokens: float | None = None, ep: int = 1,
                            imbalance: float = DEFAULT_EXPERT_STEP_IMBALANCE, fp8: bool = False,
                            fp8_min_width: int = 1024, compiled: bool = False,
-                           selective_mm_recompute: float = 0.0) -> float:
+                           selective_mm_recompute: float = 0.0, fp8_experts: bool = False) -> float:
     """Forward + backward (+ recompute) time of one layer per token on one TP rank; `tokens` is the
     micro-batch's token count (the weight gradients' K; default one sequence); `selective_mm_recompute` the
     share of the forward linear GEMMs that ac: selective replays (CostSetup)."""
@@ -374,7 +517,7 @@ def layer_time_per_token_s(model: Any, hw: Hardware, tp: int, ac: str, precision
     passes = COMPILED_ELEMENTWISE_PASSES if compiled else ELEMENTWISE_PASSES
     forward_passes = COMPILED_ELEMENTWISE_FORWARD_PASSES if compiled else ELEMENTWISE_FORWARD_PASSES
     fp8_delta = (fp8_linears_s(model, hw, tp, tokens if tokens else model.seq_len, fp8_min_width, compiled, ep,
-                               imbalance) if fp8 else 0.0)
+                               imbalance, fp8_experts=fp8_experts) if fp8 else 0.0)
     core_bwd = (FLASH_BACKWARD_WORK if attention == "flash" else 2.0) * core_fwd
     total = (matmul_fwd + matmul_bwd + fp8_delta + core_fwd + core_bwd + scores_fwd + scores_bwd
              + passes * elementwise_fwd)
@@ -417,7 +560,7 @@ def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int) -> Step
     layer_s = layer_time_per_token_s(model, hw, c.tp, c.ac, c.precision, c.sequence_parallel, c.attention,
                                      tokens=tokens_mb, ep=c.ep, imbalance=c.expert_load_imbalance, fp8=c.fp8,
                                      fp8_min_width=c.fp8_min_width, compiled=c.compile,
-                                     selective_mm_recompute=c.selective_mm_recompute)
+                                     selective_mm_recompute=c.selective_mm_recompute, fp8_experts=c.fp8_experts)
     compute_mb = tokens_mb * (c.max_rank_layers * layer_s
                               + (head_time_per_token_s(model, hw, c.tp, c.precision) if c.max_rank_has_head else 0.0))
 
@@ -469,8 +612,6 @@ def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int) -> Step
             cp_mb = c.max_rank_layers * (gathers + grads) * collective_s(c.cp * message, cp_link, all_reduce=False)
     tp_mb += cp_mb  # reported with the model-parallel communication on the critical path
     a2a_mb = moe_a2a_per_micro_batch_s(model, hw, c, tokens_mb, act_bytes)
-    if c.a2a_overlap and c.pp > 1:  # beside the other micro-batch's compute: only what outlasts it shows
-        a2a_mb = max(0.0, a2a_mb - compute_mb)
     slot_s = compute_mb + tp_mb + pp_mb + a2a_mb + (embedding_transfer_s(model, hw, tokens_mb, act_bytes)
                                            if c.embedding_on_cpu else 0.0)
     # Bubble: (p-1)/v micro-batch slots for GPipe, 1F1B and interleaved 1F1B alike (Narayanan et

@@ -42,6 +42,21 @@ H100_GEMM_EFFICIENCY = 0.57
 # "only 35 % utilization on the H100" (Shah et al. 2024, FlashAttention-3, abstract).
 A100_ATTENTION_EFFICIENCY = 0.50
 H100_ATTENTION_EFFICIENCY = 0.35
+# Software stacks: what a published run's software reaches on the same GPU (bench/planner_accuracy.py's corpus
+# field `stack`; hpctrain's own plans are always "torch"). "torch": PyTorch eager or compiled with SDPA's flash
+# kernels (hpctrain's runtime, torchtitan, llm-foundry): the GPU's own figures above. "megatron-te": Megatron-Core
+# with Transformer Engine. Its attention is cuDNN's fused attention, which on Hopper runs in FlashAttention-3's
+# class: FlashAttention-3 is "1.5-2.0x faster than FlashAttention-2" forward and 1.5-1.75x backward, and cuDNN's
+# kernels sit beside it in the same benchmarks (Shah et al. 2024, arXiv 2407.08608, abstract and figures 5-6);
+# the backward is 2.5 of every 3.5 units of attention work (cost.FLASH_BACKWARD_WORK), so 1.6x the FA2 figure,
+# on Hopper only (wgmma/TMA are sm_90, hardware.py's L40S note). Its GEMM efficiency is FITTED like the others,
+# on the calibration set's megatron-te rows only (`python bench/planner_accuracy.py --fit`), and kept per GPU;
+# a GPU without a fitted figure keeps its own.
+STACKS = ("torch", "megatron-te")
+FA3_CLASS_ATTENTION_SPEEDUP = 1.6
+HOPPER_GPUS = ("h100-80gb", "h100-96gb-500w", "h200-141gb")
+MEGATRON_TE_GEMM_EFFICIENCY: dict[str, float] = {}
+
 # L40S (Ada, sm_89) has Ampere-style tensor cores driven by mma.sync; Hopper's wgmma and TMA, which
 # the H100 figures reflect, are sm_90 only (PTX ISA, wgmma: "requires sm_90a"). No L40S training run
 # is in the corpus, so it takes the A100 figures (FlashAttention-2 supports Ampere, Ada and Hopper,
@@ -230,6 +245,20 @@ class Hardware:
     def intra_node_bytes_per_s(self) -> float:
         """GPU-to-GPU bandwidth inside an island: NVLink, or PCIe when there is none."""
         return self.gpu.nvlink_bytes_per_s or self.gpu.pcie_bytes_per_s
+
+
+def with_stack(hw: Hardware, stack: str, gemm_efficiency: Optional[float] = None) -> Hardware:
+    """The hardware as a software stack (STACKS) runs it: megatron-te's attention and fitted GEMM efficiency on the
+    GPUs they are known for; `gemm_efficiency` overrides the GEMM figure (the calibration fit)."""
+    if stack not in STACKS:
+        raise ValueError(f"unknown software stack {stack!r}; known: {', '.join(STACKS)}")
+    gpu = hw.gpu
+    if stack == "megatron-te" and gpu.name in HOPPER_GPUS:
+        gpu = replace(gpu, attention_efficiency=gpu.attention_efficiency * FA3_CLASS_ATTENTION_SPEEDUP,
+                      gemm_efficiency=MEGATRON_TE_GEMM_EFFICIENCY.get(gpu.name, gpu.gemm_efficiency))
+    if gemm_efficiency is not None:
+        gpu = replace(gpu, gemm_efficiency=gemm_efficiency)
+    return hw if gpu is hw.gpu else replace(hw, gpu=gpu)
 
 
 def _lookup(table: dict[str, Any], name: str) -> Any:

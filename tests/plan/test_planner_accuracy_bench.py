@@ -80,14 +80,41 @@ def test_fit_reads_only_the_calibration_set(corpus: list[dict], monkeypatch: pyt
     grid = [0.45, 0.63, 0.85]
     monkeypatch.setattr(bench, "GEMM_GRID", grid)
     fitted = bench.fit_gemm_efficiency([calibration, poisoned])
-    assert set(fitted) == {"a100-80gb"}
-    errors = {v: abs(math.log(bench.evaluate(calibration, {"a100-80gb": v}, rank=False).predicted
+    key = ("a100-80gb", "torch")
+    assert set(fitted) == {key}
+    errors = {v: abs(math.log(bench.evaluate(calibration, {key: v}, rank=False).predicted
                               / calibration["metric"]["value"])) for v in grid}
-    assert fitted["a100-80gb"] == min(errors, key=errors.get)
+    assert fitted[key] == min(errors, key=errors.get)
     # Had the fit read the poisoned run too, it would have chosen differently (the test has power).
-    poison = {v: abs(math.log(bench.evaluate(poisoned, {"a100-80gb": v}, rank=False).predicted)) for v in grid}
+    poison = {v: abs(math.log(bench.evaluate(poisoned, {key: v}, rank=False).predicted)) for v in grid}
     both = {v: (errors[v] + poison[v]) / 2 for v in grid}
-    assert min(both, key=both.get) != fitted["a100-80gb"]
+    assert min(both, key=both.get) != fitted[key]
+    # One figure per (GPU, software stack): a megatron-te calibration run on the same GPU is fitted on its own.
+    te = {**calibration, "name": "mpt-te", "stack": "megatron-te"}
+    both_stacks = bench.fit_gemm_efficiency([calibration, te])
+    assert set(both_stacks) == {key, ("a100-80gb", "megatron-te")}
+
+
+def test_the_stack_and_dispatcher_fields_reach_the_cost(corpus: list[dict]) -> None:
+    """`stack: megatron-te` runs attention at the FA3 class on Hopper and the routed experts in FP8 under fp8;
+    `dispatcher: deepep` deduplicates the fabric copies; unknown values stop the bench with one line."""
+    run = next(r for r in corpus if r["name"] == "mbridge-qwen3-235b-fp8")
+    torch_run = {k: v for k, v in run.items() if k not in ("stack", "dispatcher")}
+    te_run = {**torch_run, "stack": "megatron-te"}
+    job = bench._job(te_run, fixed=True)
+    assert bench._hardware(job, None, te_run).gpu.attention_efficiency > bench._hardware(job, None, torch_run).gpu.attention_efficiency
+    _, plain, _ = bench.predict(torch_run)
+    _, te, _ = bench.predict(te_run)
+    assert te.cost.tokens_per_s > plain.cost.tokens_per_s
+    nccl = {**te_run, "a2a_overlap": False}
+    deepep = {**nccl, "dispatcher": "deepep"}
+    _, a, _ = bench.predict(nccl)
+    _, d, _ = bench.predict(deepep)
+    assert a.label() == d.label() and d.cost.a2a_s < a.cost.a2a_s  # ep 32 over 4 nodes: fewer fabric bytes
+    with pytest.raises(SystemExit, match="dispatcher must be one of alltoall, deepep, hybridep"):
+        bench._dispatcher({**run, "dispatcher": "nccl"})
+    with pytest.raises(SystemExit, match="stack must be one of torch, megatron-te"):
+        bench._stack({**run, "stack": "jax"})
 
 
 def test_the_publishers_software_is_costed(corpus: list[dict]) -> None:
@@ -98,7 +125,7 @@ def test_the_publishers_software_is_costed(corpus: list[dict]) -> None:
     run = runs["ptdp2-175b-384"]
     assert run["attention"] == "materialized" and run["ac_modes"] == ["none", "full"]
     job = bench._job(run, fixed=False)
-    hw = bench._hardware(job, None)
+    hw = bench._hardware(job, None, run)
     layouts, _ = bench._search(job, hw, run=run)
     assert layouts and {lay.ac for lay in layouts} <= {"none", "full"}
     flash_run = {key: value for key, value in run.items() if key not in ("attention", "ac_modes")}
