@@ -158,6 +158,7 @@ def _search(job: Any, hw: Any, budget_bytes: Optional[float] = None, run: Option
                               a2a_overlap=bool(run.get("a2a_overlap", False)) if run else False,
                               cp_repeated_kv=bool(run.get("cp_repeated_kv", False)) if run else False,
                               dispatcher=_dispatcher(run) if run else "alltoall",
+                              tp_overlap=bool(run.get("tp_overlap", False)) if run else False,
                               # Transformer Engine's grouped linear runs the routed experts in FP8 too
                               fp8_experts=bool(run and _stack(run) == "megatron-te" and job.train.precision == "fp8"))
     choices = Choices.from_job(job)
@@ -419,7 +420,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         if unknown:
             raise SystemExit(f"--only: unknown run name(s) {', '.join(unknown)}; known: {', '.join(r['name'] for r in runs)}")
         runs = [r for r in runs if r["name"] in set(args.only)]
-    fitted: Optional[dict[str, float]] = None
+    fitted: Optional[dict[tuple[str, str], float]] = None
     if args.fit:
         fitted = fit_gemm_efficiency(runs)
         print("fitted on calibration: " + ", ".join(f"{gpu} ({stack}) gemm_efficiency={v:.2f}"

@@ -176,6 +176,10 @@ class CostSetup:
     # FP8 GEMMs for the routed experts too (Transformer Engine's grouped linear under Megatron-Core's fp8): hpctrain's
     # runtime keeps the routed experts in 16 bits (runtime/parallel/float8.py): a published run's software (bench only).
     fp8_experts: bool = False
+    # TP collectives overlapped with the GEMMs they feed or follow (Transformer Engine's userbuffers under Megatron-Core's
+    # --tp-comm-overlap, torch's AsyncTP; `tp_comm_per_micro_batch_s`): hpctrain's runtime runs them unoverlapped, a
+    # published run's software (bench only).
+    tp_overlap: bool = False
     # Context parallelism through torch's context_parallel around a model that repeats K/V to the query heads
     # before SDPA (torchtitan's Llama of 2024-12: `keys = repeat_kv(xk, self.n_rep)` ahead of
     # F.scaled_dot_product_attention in torchtitan/models/llama/model.py): the all-gathered K/V carry `heads`,
@@ -568,10 +572,7 @@ def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int) -> Step
     # more when full recompute re-runs the forward; sequence parallelism swaps each for an
     # all-gather + reduce-scatter pair of the same volume (Korthikanti et al. 2022, section 4.2.2).
     # They sit on the critical path: the next GEMM needs their result.
-    tp_link = group_link(hw, 1, c.tp)
-    per_layer_collectives = 6 if c.ac == "full" else 4
-    tp_mb = c.max_rank_layers * per_layer_collectives * collective_s(
-        tokens_mb * model.hidden * act_bytes, tp_link, all_reduce=True)
+    tp_mb = tp_comm_per_micro_batch_s(model, hw, c, tokens_mb, act_bytes)
 
     # PP: one activation forward and one gradient backward per micro-batch and virtual stage,
     # point-to-point between neighbouring stages (one network latency when they sit on two nodes).
@@ -646,6 +647,49 @@ def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int) -> Step
         a2a_s=c.micro_batches * a2a_mb,
         a2a_crosses_nodes=c.ep > 1 and comm.ep_placement(hw, c.tp, c.pp, c.ep).crosses_nodes,
     )
+
+
+def tp_comm_per_micro_batch_s(model: Any, hw: Hardware, c: CostSetup, tokens_mb: float, act_bytes: int) -> float:
+    """The busiest rank's tensor-parallel collectives of one micro-batch, on the critical path: per block and pass
+    (forward, backward, and the recompute's forward under full AC) one all-reduce (or, under sequence parallelism,
+    an all-gather + reduce-scatter pair of the same volume) for the attention and one for the FFN; a MoE block's
+    routed experts are not tensor-parallel (each tp rank routes its sequence shard), so its FFN has one only with
+    shared experts.
+
+    With `tp_overlap` (a published run's software: Transformer Engine's userbuffer overlap, Megatron-Core's
+    --tp-comm-overlap; torch's AsyncTP) each all-gather is split into chunks that feed the column-parallel GEMM
+    after it and each reduce-scatter takes the row-parallel GEMM's output chunk by chunk (Wang et al. 2022,
+    "Overlap communication with dependent computation via decomposition", ASPLOS'23): a collective shows only
+    where it outlasts its GEMM, and costs comm.overlapped_s's SM share where it hides."""
+    if c.tp <= 1:
+        return 0.0
+    from hpctrain.config.moe import shared_width
+    from hpctrain.plan.model_stats import moe_layer_count
+
+    link = group_link(hw, 1, c.tp)
+    message = tokens_mb * model.hidden * act_bytes
+    passes = 3 if c.ac == "full" else 2
+    moe_share = moe_layer_count(model) / model.layers
+    has_shared = moe_share > 0 and shared_width(model.moe, int(model.ffn_hidden)) > 0
+    ffn_regions = (1 - moe_share) + (moe_share if has_shared else 0.0)
+    if not c.tp_overlap:
+        return c.max_rank_layers * (1 + ffn_regions) * passes * collective_s(message, link, all_reduce=True)
+    rate = (hw.gpu.fp8_flops_per_s * hw.gpu.gemm_efficiency * FP8_GEMM_EFFICIENCY_RATIO if c.fp8
+            else hw.gpu.peak_flops_per_s(c.precision) * hw.gpu.gemm_efficiency)
+    linears = layer_linears(model, c.tp)
+
+    def gemm_s(group: list[tuple[float, float]]) -> float:
+        return _gemm_times(group, tokens_mb, rate)[0] * tokens_mb
+
+    half = collective_s(message, link, all_reduce=False)
+    hidden = comm.overlap_slowdown(hw.gpu.name) / (1.0 + comm.overlap_slowdown(hw.gpu.name))
+
+    def region(column: float, row: float) -> float:
+        return max(half - column, half * hidden) + max(half - row, half * hidden)
+
+    attention = region(gemm_s(linears[:3]), gemm_s(linears[3:4]))
+    ffn = region(gemm_s(linears[4:-1]), gemm_s(linears[-1:]))
+    return c.max_rank_layers * passes * (attention + ffn_regions * ffn)
 
 
 def _dp_comm_s(hw: Hardware, c: CostSetup, slot_s: float) -> tuple[float, float]:
