@@ -26,7 +26,11 @@ Per run, what the publisher's software did is in its fields: `precision` (fp8 wi
 `expert_load_imbalance` (1.0 where the publisher forced balanced routing), `selective_mm_recompute` (the share
 of forward matmuls the publisher's selective policy replays; cost.CostSetup) and `a2a_overlap` (expert
 all-to-alls beside another micro-batch's compute: Megatron-Core's moe_a2a_overlap) and `cp_repeated_kv` (torch's
-context_parallel around a model that repeats K/V to the query heads before SDPA: torchtitan's Llama). `--fit` fits each GPU's GEMM efficiency on the calibration
+context_parallel around a model that repeats K/V to the query heads before SDPA: torchtitan's Llama). Recorded but not
+read by the cost model yet: `stack` (torch, the default, or megatron-te: Megatron-Core with Transformer Engine),
+`dispatcher` (alltoall, deepep, hybridep) and `token_drop` (capacity-factor dropping, padded). The publisher's FLOP
+formulas (`metric.flops`): megatron_hfu, megatron_mfu, palm and megatron (Megatron-LM's of 2025, for GQA and MoE).
+`--fit` fits each GPU's GEMM efficiency on the calibration
 set only (hardware.py cites the result) and reports both sets with the fitted values. Torch-free.
 """
 
@@ -179,7 +183,40 @@ def publisher_flops_per_token(model: Any, formula: str) -> float:
         return 72.0 * layers * hidden**2 * (1 + seq / (6 * hidden) + vocab / (12 * layers * hidden))
     if formula == "palm":  # Chowdhery et al. 2022, appendix B
         return 6.0 * param_count(model) + 12.0 * layers * hidden * seq
-    raise SystemExit(f"unknown FLOP formula {formula!r}; known: megatron_hfu, megatron_mfu, palm")
+    if formula == "megatron":  # Megatron-LM's num_floating_point_operations (2025 form), per token
+        return _megatron_flops_per_token(model)
+    raise SystemExit(f"unknown FLOP formula {formula!r}; known: megatron_hfu, megatron_mfu, palm, megatron")
+
+
+def _megatron_flops_per_token(model: Any) -> float:
+    """Megatron-LM megatron/training/training.py `num_floating_point_operations` / (batch x seq), the form of
+    2025-03 on (commit 8873b55, "Fixes in number of floating-point operation estimates for MoE and attention
+    layer": causal halving of the scores, dense and MoE blocks apart; refactored in 2026 into token-linear and
+    core-attention parts with the same value for unpacked sequences), which Megatron-Bridge's
+    src/megatron/bridge/training/utils/flop_utils.py repeats for its "Model TFLOP/sec/GPU" column and
+    Megatron-LM's --log-throughput prints (Megatron-MoE-ModelZoo's TFLOPS):
+      12 l h [ffn g (dense share) + expert_ffn k g (MoE share) + shared_ffn g (MoE share)]
+      + 12 l h^2 (1 + kv_heads/heads + s/(2h)) (heads head_dim / h)   (the s/2h term: causal, half the scores)
+      + 6 h V
+    with 12 = 3 GEMMs (fwd, dgrad, wgrad) x 2 GEMMs per block x 2 FLOPs per multiply-add, g = 3/2 for a gated
+    (SwiGLU) FFN and 1 otherwise, k = top_k routed experts, the MoE share = MoE blocks / layers (model.moe's
+    dense_layers keep the dense FFN) and V the vocabulary as given (the publisher's padded vocabulary, when the
+    corpus row carries it). No recomputation is counted (model FLOPs)."""
+    from hpctrain.config.moe import expert_width, shared_width
+    from hpctrain.plan.model_stats import head_dim, moe_layer_count
+
+    layers, hidden, seq, vocab = int(model.layers), int(model.hidden), int(model.seq_len), int(model.vocab)
+    heads, kv_heads = int(model.heads), int(model.kv_heads or model.heads)
+    gated = 1.5 if model.activation == "swiglu" else 1.0
+    moe = getattr(model, "moe", None)
+    n_moe = moe_layer_count(model)
+    ffn = float(model.ffn_hidden) * gated * (layers - n_moe) / layers
+    if moe is not None:
+        ffn += (expert_width(moe, int(model.ffn_hidden)) * int(moe.top_k) * 1.5
+                + shared_width(moe, int(model.ffn_hidden)) * 1.5) * n_moe / layers
+    query_ratio = heads * head_dim(model) / hidden
+    attention = 12.0 * layers * hidden**2 * (1 + kv_heads / heads + seq / hidden / 2) * query_ratio
+    return 12.0 * layers * hidden * ffn + attention + 6.0 * hidden * vocab
 
 
 def to_unit(run: dict[str, Any], model: Any, hw: Any, tokens_per_s_per_gpu: float) -> float:

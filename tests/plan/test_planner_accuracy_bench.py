@@ -195,3 +195,53 @@ def test_a_moe_fp8_row_is_costed_with_the_publishers_software(corpus: list[dict]
     plain = {**run, "precision": "bf16", "fused": False, "expert_load_imbalance": None}
     _, bf16, _ = bench.predict(plain)
     assert lay.cost.tokens_per_s > bf16.cost.tokens_per_s  # FP8 linears and fused element-wise work
+
+
+def test_megatron_flop_formula_by_hand_and_against_megatron_bridge() -> None:
+    """`megatron` = Megatron-LM's num_floating_point_operations (2025) per token: 12 l h x FFN (x 3/2 gated, top-k
+    experts) + 12 l h^2 (1 + g/a + s/2h) (a d / h) + 6 h V. By hand for Qwen3-235B-A22B and Llama 3 70B, then
+    against Megatron-Bridge's published pairs (tokens/s/GPU, Model TFLOP/s/GPU), which its flop_utils.py computes
+    with the same formula: 26.04 DGX-H100, Qwen3_235B_a22B 1686 -> 250, LLAMA3_70B 1633 -> 734."""
+    from hpctrain.config.model import ModelConfig
+
+    qwen = ModelConfig(layers=94, hidden=4096, heads=64, kv_heads=4, head_dim=128, ffn_hidden=12288, vocab=151936,
+                       seq_len=4096, moe=dict(experts=128, top_k=8, expert_ffn_hidden=1536))
+    llama = ModelConfig(layers=80, hidden=8192, heads=64, kv_heads=8, ffn_hidden=28672, vocab=128256, seq_len=8192)
+    # Qwen3-235B: routed FFN 8 x 1536 x 3/2; attention with head_dim 128 x 64 heads = 2 h (query ratio 2).
+    qwen_hand = (12 * 94 * 4096 * (8 * 1536 * 1.5)
+                 + 12 * 94 * 4096**2 * (1 + 4 / 64 + 4096 / 4096 / 2) * 2
+                 + 6 * 4096 * 151936)
+    llama_hand = (12 * 80 * 8192 * (28672 * 1.5)
+                  + 12 * 80 * 8192**2 * (1 + 8 / 64 + 8192 / 8192 / 2)
+                  + 6 * 8192 * 128256)
+    assert bench.publisher_flops_per_token(qwen, "megatron") == pytest.approx(qwen_hand, rel=1e-12)
+    assert bench.publisher_flops_per_token(llama, "megatron") == pytest.approx(llama_hand, rel=1e-12)
+    assert qwen_hand == pytest.approx(148.03e9, rel=1e-4) and llama_hand == pytest.approx(449.22e9, rel=1e-4)
+    assert bench.publisher_flops_per_token(qwen, "megatron") * 1686 / 1e12 == pytest.approx(250, rel=0.005)
+    assert bench.publisher_flops_per_token(llama, "megatron") * 1633 / 1e12 == pytest.approx(734, rel=0.005)
+    # A dense gelu model: no 3/2, the FFN's two matrices; MHA (kv_heads = heads).
+    gpt = ModelConfig(layers=24, hidden=4096, heads=32, ffn_hidden=16384, vocab=50304, seq_len=2048, activation="gelu")
+    assert bench.publisher_flops_per_token(gpt, "megatron") == pytest.approx(
+        12 * 24 * 4096 * 16384 + 12 * 24 * 4096**2 * (2 + 2048 / 4096 / 2) + 6 * 4096 * 50304, rel=1e-12)
+
+
+def test_the_new_sources_fields() -> None:
+    """Rows of Megatron-Core software carry `stack: megatron-te`; MoE rows of Megatron-Bridge a dispatcher where
+    the release's recipe was found; the ModelZoo table is one `table`; the pending CP-with-EP file parses in the
+    corpus's format and is not the bench's corpus."""
+    corpus = bench.load_corpus()
+    runs = {run["name"]: run for run in corpus}
+    for run in corpus:
+        if run["name"].split("-")[0] in ("nemo2407", "mz", "mbridge", "mbridge2602", "mb2509", "mb260201", "mb2604",
+                                         "mb260401", "mb2606"):
+            assert run.get("stack") == "megatron-te" and run.get("fused") is True, run["name"]
+        assert run.get("stack", "torch") in ("torch", "megatron-te"), run["name"]
+        assert run.get("dispatcher") in (None, "alltoall", "deepep", "hybridep"), run["name"]
+    assert all(run["set"] == "calibration" for run in corpus if run["name"].startswith("nemo2407-"))
+    table = [run for run in corpus if run.get("table") == "modelzoo-qwen3-235b-h100"]
+    assert len(table) == 5 and all(run["metric"]["unit"] == "step_time_s" for run in table)
+    assert runs["mb2509-qwen3-235b-fp8-tokendrop"]["token_drop"] is True
+    pending = bench.load_corpus(bench.CORPUS.parent / "pending_cp_ep_runs.yaml")
+    assert len(pending) == 8 and {run["layout"]["cp"] for run in pending} == {1, 2, 4, 8}
+    assert all(run["metric"]["flops"] == "megatron" for run in pending)
+    assert not {run["name"] for run in pending} & set(runs)
