@@ -26,12 +26,13 @@ Per run, what the publisher's software did is in its fields: `precision` (fp8 wi
 `expert_load_imbalance` (1.0 where the publisher forced balanced routing), `selective_mm_recompute` (the share
 of forward matmuls the publisher's selective policy replays; cost.CostSetup) and `a2a_overlap` (expert
 all-to-alls beside another micro-batch's compute: Megatron-Core's moe_a2a_overlap) and `cp_repeated_kv` (torch's
-context_parallel around a model that repeats K/V to the query heads before SDPA: torchtitan's Llama). Recorded but not
-read by the cost model yet: `stack` (torch, the default, or megatron-te: Megatron-Core with Transformer Engine),
-`dispatcher` (alltoall, deepep, hybridep) and `token_drop` (capacity-factor dropping, padded). The publisher's FLOP
-formulas (`metric.flops`): megatron_hfu, megatron_mfu, palm and megatron (Megatron-LM's of 2025, for GQA and MoE).
-`--fit` fits each GPU's GEMM efficiency on the calibration
-set only (hardware.py cites the result) and reports both sets with the fitted values. Torch-free.
+context_parallel around a model that repeats K/V to the query heads before SDPA: torchtitan's Llama), `stack` (torch,
+the default, or megatron-te: Megatron-Core with Transformer Engine; hardware.STACKS) and `dispatcher` (alltoall,
+deepep, hybridep; cost.CostSetup); recorded but not read by the cost model yet: `token_drop` (capacity-factor
+dropping with expert inputs padded to capacity). The publisher's FLOP formulas (`metric.flops`): megatron_hfu,
+megatron_mfu, palm and megatron (Megatron-LM's of 2025, for GQA and MoE). `--fit` fits the GEMM efficiency per
+(GPU, stack) on the calibration set only (hardware.py cites the result) and reports both sets with the fitted
+values. Torch-free.
 """
 
 from __future__ import annotations
