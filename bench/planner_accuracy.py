@@ -164,6 +164,8 @@ def _search(job: Any, hw: Any, budget_bytes: Optional[float] = None, run: Option
                               cp_repeated_kv=bool(run.get("cp_repeated_kv", False)) if run else False,
                               dispatcher=_dispatcher(run) if run else "alltoall",
                               tp_overlap=bool(run.get("tp_overlap", False)) if run else False,
+                              # Megatron-Core's distributed optimizer: gradients and parameters once per step
+                              dp_once_per_step=bool(run and _stack(run) == "megatron-te"),
                               # Transformer Engine's grouped linear runs the routed experts in FP8 too
                               fp8_experts=bool(run and _stack(run) == "megatron-te" and job.train.precision == "fp8"))
     choices = Choices.from_job(job)

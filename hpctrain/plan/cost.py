@@ -180,6 +180,14 @@ class CostSetup:
     # --tp-comm-overlap, torch's AsyncTP; `tp_comm_per_micro_batch_s`): hpctrain's runtime runs them unoverlapped, a
     # published run's software (bench only).
     tp_overlap: bool = False
+    # Megatron-Core's data parallelism with its distributed optimizer (zero <= 1): the 16-bit parameters stay
+    # replicated, the gradients are reduce-scattered once per step in 16 bits (Megatron-Core's DDP default
+    # grad_reduce_in_fp32=False, megatron/core/distributed/distributed_data_parallel_config.py; Megatron-Bridge's
+    # performance recipes keep it, perf_recipes/_common.py) during the last micro-batch's backward
+    # (overlap_grad_reduce), and the updated shards all-gathered once per step during the first forward
+    # (overlap_param_gather). hpctrain's FSDP2 gathers every micro-batch and reduces in fp32 (_dp_comm_s): a
+    # published run's software (bench only).
+    dp_once_per_step: bool = False
     # Context parallelism through torch's context_parallel around a model that repeats K/V to the query heads
     # before SDPA (torchtitan's Llama of 2024-12: `keys = repeat_kv(xk, self.n_rep)` ahead of
     # F.scaled_dot_product_attention in torchtitan/models/llama/model.py): the all-gathered K/V carry `heads`,
@@ -707,13 +715,14 @@ def _dp_comm_s(hw: Hardware, c: CostSetup, slot_s: float) -> tuple[float, float]
     compute_bytes = 4 if c.precision == "fp32" else HALF_BYTES
     per_unit = slot_s / units
     forward = per_unit * forward_share(c.ac)
+    per_step = c.dp_once_per_step and c.zero <= 1
     return fsdp_exposed_s(FsdpStep(
         units=units,
         gather_s=collective_s(compute_bytes * unit_params, link, all_reduce=False),
-        reduce_s=collective_s(4.0 * unit_params, link, all_reduce=False),
+        reduce_s=collective_s((compute_bytes if per_step else 4.0) * unit_params, link, all_reduce=False),
         forward_per_unit_s=forward, backward_per_unit_s=per_unit - forward,
         micro_batches=c.micro_batches,
         gathers_in_backward=c.zero >= 3 and c.pp == 1,
-        gather_every_micro_batch=c.pp == 1,
+        gather_every_micro_batch=c.pp == 1 and not per_step,
         reduce_every_micro_batch=c.zero >= 2 and c.pp == 1,
         slowdown=comm.overlap_slowdown(hw.gpu.name)))

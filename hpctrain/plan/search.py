@@ -78,6 +78,7 @@ class SearchSettings:
     dispatcher: str = "alltoall"  # cost.CostSetup's: a published run's expert dispatcher (bench only)
     fp8_experts: bool = False  # cost.CostSetup's: a published run's FP8 routed experts (bench only)
     tp_overlap: bool = False  # cost.CostSetup's: a published run's TP collectives overlapped with GEMMs (bench only)
+    dp_once_per_step: bool = False  # cost.CostSetup's: Megatron-Core's distributed optimizer (bench only)
 
 
 def optimizer_kind(job: Job) -> str:
@@ -238,7 +239,7 @@ def _search_family(model: Any, hw: Hardware, choices: Choices, settings: SearchS
                             selective_mm_recompute=settings.selective_mm_recompute,
                             a2a_overlap=settings.a2a_overlap, cp_repeated_kv=settings.cp_repeated_kv,
                             dispatcher=settings.dispatcher, fp8_experts=settings.fp8_experts,
-                            tp_overlap=settings.tp_overlap),
+                            tp_overlap=settings.tp_overlap, dp_once_per_step=settings.dp_once_per_step),
                             settings.global_batch)
                         layouts.append(Layout(tp, pp, dp, mb, schedule, v, ac, zero, offload, sp, tuple(stage_layers),
                                               imbalance, memory, rank, cost, cp, ep))
