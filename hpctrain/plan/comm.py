@@ -33,6 +33,13 @@ NET_STEP_LATENCY_S = 9.6e-6
 # A100-SXM-80GB over NVLink (NVIDIA/nccl-tests issue #149) and 208 GB/s on an NV12 pair (issue #178),
 # of the 300 GB/s per direction.
 NVLINK_EFFICIENCY = 0.70
+# Third-generation NVSwitch (DGX/HGX H100 and H200) reduces in the switch (NVLink SHARP, NCCL's NVLS algorithm): each
+# GPU sends its data once instead of twice, so an all-reduce inside the node reaches a bus bandwidth above the line
+# rate: "476GB/s looks to be in the expected range for H100" (NCCL maintainer, NVIDIA/nccl-tests issue #290, an
+# 8-GPU all_reduce_perf over NVLink SHARP). Taken for every collective inside such a node (NCCL also runs
+# all-gather and reduce-scatter over NVLS since 2.19): 476 of the 450 GB/s per direction.
+NVLS_GPUS = ("h100-80gb", "h100-96gb-500w", "h200-141gb")
+NVLS_EFFICIENCY = 476.0 / 450.0
 # While FSDP's collectives run behind compute they take SMs from it: NCCL runs one CUDA block per
 # channel (NCCL user guide, NCCL_MIN_CTAS / NCCL_MAX_CTAS). The channel count is chosen by topology;
 # 16 is an assumption (two per NIC on an 8-NIC node). Of an A100's 108 SMs (A100 whitepaper) that is
@@ -81,7 +88,7 @@ def group_link(hw: Hardware, span_slots: int, ranks: int) -> Link:
     """
     if ranks <= 1:
         return Link(float("inf"), ranks, 1)
-    nvlink = hw.intra_node_bytes_per_s * NVLINK_EFFICIENCY
+    nvlink = hw.intra_node_bytes_per_s * (NVLS_EFFICIENCY if hw.gpu.name in NVLS_GPUS else NVLINK_EFFICIENCY)
     if span_slots * ranks <= hw.gpus_per_node:
         return Link(nvlink, ranks, 1)
     members_per_node = max(1, hw.gpus_per_node // span_slots)

@@ -138,3 +138,14 @@ def test_megatron_te_stack_runs_attention_at_the_fa3_class_on_hopper_only():
     assert with_stack(hw, "megatron-te", gemm_efficiency=0.66).gpu.gemm_efficiency == 0.66
     with pytest.raises(ValueError, match="unknown software stack"):
         with_stack(hw, "jax")
+
+
+def test_nvlink_collectives_inside_an_nvswitch_gen3_node_run_over_nvls():
+    """H100-class nodes reduce in the switch (NCCL's NVLS): an in-node collective sees 476 GB/s of bus bandwidth
+    (the NCCL maintainer's figure for H100), an A100 node its ring over 0.70 of the line rate."""
+    h100 = _hw(nodes=1)
+    assert comm.group_link(h100, 1, 8).bandwidth_bytes_per_s == pytest.approx(476e9)
+    a100 = _hw(nodes=1, gpu="a100-80gb")
+    assert comm.group_link(a100, 1, 8).bandwidth_bytes_per_s == pytest.approx(300e9 * comm.NVLINK_EFFICIENCY)
+    # across nodes the fabric bounds it as before
+    assert comm.group_link(_hw(nodes=2), 8, 2).bandwidth_bytes_per_s < 476e9
