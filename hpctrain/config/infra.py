@@ -69,6 +69,11 @@ class ClusterConfig(Section):
     gpu_spec: Optional[GpuSpec] = Field(None, description="Override or define the GPU's figures.")
     node: Optional[str] = Field(None, min_length=1, max_length=L.MAX_NAME_CHARS, description="Node catalog profile (e.g. dgx-a100).")
     fabric: str = Field("ib-hdr200", min_length=1, max_length=L.MAX_NAME_CHARS, description="Inter-node fabric catalog name.")
+    nvlink_domain_gpus: Optional[int] = Field(
+        None, ge=1, le=L.MAX_WORLD, description="GPUs that NVLink joins across nodes (multi-node "
+        "NVLink), counted in the job's nodes in Slurm's order: 72 on a GB200/GB300 NVL72 rack, 64 when the job takes 16 "
+        "of a rack's 18 trays (sbatch --segment=16). Groups inside one domain ride NVLink. A multiple of "
+        "gpus_per_node; default: the node profile's, else one node.")
     topology: Topology = Field(default_factory=lambda: Topology(),
                                description="Topology files for islands and leaf switches.")
     runtime_overhead_gib: Optional[float] = Field(None, ge=0, le=L.MAX_GPU_MEMORY_GIB, description="Per-GPU memory the planner reserves.")

@@ -6,9 +6,10 @@ the message through every rank, all-gather and reduce-scatter (n-1)/n, and it ta
 `ncclTopoTuneModel`): latency = base + (intra-node steps) x intra hop + (inter-node steps) x inter
 hop, so the latency term grows with the ring size; bandwidth = bus bandwidth of the slowest link.
 
-Hierarchy: a group inside one node rides NVLink; a group that crosses nodes is bounded by the
-fabric, one NIC's worth per member (see `group_link` for why), with its inter-node ring steps
-paying the network's hop latency.
+Hierarchy: a group inside one node rides NVLink, and so does a group inside one multi-node NVLink domain
+(GB200 / GB300 NVL72: 72 GPUs over 18 nodes, `Hardware.nvlink_domain_gpus`); a group that leaves them is bounded
+by the fabric, one NIC's worth per member (see `group_link` for why), with its ring steps between nodes (or
+domains) paying the network's hop latency.
 
 FSDP / ZeRO (`fsdp_exposed_s`): parameters are all-gathered and gradients reduce-scattered once
 per FSDP unit (a transformer block) per (micro-)step. The gather of unit i+1 is prefetched while
@@ -19,6 +20,8 @@ every other unit's collective that its compute does not cover + the last reduce-
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass
 
 from hpctrain.plan.hardware import Hardware
@@ -46,8 +49,10 @@ NVLS_EFFICIENCY = 476.0 / 450.0
 # ~15 %, of an H100 SXM's 132 (H100 whitepaper) ~12 %: hidden communication still costs that share
 # of the compute it hides behind.
 NCCL_CHANNELS = 16
+# B200: 148 SMs (device query, torchao PR #4002); B300, GB200 and GB300 taken as B200's (a B300 SXM6 AC's device query
+# shows 148 as well; NVIDIA publishes no count for the superchips' GPUs).
 SM_COUNT = {"a100-40gb": 108, "a100-80gb": 108, "h100-80gb": 132, "h200-141gb": 132, "v100-32gb": 80,
-            "l40s": 142}
+            "l40s": 142, "b200-180gb": 148, "b300-288gb": 148, "gb200-186gb": 148, "gb300-288gb": 148}
 
 
 def overlap_slowdown(gpu_name: str) -> float:
@@ -62,7 +67,7 @@ class Link:
 
     bandwidth_bytes_per_s: float
     ranks: int
-    nodes: int  # nodes the group spans (1 = all inside one node)
+    nodes: int  # the NVLink domains the group spans: nodes, or multi-node NVLink domains (1 = all on NVLink)
 
 
 def group_link(hw: Hardware, span_slots: int, ranks: int) -> Link:
@@ -91,10 +96,46 @@ def group_link(hw: Hardware, span_slots: int, ranks: int) -> Link:
     nvlink = hw.intra_node_bytes_per_s * (NVLS_EFFICIENCY if hw.gpu.name in NVLS_GPUS else NVLINK_EFFICIENCY)
     if span_slots * ranks <= hw.gpus_per_node:
         return Link(nvlink, ranks, 1)
-    members_per_node = max(1, hw.gpus_per_node // span_slots)
-    nodes = -(-ranks // members_per_node)
+    if hw.multi_node_nvlink and groups_in_domains(hw, span_slots * ranks):
+        return Link(nvlink, ranks, 1)  # across nodes of one NVLink domain: NVLink switch trays, no NIC
+    # members per node, or per multi-node domain: the ring crosses the fabric between them (at least once: a group
+    # that fits a domain's size but straddles two of them, `domain_share`, spans two)
+    members_per_node = max(1, hw.nvlink_domain_gpus // span_slots)
+    nodes = max(2, -(-ranks // members_per_node))
     per_gpu_nic = hw.node_fabric_bytes_per_s / hw.gpus_per_node
     return Link(min(nvlink, per_gpu_nic), ranks, nodes)
+
+
+def domain_share(hw: Hardware, extent: int) -> int:
+    """The fewest slots that a group of `extent` consecutive slots shares with one NVLink domain, over the job's
+    groups (1 <= answer <= extent; extent when every group lies inside one domain).
+
+    The placement (plan/placement.py) gives each group of a kind an aligned block of slots: tp innermost, the
+    group of span s and r ranks the block [k s r, (k + 1) s r). The job's nodes fill domains of
+    `nvlink_domain_gpus` in Slurm's node order, the last one possibly partial. A block straddles a domain boundary
+    when the domain is not a multiple of it (a 72-GPU NVL72 rack holds four blocks of 16 and half of a fifth): the
+    slowest group sets the step, so such a layout is priced as the straddling group sees it."""
+    return _domain_share(extent, min(hw.nvlink_domain_gpus, hw.world_size), hw.world_size)
+
+
+@functools.lru_cache(maxsize=4096)
+def _domain_share(extent: int, domain: int, world: int) -> int:
+    if domain % extent == 0:
+        return extent
+    # block k starts at k * extent mod domain inside its domain: the starts repeat after domain / gcd blocks
+    period = domain // math.gcd(extent, domain)
+    fewest = extent
+    for block in range(min(world // extent, period)):
+        start = block * extent % domain
+        first = min(extent, domain - start)  # the block's slots in the domain it starts in
+        last = (extent - first) % domain  # and in the domain it ends in, past whole domains between
+        fewest = min(fewest, first, last or fewest)
+    return fewest
+
+
+def groups_in_domains(hw: Hardware, extent: int) -> bool:
+    """Every group of `extent` consecutive slots lies inside one NVLink domain (`domain_share`)."""
+    return domain_share(hw, extent) == extent
 
 
 def ring_latency_s(link: Link, all_reduce: bool) -> float:
@@ -184,10 +225,12 @@ A2A_NVLINK_EFFICIENCY = 0.80
 
 @dataclass(frozen=True)
 class EpPlacement:
-    """Where one ep group's ranks sit: `in_node` of its `ranks` share each node (ep_placement)."""
+    """Where one ep group's ranks sit: `in_node` of its `ranks` share each node, `on_nvlink` (at least) share
+    one NVLink domain with each rank (ep_placement; 0 = in_node, NVLink inside a node only)."""
 
     ranks: int
     in_node: int
+    on_nvlink: int = 0
 
     @property
     def nodes(self) -> int:
@@ -196,6 +239,21 @@ class EpPlacement:
     @property
     def crosses_nodes(self) -> bool:
         return self.ranks > self.in_node
+
+    @property
+    def nvlink_peers(self) -> int:
+        """Ranks of the group (the rank itself included) that a rank reaches over NVLink."""
+        return self.on_nvlink or self.in_node
+
+    @property
+    def fabric_segments(self) -> int:
+        """The parts of the group that NVLink joins and the fabric separates: its nodes, or its NVLink domains."""
+        return -(-self.ranks // self.nvlink_peers)
+
+    @property
+    def crosses_fabric(self) -> bool:
+        """Some of the group's all-to-all leaves over the NICs (a group beyond one node or one NVLink domain)."""
+        return self.ranks > self.nvlink_peers
 
 
 def pipeline_outermost(ep: int) -> bool:
@@ -220,36 +278,42 @@ def dp_span(tp: int, pp: int, ep: int) -> int:
 
 def ep_placement(hw: Hardware, tp: int, pp: int, ep: int) -> EpPlacement:
     """The ep group of a (tp, pp) layout: ep consecutive slots (pipeline_outermost): whole tp groups side by
-    side, as many in a node as it holds."""
-    return EpPlacement(ep, max(1, min(ep, hw.gpus_per_node)))
+    side, as many in a node as it holds; on multi-node NVLink, as many of them in one NVLink domain as the
+    straddling group has there (`domain_share`)."""
+    in_node = max(1, min(ep, hw.gpus_per_node))
+    if ep <= hw.gpus_per_node or not hw.multi_node_nvlink:
+        return EpPlacement(ep, in_node)
+    return EpPlacement(ep, in_node, max(in_node, domain_share(hw, ep)))
 
 
 def all_to_all_s(message_bytes: float, hw: Hardware, where: EpPlacement,
                  fabric_copies: float | None = None, top_k: int = 1) -> float:
     """One all-to-all of `message_bytes` per rank over an ep group: (ep-1)/ep of it leaves the rank, the
-    in-node peers' share over NVLink and the rest over the rank's share of the node's NICs (hierarchical
-    when the group spans nodes); plus NCCL's base latency and one hop (a network hop when it crosses).
+    NVLink peers' share (in its node, or in its multi-node NVLink domain) over NVLink and the rest over the rank's
+    share of the node's NICs (hierarchical when the group leaves NVLink); plus NCCL's base latency and one hop (a
+    network hop when it crosses the fabric).
 
     `fabric_copies` (a node-deduplicating dispatcher, `dedup_fabric_copies`): of the `top_k` routed copies of a
-    token that `message_bytes` carries, only this many cross the fabric (one per remote node it reaches), and
-    the receiving GPU forwards them over NVLink to the GPUs of their experts, so NVLink carries every copy
-    that does not land on its relay: (top_k - 1 / in_node) of top_k, an upper bound of the forwarding."""
+    token that `message_bytes` carries, only this many cross the fabric (one per remote node, or NVLink domain,
+    it reaches), and the receiving GPU forwards them over NVLink to the GPUs of their experts, so NVLink carries
+    every copy that does not land on its relay: (top_k - 1 / peers) of top_k, an upper bound of the forwarding."""
     ep = where.ranks
     if ep <= 1 or message_bytes <= 0:
         return 0.0
     nvlink = hw.intra_node_bytes_per_s * A2A_NVLINK_EFFICIENCY
+    peers = where.nvlink_peers
     inter = 0.0
-    if fabric_copies is not None and where.crosses_nodes:
+    if fabric_copies is not None and where.crosses_fabric:
         per_copy = message_bytes / top_k
-        intra = per_copy * top_k * (where.in_node - 1) / where.in_node / nvlink
+        intra = per_copy * top_k * (peers - 1) / peers / nvlink
         nic = min(nvlink, hw.node_fabric_bytes_per_s / hw.gpus_per_node)
         inter = per_copy * fabric_copies / nic
     else:
-        intra = message_bytes * (where.in_node - 1) / ep / nvlink
-        if where.crosses_nodes:
+        intra = message_bytes * (peers - 1) / ep / nvlink
+        if where.crosses_fabric:
             nic = min(nvlink, hw.node_fabric_bytes_per_s / hw.gpus_per_node)
-            inter = message_bytes * (ep - where.in_node) / ep / nic
-    hop = NET_STEP_LATENCY_S if where.crosses_nodes else NVLINK_STEP_LATENCY_S
+            inter = message_bytes * (ep - peers) / ep / nic
+    hop = NET_STEP_LATENCY_S if where.crosses_fabric else NVLINK_STEP_LATENCY_S
     return max(intra, inter) + RING_BASE_LATENCY_S + hop
 
 
@@ -267,8 +331,9 @@ def dedup_fabric_copies(experts: int, top_k: int, where: EpPlacement) -> float:
     """Expected remote nodes a token reaches when its top_k experts are drawn without replacement, uniformly
     (a balanced router), from `experts` spread evenly over the ep group's nodes: (nodes - 1) x P(a given
     remote node holds at least one of them) = (nodes - 1) x (1 - C(E - E_n, k) / C(E, k)), E_n = experts per
-    node. Capped by top_k (never more than the copies themselves)."""
-    nodes = where.nodes
+    node (per NVLink domain on multi-node NVLink: `EpPlacement.fabric_segments`). Capped by top_k (never more than
+    the copies themselves)."""
+    nodes = where.fabric_segments
     if nodes <= 1:
         return 0.0
     per_node = experts / nodes

@@ -212,7 +212,7 @@ class StepCost:
     dp_comm_total_s: float = 0.0  # all of FSDP's collectives, hidden or not
     cp_comm_s: float = 0.0  # of tp_comm_s: context parallelism's K/V exchanges (on the critical path too)
     a2a_s: float = 0.0  # expert parallelism's dispatch/combine all-to-alls (on the critical path, not in tp_comm_s)
-    a2a_crosses_nodes: bool = False  # the ep group spans nodes: its all-to-all rides the fabric
+    a2a_crosses_nodes: bool = False  # the ep group leaves NVLink (its node, or its NVLink domain): all-to-all over the fabric
 
     @property
     def comm_exposed_s(self) -> float:
@@ -653,7 +653,7 @@ def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int) -> Step
         dp_comm_total_s=dp_total,
         cp_comm_s=c.micro_batches * cp_mb,
         a2a_s=c.micro_batches * a2a_mb,
-        a2a_crosses_nodes=c.ep > 1 and comm.ep_placement(hw, c.tp, c.pp, c.ep).crosses_nodes,
+        a2a_crosses_nodes=c.ep > 1 and comm.ep_placement(hw, c.tp, c.pp, c.ep).crosses_fabric,
     )
 
 

@@ -67,6 +67,12 @@ MEGATRON_TE_GEMM_EFFICIENCY: dict[str, float] = {"h100-80gb": 0.81}
 # flash-attention README).
 # V100 has no run in the corpus either: A100's GEMM figure; attention 0.35 because FlashAttention-2
 # does not run on Volta (flash-attention README) and SDPA falls back to memory-efficient kernels.
+# Blackwell (B200, B300, GB200, GB300) has no training run in the corpus either, so nothing can fit its
+# figures: it takes H100's fitted GEMM figure and FlashAttention-3's H100 attention figure, an assumption.
+# What is known points no lower: torchao's roofline table (torchao/testing/training/roofline_utils.py, 0.18)
+# measured 82 % of the dense peak on large GEMMs of a B300 against the 78 % it measured on an H100, so the
+# kernels reach as much of Blackwell's peak; what the fitted figure stands for beyond the kernels (launch gaps,
+# SMs shared with collectives, clocks) is not known for Blackwell. Re-fit once a Blackwell run is in the corpus.
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,9 @@ class Gpu:
     gemm_efficiency: float = A100_GEMM_EFFICIENCY
     attention_efficiency: float = A100_ATTENTION_EFFICIENCY
     fp8_flops_per_s: float = 0.0  # dense FP8 tensor-core peak; 0 = no FP8 tensor cores (train.precision: fp8)
+    # Block-scaled (MX) FP8 tensor cores: the MMA reads one E8M0 scale per 32 elements of K itself (train.fp8.recipe
+    # mxfp8); Blackwell's fifth-generation tensor cores (sm_100, PTX ISA "tcgen05.mma ... block_scale"), none before.
+    mxfp8: bool = False
 
     def peak_flops_per_s(self, precision: str) -> float:
         """Dense peak for the job's compute precision.
@@ -131,6 +140,44 @@ GPUS: dict[str, Gpu] = {
     "h200-141gb": Gpu("h200-141gb", 143771 * MIB, 989 * TERA, 989 * TERA, 67 * TERA, 4800 * GB, 450 * GB, 64 * GB,
                        gemm_efficiency=H100_GEMM_EFFICIENCY, attention_efficiency=H100_ATTENTION_EFFICIENCY,
                        fp8_flops_per_s=1979 * TERA),
+    # Blackwell (compute capability 10.x), two dies as one GPU. Peaks are the vendors' sparse figures halved
+    # (NVIDIA's footnote on each table: "dense is one-half sparse"); FP8 runs at twice bf16, and MX block-scaled
+    # FP8 (mxfp8) at the FP8 rate (Blackwell architecture technical brief: block scaling in the tensor core).
+    # NVLink 5: 18 links, 1.8 TB/s per GPU bidirectional, 900 GB/s per direction (DGX B200 datasheet: "14.4 TB/s
+    # aggregate" over 8 GPUs; GB200 NVL72 page: 130 TB/s over 72). SM count 148 (device query in torchao PR #4002
+    # for B200; the same 148 on a B300 SXM6 AC), used for NCCL's share of the SMs (comm.SM_COUNT).
+    # B200 in DGX/HGX B200 (1,000 W): HGX B200 page, 8 GPUs: FP16/BF16 36 PFLOPS, FP8 72 PFLOPS (sparse), FP32
+    # 600 TFLOPS -> 2,250 / 4,500 / 75 TFLOPS per GPU; torchao's roofline table holds the same 2,250 and 4,500.
+    # Memory 180 GB (DGX B200 datasheet: 1,440 GB over 8); nvidia-smi: 183359 MiB. HBM: the datasheet's 8 TB/s
+    # assumes an 8,192-bit bus, the CUDA 13 driver reports 7,680 bits at 3,996 MHz: 7.672 TB/s (torchao
+    # roofline_utils.py, PR #4002), taken here. Host link PCIe Gen5 x16 (MLPerf Inference v6.0 system
+    # descriptions of B200 nodes: "accelerator_host_interconnect: PCIe Gen5 x16").
+    "b200-180gb": Gpu("b200-180gb", 183359 * MIB, 2250 * TERA, 2250 * TERA, 75 * TERA, 7672 * GB, 900 * GB, 64 * GB,
+                       gemm_efficiency=H100_GEMM_EFFICIENCY, attention_efficiency=H100_ATTENTION_EFFICIENCY,
+                       fp8_flops_per_s=4500 * TERA, mxfp8=True),
+    # B300 (Blackwell Ultra) in DGX/HGX B300: the Blackwell Ultra datasheet's 2,250 TFLOPS bf16 and 4,500 FP8
+    # dense per GPU (torchao roofline_utils.py quotes it; the DGX B300 datasheet's "72 PFLOPS FP8 training" is the
+    # sparse figure over 8), 288 GB HBM3e at 8 TB/s; nvidia-smi ("NVIDIA B300 SXM6 AC"): 275040 MiB. FP32: no
+    # figure found for the HGX part, B200's 75 TFLOPS taken (an assumption; only precision fp32 uses it). Host
+    # link: the GPU has PCIe Gen6, the DGX B300's Xeon 6 hosts PCIe Gen5: Gen5 x16 taken.
+    "b300-288gb": Gpu("b300-288gb", 275040 * MIB, 2250 * TERA, 2250 * TERA, 75 * TERA, 8000 * GB, 900 * GB, 64 * GB,
+                       gemm_efficiency=H100_GEMM_EFFICIENCY, attention_efficiency=H100_ATTENTION_EFFICIENCY,
+                       fp8_flops_per_s=4500 * TERA, mxfp8=True),
+    # The Blackwell GPU of a GB200 superchip (1,200 W): GB200 NVL72 page, 72 GPUs: FP16/BF16 360 PFLOPS and FP8
+    # 720 PFLOPS (sparse), FP32 5,760 TFLOPS, 13.4 TB HBM3e at 576 TB/s, NVLink 130 TB/s -> per GPU 2,500 / 5,000
+    # dense, 80 TFLOPS FP32, 186 GB at 8 TB/s, 1.8 TB/s NVLink. nvidia-smi ("NVIDIA GB200"): 189471 MiB. Host link:
+    # NVLink-C2C, 900 GB/s bidirectional between one Grace CPU and its two GPUs (same page), taken as shared
+    # evenly: 450 GB/s per direction over two GPUs, 225 GB/s each.
+    "gb200-186gb": Gpu("gb200-186gb", 189471 * MIB, 2500 * TERA, 2500 * TERA, 80 * TERA, 8000 * GB, 900 * GB,
+                        225 * GB, gemm_efficiency=H100_GEMM_EFFICIENCY, attention_efficiency=H100_ATTENTION_EFFICIENCY,
+                        fp8_flops_per_s=5000 * TERA, mxfp8=True),
+    # The Blackwell Ultra GPU of a GB300 superchip (1,400 W): GB300 NVL72 page, 72 GPUs: FP16/BF16 360 PFLOPS and
+    # FP8/FP6 720 PFLOPS (sparse), FP32 6 PFLOPS, up to 576 TB/s HBM3e, NVLink 130 TB/s -> per GPU 2,500 / 5,000
+    # dense, 83 TFLOPS FP32, 8 TB/s, 1.8 TB/s NVLink; 288 GB (Blackwell Ultra datasheet); nvidia-smi ("NVIDIA
+    # GB300"): 284208 MiB. Host link: NVLink-C2C from a Grace CPU to two GPUs as in GB200, 225 GB/s each.
+    "gb300-288gb": Gpu("gb300-288gb", 284208 * MIB, 2500 * TERA, 2500 * TERA, 83 * TERA, 8000 * GB, 900 * GB,
+                        225 * GB, gemm_efficiency=H100_GEMM_EFFICIENCY, attention_efficiency=H100_ATTENTION_EFFICIENCY,
+                        fp8_flops_per_s=5000 * TERA, mxfp8=True),
     # NVIDIA L40S datasheet: 362.05 TFLOPS bf16/fp16 dense (733 with sparsity), 91.6 TFLOPS FP32,
     # 48 GB GDDR6 at 864 GB/s, no NVLink, PCIe Gen4 x16 64 GB/s (bidirectional), FP8 733 TFLOPS dense
     # (1,466 with sparsity; Ada's fourth-generation tensor cores). nvidia-smi: 46068 MiB.
@@ -173,6 +220,10 @@ FABRICS: dict[str, Fabric] = {
     "ib-hdr200": Fabric("ib-hdr200", 200e9 / 8, 5e-6, 0.90, "ib"),
     # NVIDIA ConnectX-7 / Quantum-2 NDR: 400 Gb/s per port (ConnectX-7 datasheet).
     "ib-ndr400": Fabric("ib-ndr400", 400e9 / 8, 5e-6, 0.90, "ib"),
+    # NVIDIA ConnectX-8 SuperNIC / Quantum-X800 XDR: 800 Gb/s per port (ConnectX-8 datasheet; DGX B300 datasheet:
+    # "8x OSFP ports serving 8x single-port NVIDIA ConnectX-8 VPI, up to 800Gb/s"; GB300 NVL72: one ConnectX-8 per
+    # GPU). Efficiency and latency: NDR's (no nccl-tests figure at XDR found), an assumption.
+    "ib-xdr800": Fabric("ib-xdr800", 800e9 / 8, 5e-6, 0.90, "ib"),
     # RoCE v2 over 200 GbE (ConnectX-6 Dx / Spectrum): same links, Ethernet congestion control.
     "roce": Fabric("roce", 200e9 / 8, 8e-6, 0.80, "roce", nics_per_node=2),
     # Plain TCP over 100 GbE through NCCL's socket transport.
@@ -189,15 +240,19 @@ FABRICS: dict[str, Fabric] = {
 
 @dataclass(frozen=True)
 class NodeProfile:
-    """A server model: which GPUs, how many, which share an NVLink island, how many fabric NICs."""
+    """A server model: which GPUs, how many, which share an NVLink island, how many fabric NICs.
+
+    A Slurm node is one operating-system instance: a DGX, or one compute tray of a rack whose NVLink switches join
+    several trays into one NVLink domain (`nvlink_domain_gpus`, multi-node NVLink: GB200 / GB300 NVL72)."""
 
     name: str
     gpu: str
     gpus_per_node: int
-    nvlink_island_gpus: int  # GPUs that reach each other over NVLink/NVSwitch at full bandwidth
+    nvlink_island_gpus: int  # GPUs of one node that reach each other over NVLink/NVSwitch at full bandwidth
     nics_per_node: int
     fabric: str
     other_gpus: tuple[str, ...] = ()  # the same server model sold with another GPU variant
+    nvlink_domain_gpus: int = 0  # GPUs joined by NVLink across nodes (a multiple of gpus_per_node); 0 = one node
 
     @property
     def gpus(self) -> tuple[str, ...]:
@@ -216,6 +271,20 @@ NODES: dict[str, NodeProfile] = {
     "grand-teton-h100": NodeProfile("grand-teton-h100", "h100-96gb-500w", 8, 8, 8, "roce-400"),
     # NVIDIA HGX H200 reference board: 8x H200 SXM with NVSwitch; typically 8x NDR400 NICs.
     "hgx-h200": NodeProfile("hgx-h200", "h200-141gb", 8, 8, 8, "ib-ndr400"),
+    # NVIDIA DGX B200 datasheet / user guide: 8x B200 on two NVSwitch chips (one island, 14.4 TB/s aggregate), 4x OSFP
+    # ports serving 8x single-port ConnectX-7 VPI at up to 400 Gb/s InfiniBand for the compute fabric.
+    "dgx-b200": NodeProfile("dgx-b200", "b200-180gb", 8, 8, 8, "ib-ndr400"),
+    # NVIDIA DGX B300 datasheet: 8x B300 (Blackwell Ultra) on NVLink 5 switches, 8x OSFP ports serving 8x single-port
+    # ConnectX-8 VPI at up to 800 Gb/s.
+    "dgx-b300": NodeProfile("dgx-b300", "b300-288gb", 8, 8, 8, "ib-xdr800"),
+    # NVIDIA GB200 NVL72: 18 compute trays of 2 GB200 superchips (4 GPUs, one Slurm node each) joined by 9 NVLink
+    # switch trays into one NVLink domain of 72 GPUs at 1.8 TB/s per GPU (GB200 NVL72 page; DGX GB200 user guide);
+    # each tray has 4 ConnectX-7 400 Gb/s NICs for the compute fabric, one per GPU (DGX GB200 user guide; MLPerf
+    # system descriptions: 4 per 4-GPU node).
+    "gb200-nvl72": NodeProfile("gb200-nvl72", "gb200-186gb", 4, 4, 4, "ib-ndr400", nvlink_domain_gpus=72),
+    # NVIDIA GB300 NVL72: the same rack of 18 trays of 4 GPUs and one 72-GPU NVLink domain, one ConnectX-8 800 Gb/s
+    # SuperNIC per GPU (GB300 NVL72 page: "72 ConnectX-8 SuperNICs").
+    "gb300-nvl72": NodeProfile("gb300-nvl72", "gb300-288gb", 4, 4, 4, "ib-xdr800", nvlink_domain_gpus=72),
     # A PCIe server with 8x L40S (no NVLink: every GPU is its own island) and 2x 200 GbE RoCE NICs.
     "pcie-l40s": NodeProfile("pcie-l40s", "l40s", 8, 1, 2, "roce"),
     # NVIDIA DGX-1 with V100: hybrid cube mesh, fully connected quads (islands of 4), 4x EDR IB
@@ -235,10 +304,23 @@ class Hardware:
     nvlink_island_gpus: int
     nics_per_node: int
     node_profile: Optional[str]
+    # The NVLink domain: consecutive GPUs of the job (whole nodes, in Slurm's node order) that reach each other over
+    # NVLink; 0 = one node's (every profile but the NVL72 racks). Groups inside one domain ride NVLink whether or not
+    # they span nodes (comm.group_link, comm.ep_placement).
+    nvlink_domain_gpus: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.nvlink_domain_gpus:
+            object.__setattr__(self, "nvlink_domain_gpus", self.gpus_per_node)
 
     @property
     def world_size(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    @property
+    def multi_node_nvlink(self) -> bool:
+        """NVLink joins more than one node's GPUs (GB200 / GB300 NVL72)."""
+        return self.nvlink_domain_gpus > self.gpus_per_node
 
     @property
     def node_fabric_bytes_per_s(self) -> float:
@@ -295,6 +377,14 @@ def check_catalog_names(job: Job) -> list[str]:
         if _lookup(GPUS, cluster.gpu) is not None and cluster.gpu.lower() not in profile.gpus:
             problems.append(f"cluster.gpu: node profile {profile.name!r} has {' or '.join(profile.gpus)} GPUs "
                             f"(got {cluster.gpu!r}); set cluster.gpu={profile.gpu} or choose another cluster.node")
+    profile = _lookup(NODES, cluster.node) if cluster.node is not None else None
+    if profile is not None and cluster.gpus_per_node > profile.gpus_per_node:
+        problems.append(f"cluster.gpus_per_node: node profile {profile.name!r} has {profile.gpus_per_node} GPUs per "
+                        f"node (got {cluster.gpus_per_node}); set cluster.gpus_per_node={profile.gpus_per_node}")
+    domain = getattr(cluster, "nvlink_domain_gpus", None)
+    if domain is not None and domain % cluster.gpus_per_node:
+        problems.append(f"cluster.nvlink_domain_gpus: an NVLink domain is whole nodes, a multiple of "
+                        f"cluster.gpus_per_node={cluster.gpus_per_node} (got {domain}); set a multiple of it")
     return problems
 
 
@@ -345,4 +435,16 @@ def resolve_hardware(job: Job, nvlink_island_gpus: Optional[int] = None) -> Hard
     nics = profile.nics_per_node if profile is not None else (fabric.nics_per_node or cluster.gpus_per_node)
     return Hardware(gpu=gpu, fabric=fabric, nodes=cluster.nodes, gpus_per_node=cluster.gpus_per_node,
                     nvlink_island_gpus=min(nvlink_island_gpus, cluster.gpus_per_node), nics_per_node=nics,
-                    node_profile=profile.name if profile else None)
+                    node_profile=profile.name if profile else None,
+                    nvlink_domain_gpus=nvlink_domain_gpus(cluster, profile))
+
+
+def nvlink_domain_gpus(cluster: Any, profile: Optional[NodeProfile]) -> int:
+    """GPUs of the job per NVLink domain: cluster.nvlink_domain_gpus, else the profile's domain in nodes times the
+    job's GPUs per node (a job on 2 GPUs of each NVL72 tray has domains of 18 x 2), else one node's."""
+    given = getattr(cluster, "nvlink_domain_gpus", None)
+    if given is not None:
+        return int(given)
+    if profile is not None and profile.nvlink_domain_gpus:
+        return profile.nvlink_domain_gpus // profile.gpus_per_node * cluster.gpus_per_node
+    return int(cluster.gpus_per_node)

@@ -68,6 +68,7 @@ class PlanResult:
             "model": {"params": param_count(self.model), "model_flops_per_token": model_flops_per_token(self.model)},
             "cluster": {"gpu": hw.gpu.name, "nodes": hw.nodes, "gpus_per_node": hw.gpus_per_node,
                         "world_size": hw.world_size, "nvlink_island_gpus": hw.nvlink_island_gpus,
+                        "nvlink_domain_gpus": hw.nvlink_domain_gpus,
                         "fabric": hw.fabric.name, "memory_budget_gib": round(self.budget_bytes / GIB, 3)},
             "candidates_evaluated": self.evaluated,
             "feasible": len(self.layouts),

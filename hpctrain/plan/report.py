@@ -88,7 +88,8 @@ def machines(hw: Any) -> str:
     if hw.gpu.name == CPU:
         between = f"; between nodes modelled as {hw.fabric.name}" if hw.nodes > 1 else ""
         return f"{hw.nodes} nodes x {hw.gpus_per_node} CPU processes, gloo{between}"
-    return f"{hw.nodes} nodes x {hw.gpus_per_node}, NVLink islands of {hw.nvlink_island_gpus}, {hw.fabric.name}"
+    domains = f", NVLink domains of {hw.nvlink_domain_gpus}" if hw.multi_node_nvlink else ""
+    return f"{hw.nodes} nodes x {hw.gpus_per_node}, NVLink islands of {hw.nvlink_island_gpus}{domains}, {hw.fabric.name}"
 
 
 def stages_text(stage_layers: list[Any], limit: int = 8) -> str:
@@ -163,8 +164,12 @@ def _shape_text(result: PlanResult, lay: Layout) -> str:
     text = ", ".join(changed)
     if lay.ep > 1:
         where = ep_placement(result.hardware, lay.tp, lay.pp, lay.ep)
-        text += (f" (EP {lay.ep} across {where.nodes} nodes, all-to-all over {result.hardware.fabric.name})"
-                 if where.crosses_nodes else f" (EP {lay.ep} inside a node, all-to-all over NVLink)")
+        if where.crosses_fabric:
+            text += f" (EP {lay.ep} across {where.nodes} nodes, all-to-all over {result.hardware.fabric.name})"
+        elif where.crosses_nodes:
+            text += f" (EP {lay.ep} across {where.nodes} nodes of one NVLink domain, all-to-all over NVLink)"
+        else:
+            text += f" (EP {lay.ep} inside a node, all-to-all over NVLink)"
     return text
 
 
