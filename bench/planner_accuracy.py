@@ -94,9 +94,11 @@ def load_corpus(path: Path = CORPUS) -> list[dict[str, Any]]:
 def _job(run: dict[str, Any], fixed: bool) -> Any:
     """The hpctrain job of a corpus run: everything auto, or the published layout's fields fixed."""
     from hpctrain.config import job_from_dict
+    from hpctrain.plan.hardware import NODES
 
     hw, lay = run["hardware"], run["layout"]
-    per_node = hw.get("gpus_per_node", 8)
+    # GPUs per node: the row's, else its node profile's (4 on a GB200 / GB300 NVL72 compute tray), else 8
+    per_node = hw.get("gpus_per_node") or (NODES[hw["node"]].gpus_per_node if hw.get("node") in NODES else 8)
     moe = run["model"].get("moe") is not None
     parallel: dict[str, Any] = {"tp": "auto", "pp": "auto", "dp": "auto", "schedule": "auto",
                                 "virtual_stages": "auto", "zero": "auto", "offload_optimizer": False,
@@ -119,6 +121,8 @@ def _job(run: dict[str, Any], fixed: bool) -> Any:
     cluster = {"nodes": hw["gpus"] // per_node, "gpus_per_node": per_node, "gpu": hw["gpu"], "fabric": hw["fabric"]}
     if hw.get("node"):
         cluster["node"] = hw["node"]
+    if hw.get("nvlink_domain_gpus"):  # the publisher's allocation per NVLink domain (e.g. 64 of an NVL72 rack)
+        cluster["nvlink_domain_gpus"] = hw["nvlink_domain_gpus"]
     return job_from_dict({"name": run["name"], "model": dict(run["model"]), "train": train, "parallel": parallel,
                           "cluster": cluster})
 
@@ -157,6 +161,7 @@ def _search(job: Any, hw: Any, budget_bytes: Optional[float] = None, run: Option
                               overhead_bytes=DEFAULT_RUNTIME_OVERHEAD_BYTES,
                               attention=_attention(run) if run else "flash",
                               fp8=job.train.precision == "fp8", fp8_min_width=int(job.train.fp8.min_width),
+                              fp8_recipe=job.train.fp8.recipe,
                               compile=fused, compile_with_tp=fused,
                               expert_load_imbalance=run.get("expert_load_imbalance") if run else None,
                               selective_mm_recompute=float(run.get("selective_mm_recompute", 0.0)) if run else 0.0,

@@ -29,6 +29,8 @@ class GpuSpec(Section):
     fp8_peak_tflops: Optional[float] = Field(None, ge=0, le=L.MAX_GPU_TFLOPS, description="Dense FP8 tensor-core "
                                              "peak, TFLOP/s; 0 = no FP8 (train.precision: fp8 refused); default: "
                                              "the catalog's figure for cluster.gpu, else 0.")
+    mxfp8: Optional[bool] = Field(None, description="The GPU has MX block-scaled FP8 tensor cores (train.fp8.recipe "
+                                  "mxfp8); default: the catalog's for cluster.gpu, else false.")
 
 
 _NODE_RANGE = re.compile(r"([0-9]{1,6})\s*-\s*([0-9]{1,6})")

@@ -313,6 +313,14 @@ def _memory_lever_problems(job: Job) -> list[Problem]:
         out.append(Problem("train.embedding_on_cpu", "does not combine with model.tie_embeddings: the head shares "
                            "the table and computes on the device", True,
                            "set train.embedding_on_cpu: false, or model.tie_embeddings: false"))
+    if t.precision == "fp8" and t.fp8.recipe == "mxfp8" and job.model is not None:
+        # MX blocks run along every GEMM's reduction, the weight gradient's too: a micro-batch's tokens on a rank
+        tokens = int(job.model.seq_len or 0) // job.parallel.cp
+        if tokens % MX_BLOCK:
+            out.append(Problem("train.fp8.recipe", f"mxfp8 scales blocks of {MX_BLOCK} along every GEMM's reduction, "
+                               f"the weight gradient's over a sequence's tokens on a rank (model.seq_len / parallel.cp"
+                               f" = {tokens})", "mxfp8", f"use a model.seq_len that is a multiple of {MX_BLOCK} x "
+                               "parallel.cp, or recipe tensorwise"))
     compute = t.fp8.high_precision if t.precision == "fp8" else t.precision  # what attention computes in
     if t.attention_kernel == "flash" and compute == "fp32" and job.cluster.gpu != "cpu":
         out.append(Problem("train.attention_kernel", "flash needs 16-bit inputs on a GPU (train.precision: fp32)",
@@ -322,6 +330,10 @@ def _memory_lever_problems(job: Job) -> list[Problem]:
                            "(cluster.gpu: cpu)", "efficient", "use flash, math or auto on the CPU"))
     return out
 
+
+# The MX block: 32 elements share one E8M0 scale (OCP Microscaling Formats (MX) Specification v1.0, section 5: the
+# MXFP8 formats' block size k = 32).
+MX_BLOCK = 32
 
 # monitor.tracker name -> the module its runtime writer imports, and the extra that installs it
 TRACKER_PACKAGES = {"tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "wandb"),

@@ -54,9 +54,12 @@ class Fp8Config(Section):
     with dynamic scales; everything else (the output head, the MoE router, layers narrower than min_width, the
     attention core, norms) runs in `high_precision`. Master weights stay fp32."""
 
-    recipe: Literal["tensorwise", "rowwise"] = Field("tensorwise", description="torchao's float8 recipe: one scale "
-                                                      "per tensor (FSDP2 all-gathers the weights in fp8) or one per row "
-                                                      "(more accurate, weights all-gathered in 16 bits).")
+    recipe: Literal["tensorwise", "rowwise", "mxfp8"] = Field(
+        "tensorwise", description="The FP8 recipe: torchao's float8 with one scale per tensor (FSDP2 all-gathers the "
+        "weights in fp8) or one per row (more accurate, weights all-gathered in 16 bits); or mxfp8, Blackwell's "
+        "microscaled FP8 (OCP MX: e4m3 in blocks of 32 along each GEMM's reduction, one power-of-two E8M0 scale per "
+        "block; weights all-gathered in 16 bits): needs MX tensor cores (B200, B300, GB200, GB300) unless emulated, "
+        "and widths and model.seq_len / parallel.cp in multiples of 32.")
     # torchao's own auto-filter (float8_linear_utils._auto_filter_for_tensorwise) skips tensorwise layers with
     # K <= 4096 and N <= 1024 from its H100 table; one width bound is simpler to state: 1024 by default.
     min_width: int = Field(1024, ge=16, le=L.MAX_HIDDEN, description="Default 1024. Convert a linear layer only if both its "

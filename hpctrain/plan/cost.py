@@ -116,6 +116,17 @@ FP8_GEMM_EFFICIENCY_RATIO = 0.80
 FP8_CAST_BYTES_COMPILED = 8.0
 FP8_CAST_BYTES_EAGER = 16.0
 FP8_TILE = 16
+# mxfp8 (train.fp8.recipe, runtime/parallel/mxfp8.py: torchao's MX training GEMM): e4m3 in blocks of MX_BLOCK
+# elements along each GEMM's reduction, one E8M0 scale byte per block (OCP MX v1.0), so each of a linear's input,
+# weight and output gradient is cast twice, once with blocks along each of its dimensions (forward and weight
+# gradient read the input along different axes; torchao mxfp8_linear.py: a dim0 and a dim1 cast of each). Each
+# cast is one fused kernel that reads a block, takes its amax and writes it scaled (torchao's triton dim0 and CUDA
+# dim1 cast kernels, compiled or not): read 2 bytes, write 1 and 1/32 of a scale byte per element, no separate amax
+# pass. Its GEMMs run at the FP8 peak (the block-scaled MMA runs at the FP8 rate: Blackwell architecture technical
+# brief) at FP8_GEMM_EFFICIENCY_RATIO of the 16-bit fraction: tensorwise's fitted ratio, an assumption for MX.
+MX_BLOCK = 32
+FP8_MX_CAST_BYTES = 2 * (2.0 + 1.0 + 1.0 / MX_BLOCK)
+FP8_RECIPES = ("tensorwise", "rowwise", "mxfp8")
 # torch.compile (train.compile; the runtime compiles each block with inductor when tp == 1,
 # runtime/parallel/compile.py): inductor fuses each chain of element-wise ops between GEMMs (RMSNorm's upcast,
 # pow, mean, rsqrt and muls; RoPE; SiLU x gate; residual adds) into one kernel that reads its inputs and writes
@@ -160,6 +171,7 @@ class CostSetup:
     expert_load_imbalance: float = DEFAULT_EXPERT_STEP_IMBALANCE  # the busiest ep rank's rows over the mean
     fp8: bool = False  # train.precision fp8: eligible linears at the FP8 peak, plus their casts
     fp8_min_width: int = 1024  # train.fp8.min_width
+    fp8_recipe: str = "tensorwise"  # train.fp8.recipe (FP8_RECIPES): mxfp8 casts per 32-element block
     compile: bool = False  # train.compile on a layout the runtime compiles (tp == 1)
     # The share of the forward linear GEMMs that ac: selective recomputes: 0 for hpctrain's runtime (its op
     # policy saves every matmul output); a published run's software may differ (bench/planner_accuracy.py).
@@ -324,11 +336,11 @@ def routed_gemm_times(model: Any, tp: int, tokens: float, rate: float, ep: int =
 
 
 def routed_fp8_delta_s(model: Any, hw: Hardware, tp: int, tokens: float, compiled: bool, ep: int = 1,
-                       imbalance: float = DEFAULT_EXPERT_STEP_IMBALANCE) -> float:
+                       imbalance: float = DEFAULT_EXPERT_STEP_IMBALANCE, recipe: str = "tensorwise") -> float:
     """Per micro-batch token of one MoE block: what FP8 routed experts change (CostSetup.fp8_experts), their grouped
     GEMMs at the FP8 rate minus at the 16-bit rate, plus the casts of what they read: each routed copy's input
     (hidden) and output gradient (hidden), the SwiGLU product and its gradient (width), per element as
-    fp8_linears_s's, and every local expert's three weights once per micro-batch."""
+    fp8_linears_s's (mxfp8's per block), and every local expert's three weights once per micro-batch."""
     from hpctrain.config.moe import expert_width
 
     fp8_rate = hw.gpu.fp8_flops_per_s * hw.gpu.gemm_efficiency * FP8_GEMM_EFFICIENCY_RATIO
@@ -340,7 +352,8 @@ def routed_fp8_delta_s(model: Any, hw: Hardware, tp: int, tokens: float, compile
     moe, h = model.moe, float(model.hidden)
     width = float(expert_width(moe, int(model.ffn_hidden)))
     rows = moe.top_k / tp * (imbalance if ep > 1 else 1.0)
-    cast = FP8_CAST_BYTES_COMPILED if compiled else FP8_CAST_BYTES_EAGER
+    cast = (FP8_MX_CAST_BYTES if recipe == "mxfp8" else FP8_CAST_BYTES_COMPILED if compiled
+            else FP8_CAST_BYTES_EAGER)
     activations = cast * rows * 2 * (h + width)
     weights = cast * 3 * h * width * (moe.experts / ep) / max(tokens, 1.0)
     return f8 + b8 - f16 - b16 + (activations + weights) / (hw.gpu.hbm_bytes_per_s * HBM_EFFICIENCY)
@@ -417,9 +430,9 @@ def moe_block_parts(model: Any, hw: Hardware, c: CostSetup, tokens_mb: float) ->
     dense_delta = routed = 0.0
     if c.fp8:  # the delta splits 1:2 between forward and backward GEMMs, as layer_time_per_token_s counts it
         dense_delta = fp8_linears_s(model, hw, c.tp, tokens_mb, c.fp8_min_width, c.compile, c.ep,
-                                    c.expert_load_imbalance, moe_block_only=True)
-        routed = (routed_fp8_delta_s(model, hw, c.tp, tokens_mb, c.compile, c.ep, c.expert_load_imbalance)
-                  if c.fp8_experts else 0.0)
+                                    c.expert_load_imbalance, moe_block_only=True, recipe=c.fp8_recipe)
+        routed = (routed_fp8_delta_s(model, hw, c.tp, tokens_mb, c.compile, c.ep, c.expert_load_imbalance,
+                                     c.fp8_recipe) if c.fp8_experts else 0.0)
         a_f, a_b = a_f + dense_delta / 3.0, a_b + 2.0 * dense_delta / 3.0
         m_f, m_b = m_f + routed / 3.0, m_b + 2.0 * routed / 3.0
     if c.ac == "full":
@@ -455,12 +468,13 @@ def overlapped_a2a_per_block_s(one: float, parts: BlockParts, slowdown: float) -
 
 def fp8_linears_s(model: Any, hw: Hardware, tp: int, tokens: float, min_width: int, compiled: bool,
                   ep: int = 1, imbalance: float = DEFAULT_EXPERT_STEP_IMBALANCE, moe_block_only: bool = False,
-                  fp8_experts: bool = False) -> float:
+                  fp8_experts: bool = False, recipe: str = "tensorwise") -> float:
     """Per token of one layer on one TP rank: what FP8 changes, (fp8 GEMMs + casts) - (16-bit GEMMs), over the
-    eligible linears (full widths >= min_width, multiples of FP8_TILE; runtime/parallel/float8.py). With
-    model.moe the FFN linears of the MoE blocks are the shared experts' only (the routed ones stay 16-bit),
-    unless `fp8_experts` (a published run's software: `routed_fp8_delta_s`); `moe_block_only`: one MoE block's
-    attention linears and shared experts, not the mean layer."""
+    eligible linears (full widths >= min_width, multiples of FP8_TILE, or of MX_BLOCK x tp for mxfp8, whose
+    blocks must stay inside a tp shard; runtime/parallel/float8.py). With model.moe the FFN linears of the MoE
+    blocks are the shared experts' only (the routed ones stay 16-bit), unless `fp8_experts` (a published run's
+    software: `routed_fp8_delta_s`); `moe_block_only`: one MoE block's attention linears and shared experts, not
+    the mean layer."""
     from hpctrain.plan.model_stats import moe_layer_count
 
     bf16_rate = hw.gpu.peak_flops_per_s("bf16") * hw.gpu.gemm_efficiency
@@ -468,11 +482,13 @@ def fp8_linears_s(model: Any, hw: Hardware, tp: int, tokens: float, min_width: i
     if fp8_rate <= 0:
         return 0.0
     hbm = hw.gpu.hbm_bytes_per_s * HBM_EFFICIENCY
-    cast = FP8_CAST_BYTES_COMPILED if compiled else FP8_CAST_BYTES_EAGER
+    mx = recipe == "mxfp8"
+    cast = FP8_MX_CAST_BYTES if mx else FP8_CAST_BYTES_COMPILED if compiled else FP8_CAST_BYTES_EAGER
+    tile = MX_BLOCK * tp if mx else FP8_TILE
 
     def delta(full: list[tuple[float, float]], local: list[tuple[float, float]]) -> float:
         keep = [(i, o) for (fi, fo), (i, o) in zip(full, local)
-                if min(fi, fo) >= min_width and fi % FP8_TILE == 0 and fo % FP8_TILE == 0]
+                if min(fi, fo) >= min_width and fi % tile == 0 and fo % tile == 0]
         if not keep:
             return 0.0
         f16, b16 = _gemm_times(keep, tokens, bf16_rate)
@@ -494,7 +510,7 @@ def fp8_linears_s(model: Any, hw: Hardware, tp: int, tokens: float, min_width: i
     if moe_block_only:
         return moe_block
     if fp8_experts:
-        moe_block += routed_fp8_delta_s(model, hw, tp, tokens, compiled, ep, imbalance)
+        moe_block += routed_fp8_delta_s(model, hw, tp, tokens, compiled, ep, imbalance, recipe)
     share = n_moe / model.layers
     return (1 - share) * dense + share * moe_block
 
@@ -503,7 +519,8 @@ def layer_time_per_token_s(model: Any, hw: Hardware, tp: int, ac: str, precision
                            attention: str = "flash", tokens: float | None = None, ep: int = 1,
                            imbalance: float = DEFAULT_EXPERT_STEP_IMBALANCE, fp8: bool = False,
                            fp8_min_width: int = 1024, compiled: bool = False,
-                           selective_mm_recompute: float = 0.0, fp8_experts: bool = False) -> float:
+                           selective_mm_recompute: float = 0.0, fp8_experts: bool = False,
+                           fp8_recipe: str = "tensorwise") -> float:
     """Forward + backward (+ recompute) time of one layer per token on one TP rank; `tokens` is the
     micro-batch's token count (the weight gradients' K; default one sequence); `selective_mm_recompute` the
     share of the forward linear GEMMs that ac: selective replays (CostSetup)."""
@@ -529,7 +546,7 @@ def layer_time_per_token_s(model: Any, hw: Hardware, tp: int, ac: str, precision
     passes = COMPILED_ELEMENTWISE_PASSES if compiled else ELEMENTWISE_PASSES
     forward_passes = COMPILED_ELEMENTWISE_FORWARD_PASSES if compiled else ELEMENTWISE_FORWARD_PASSES
     fp8_delta = (fp8_linears_s(model, hw, tp, tokens if tokens else model.seq_len, fp8_min_width, compiled, ep,
-                               imbalance, fp8_experts=fp8_experts) if fp8 else 0.0)
+                               imbalance, fp8_experts=fp8_experts, recipe=fp8_recipe) if fp8 else 0.0)
     core_bwd = (FLASH_BACKWARD_WORK if attention == "flash" else 2.0) * core_fwd
     total = (matmul_fwd + matmul_bwd + fp8_delta + core_fwd + core_bwd + scores_fwd + scores_bwd
              + passes * elementwise_fwd)
@@ -572,7 +589,8 @@ def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int) -> Step
     layer_s = layer_time_per_token_s(model, hw, c.tp, c.ac, c.precision, c.sequence_parallel, c.attention,
                                      tokens=tokens_mb, ep=c.ep, imbalance=c.expert_load_imbalance, fp8=c.fp8,
                                      fp8_min_width=c.fp8_min_width, compiled=c.compile,
-                                     selective_mm_recompute=c.selective_mm_recompute, fp8_experts=c.fp8_experts)
+                                     selective_mm_recompute=c.selective_mm_recompute, fp8_experts=c.fp8_experts,
+                                     fp8_recipe=c.fp8_recipe)
     compute_mb = tokens_mb * (c.max_rank_layers * layer_s
                               + (head_time_per_token_s(model, hw, c.tp, c.precision) if c.max_rank_has_head else 0.0))
 

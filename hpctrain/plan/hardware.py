@@ -389,19 +389,25 @@ def check_catalog_names(job: Job) -> list[str]:
 
 
 def precision_problems(job: Job) -> list[str]:
-    """train.precision: fp8 on a GPU type without FP8 tensor cores (V100, A100, the CPU...), unless emulated.
+    """train.precision: fp8 on a GPU type without FP8 tensor cores (V100, A100, the CPU...), or recipe mxfp8 on one
+    without MX block-scaled ones (anything before Blackwell), unless emulated.
 
     The runtime checks the device each rank really has as well (runtime/distributed.py check_fp8_device)."""
     train = job.train
     if train.precision != "fp8" or train.fp8.emulate or check_catalog_names(job):
         return []
     gpu = resolve_hardware(job).gpu
-    if gpu.fp8_flops_per_s > 0:
-        return []
-    with_fp8 = ", ".join(name for name, g in GPUS.items() if g.fp8_flops_per_s > 0)
-    return [f"train.precision: {gpu.name} has no FP8 tensor cores (got 'fp8'); use bf16 on it, a GPU with FP8 "
-            f"({with_fp8}; or cluster.gpu_spec.fp8_peak_tflops), or train.fp8.emulate: true for tests and CPU "
-            "checks (slower than bf16)"]
+    if gpu.fp8_flops_per_s <= 0:
+        with_fp8 = ", ".join(name for name, g in GPUS.items() if g.fp8_flops_per_s > 0)
+        return [f"train.precision: {gpu.name} has no FP8 tensor cores (got 'fp8'); use bf16 on it, a GPU with FP8 "
+                f"({with_fp8}; or cluster.gpu_spec.fp8_peak_tflops), or train.fp8.emulate: true for tests and CPU "
+                "checks (slower than bf16)"]
+    if train.fp8.recipe == "mxfp8" and not gpu.mxfp8:
+        with_mx = ", ".join(name for name, g in GPUS.items() if g.mxfp8)
+        return [f"train.fp8.recipe: {gpu.name} has no MX block-scaled FP8 tensor cores (got 'mxfp8'); use tensorwise "
+                f"or rowwise on it, a Blackwell GPU ({with_mx}; or cluster.gpu_spec.mxfp8: true), or "
+                "train.fp8.emulate: true for tests and CPU checks"]
+    return []
 
 
 def resolve_hardware(job: Job, nvlink_island_gpus: Optional[int] = None) -> Hardware:
@@ -423,7 +429,7 @@ def resolve_hardware(job: Job, nvlink_island_gpus: Optional[int] = None) -> Hard
                       # plain FP32 at 1/16 of the 16-bit tensor peak: the A100's ratio (312 / 19.5, datasheet)
                       fp32_flops_per_s=gpu.fp32_flops_per_s or peak / 16, nvlink_bytes_per_s=spec.nvlink_gbps * GB,
                       fp8_flops_per_s=spec.fp8_peak_tflops * TERA if spec.fp8_peak_tflops is not None
-                      else gpu.fp8_flops_per_s)
+                      else gpu.fp8_flops_per_s, mxfp8=gpu.mxfp8 if spec.mxfp8 is None else spec.mxfp8)
     profile = _lookup(NODES, cluster.node) if cluster.node else None
     fabric = _lookup(FABRICS, cluster.fabric)
     if nvlink_island_gpus is None:

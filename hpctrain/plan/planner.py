@@ -144,6 +144,7 @@ def plan_job(job: Job) -> PlanResult:
                               embedding_on_cpu=bool(job.train.embedding_on_cpu),
                               cp_rotate=job.parallel.cp_rotate,
                               fp8=job.train.precision == "fp8" and not job.train.fp8.emulate, fp8_min_width=int(job.train.fp8.min_width),
+                              fp8_recipe=job.train.fp8.recipe,
                               compile=bool(job.train.compile))
     layouts, rejected, evaluated = search(job.model, hw, Choices.from_job(job), settings)
     result = PlanResult(job.name, job.model, hw, layouts, rejected, evaluated, time.perf_counter() - start,

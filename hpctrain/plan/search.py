@@ -69,6 +69,7 @@ class SearchSettings:
     cp_rotate: str = "allgather"  # parallel.cp_rotate (plan/context.py)
     fp8: bool = False  # train.precision fp8 (memory is priced in `precision`, its high precision)
     fp8_min_width: int = 1024
+    fp8_recipe: str = "tensorwise"  # train.fp8.recipe (cost.FP8_RECIPES)
     compile: bool = False  # train.compile: the runtime compiles the blocks of tp == 1 layouts
     compile_with_tp: bool = False  # a published run's software fuses element-wise work under TP too (bench only)
     expert_load_imbalance: float | None = None  # the busiest ep rank's load; None: cost.DEFAULT_EXPERT_STEP_IMBALANCE
@@ -231,7 +232,7 @@ def _search_family(model: Any, hw: Hardware, choices: Choices, settings: SearchS
                             max_rank_has_head=busiest_head, rank_params=busiest_params, sequence_parallel=sp,
                             attention=settings.attention, embedding_on_cpu=settings.embedding_on_cpu, ep=ep,
                             cp_rotate=settings.cp_rotate,
-                            fp8=settings.fp8, fp8_min_width=settings.fp8_min_width,
+                            fp8=settings.fp8, fp8_min_width=settings.fp8_min_width, fp8_recipe=settings.fp8_recipe,
                             compile=settings.compile and (tp == 1 or settings.compile_with_tp),
                             expert_load_imbalance=(DEFAULT_EXPERT_STEP_IMBALANCE
                                                    if settings.expert_load_imbalance is None

@@ -245,3 +245,38 @@ def test_the_new_sources_fields() -> None:
     assert len(pending) == 8 and {run["layout"]["cp"] for run in pending} == {1, 2, 4, 8}
     assert all(run["metric"]["flops"] == "megatron" for run in pending)
     assert not {run["name"] for run in pending} & set(runs)
+
+
+# A Blackwell row as the corpus would hold one (issue 26; the lead owns the corpus, so it is inline here): a MoE
+# model in MXFP8 on 256 GB200 GPUs of NVL72 racks, with no gpus_per_node (the node profile's 4 per compute tray).
+GB200_MXFP8 = {
+    "name": "inline-gb200-mxfp8", "set": "validation", "layout_case": False, "precision": "fp8",
+    "fp8_recipe": "mxfp8", "fused": True, "expert_load_imbalance": 1.0,
+    "source": "inline test row", "verified": "not a published run",
+    "model": {"layers": 48, "hidden": 2048, "heads": 32, "kv_heads": 4, "head_dim": 128, "qk_norm": True,
+              "ffn_hidden": 6144, "vocab": 151936, "seq_len": 4096, "tie_embeddings": False,
+              "moe": {"experts": 128, "top_k": 8, "expert_ffn_hidden": 768}},
+    "hardware": {"gpu": "gb200-186gb", "gpus": 256, "node": "gb200-nvl72", "fabric": "ib-ndr400"},
+    "global_batch": 1024, "layout": {"tp": 1, "pp": 1, "ep": 16, "micro_batch": 1, "zero": 1},
+    "metric": {"value": 10000, "unit": "tokens_per_s_per_gpu"}}
+
+
+def test_a_gb200_mxfp8_row_costs_with_its_recipe_and_its_nvlink_domain() -> None:
+    job = bench._job(GB200_MXFP8, fixed=True)
+    assert (job.cluster.nodes, job.cluster.gpus_per_node, job.train.fp8.recipe) == (64, 4, "mxfp8")
+    hw, lay, fits = bench.predict(GB200_MXFP8)
+    assert fits and (hw.nvlink_domain_gpus, hw.gpu.name) == (72, "gb200-186gb")
+    assert (lay.tp, lay.pp, lay.dp, lay.ep) == (1, 1, 256, 16)
+    # racks of 72 GPUs: the ep group on slots 64-79 straddles two racks, its all-to-all leaves NVLink
+    assert lay.cost.a2a_crosses_nodes
+    # the publisher's allocation of 16 trays per rack (sbatch --segment=16): every ep group inside one rack
+    segments = {**GB200_MXFP8, "hardware": {**GB200_MXFP8["hardware"], "nvlink_domain_gpus": 64}}
+    _, inside, _ = bench.predict(segments)
+    assert not inside.cost.a2a_crosses_nodes and inside.cost.a2a_s < lay.cost.a2a_s / 5
+    # the recipe reaches the cost model: tensorwise (compiled, `fused`) casts 8 bytes per element, mxfp8 6.0625
+    _, tensorwise, _ = bench.predict({**GB200_MXFP8, "fp8_recipe": "tensorwise"})
+    _, bf16, _ = bench.predict({**GB200_MXFP8, "precision": "bf16"})
+    assert bf16.cost.compute_s > tensorwise.cost.compute_s > lay.cost.compute_s
+    outcome = bench.evaluate(GB200_MXFP8)
+    assert math.isfinite(outcome.error) and outcome.rank is not None
+    assert bench.categories(GB200_MXFP8) == ["MoE", "FP8"]
