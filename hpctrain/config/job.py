@@ -315,12 +315,15 @@ def _memory_lever_problems(job: Job) -> list[Problem]:
                            "set train.embedding_on_cpu: false, or model.tie_embeddings: false"))
     if t.precision == "fp8" and t.fp8.recipe == "mxfp8" and job.model is not None:
         # MX blocks run along every GEMM's reduction, the weight gradient's too: a micro-batch's tokens on a rank
-        tokens = int(job.model.seq_len or 0) // job.parallel.cp
+        # (with micro_batch auto, one sequence's: any micro-batch then holds whole blocks)
+        micro = _fixed(t.micro_batch) or 1
+        tokens = micro * int(job.model.seq_len or 0) // job.parallel.cp
         if tokens % MX_BLOCK:
             out.append(Problem("train.fp8.recipe", f"mxfp8 scales blocks of {MX_BLOCK} along every GEMM's reduction, "
-                               f"the weight gradient's over a sequence's tokens on a rank (model.seq_len / parallel.cp"
-                               f" = {tokens})", "mxfp8", f"use a model.seq_len that is a multiple of {MX_BLOCK} x "
-                               "parallel.cp, or recipe tensorwise"))
+                               f"the weight gradient's over a micro-batch's tokens on a rank (train.micro_batch x "
+                               f"model.seq_len / parallel.cp = {tokens})", "mxfp8",
+                               f"make that a multiple of {MX_BLOCK} (model.seq_len, or a fixed train.micro_batch), "
+                               "or use recipe tensorwise"))
     compute = t.fp8.high_precision if t.precision == "fp8" else t.precision  # what attention computes in
     if t.attention_kernel == "flash" and compute == "fp32" and job.cluster.gpu != "cpu":
         out.append(Problem("train.attention_kernel", "flash needs 16-bit inputs on a GPU (train.precision: fp32)",

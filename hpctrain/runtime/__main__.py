@@ -239,7 +239,7 @@ def _check_fp8(job: Job, device: Any) -> None:
     from hpctrain.runtime.distributed import check_fp8_device
 
     capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
-    check_fp8_device(job.train.precision, job.train.fp8.emulate, device.type, capability)
+    check_fp8_device(job.train.precision, job.train.fp8.emulate, device.type, capability, job.train.fp8.recipe)
 
 
 def exit_now(code: int) -> None:

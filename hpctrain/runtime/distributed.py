@@ -212,24 +212,34 @@ def check_device(gpu: str, allow_cpu: bool, cuda_build: Optional[str], device_co
 # FP8 tensor cores: compute capability 8.9 (Ada) and 9.0+ (Hopper, Blackwell); torch._scaled_mm needs them
 # (CUDA C++ Programming Guide, "Compute Capabilities": FP8 tensor-core support starts at 8.9).
 FP8_MIN_CAPABILITY = (8, 9)
+# MX block-scaled FP8 (train.fp8.recipe mxfp8): the block-scaled tcgen05 MMA of data-center Blackwell, sm_100
+# (B200, GB200) and sm_103 (B300, GB300) (PTX ISA, tcgen05.mma "kind::mxf8f6f4 ... block_scale", sm_100a/sm_103a);
+# torchao's MX training kernels are built for those ("AUTO = best sm100 kernel", torchao mxfp8_linear.py).
+# Other Blackwell parts (sm_110, sm_120) are not among them: refused rather than guessed.
+MXFP8_CAPABILITY_MAJOR = 10
 
 
-def fp8_device_reason(device_type: str, capability: Optional[tuple[int, int]]) -> Optional[str]:
-    """Why this rank cannot run fp8 GEMMs (None: it can). A pure function, table-tested."""
+def fp8_device_reason(device_type: str, capability: Optional[tuple[int, int]], recipe: str = "tensorwise"
+                      ) -> Optional[str]:
+    """Why this rank cannot run the recipe's fp8 GEMMs (None: it can). A pure function, table-tested."""
     if device_type != "cuda":
         return f"this rank runs on the {device_type}, which has no FP8 tensor cores"
+    got = f"sm_{capability[0]}{capability[1]}" if capability else "an unknown GPU"
     if capability is None or capability < FP8_MIN_CAPABILITY:
-        got = f"sm_{capability[0]}{capability[1]}" if capability else "an unknown GPU"
         return f"this rank's GPU is {got}; FP8 GEMMs need compute capability 8.9 or newer (Ada, Hopper)"
+    if recipe == "mxfp8" and capability[0] != MXFP8_CAPABILITY_MAJOR:
+        return (f"this rank's GPU is {got}; recipe mxfp8 needs MX block-scaled tensor cores, compute capability "
+                "10.x (B200, B300, GB200, GB300)")
     return None
 
 
-def check_fp8_device(precision: str, emulate: bool, device_type: str, capability: Optional[tuple[int, int]]) -> None:
-    """train.precision fp8 without emulation on a device without FP8 tensor cores: ConfigError (exit 2),
-    before any step; validate refuses the GPU types without an FP8 peak already (plan/hardware.py)."""
+def check_fp8_device(precision: str, emulate: bool, device_type: str, capability: Optional[tuple[int, int]],
+                     recipe: str = "tensorwise") -> None:
+    """train.precision fp8 without emulation on a device without the recipe's FP8 tensor cores: ConfigError (exit
+    2), before any step; validate refuses such GPU types from the catalog already (plan/hardware.py)."""
     if precision != "fp8" or emulate:
         return
-    reason = fp8_device_reason(device_type, capability)
+    reason = fp8_device_reason(device_type, capability, recipe)
     if reason is not None:
         raise ConfigError(f"train.precision: fp8 but {reason}; set train.precision: bf16, or train.fp8.emulate: "
                           "true for tests and CPU checks (torchao's emulation, slower than bf16)")

@@ -16,10 +16,10 @@ B200 = {"nodes": 1, "gpus_per_node": 8, "gpu": "b200-180gb", "node": "dgx-b200",
 H100 = {"nodes": 1, "gpus_per_node": 8, "gpu": "h100-80gb", "node": "dgx-h100", "fabric": "ib-ndr400"}
 
 
-def _job(cluster=B200, model=None, parallel=None, **fp8):
+def _job(cluster=B200, model=None, parallel=None, micro_batch=1, **fp8):
     return job_from_dict({
         "name": "mx", "model": model or {"preset": "llama3-8b"},
-        "train": {"global_batch": 8, "micro_batch": 1, "activation_checkpointing": "selective",
+        "train": {"global_batch": 8, "micro_batch": micro_batch, "activation_checkpointing": "selective",
                   "precision": "fp8", "fp8": {"recipe": "mxfp8", **fp8}},
         "parallel": parallel or {"tp": 1, "pp": 1, "dp": 8, "zero": 3},
         "cluster": cluster})
@@ -47,8 +47,11 @@ def test_mxfp8_needs_whole_blocks_of_tokens_per_rank():
         _job(model={"preset": "llama3-8b", "seq_len": 1000})
     assert refused.value.problems == [
         "<dict>:1: train.fp8.recipe: mxfp8 scales blocks of 32 along every GEMM's reduction, the weight gradient's "
-        "over a sequence's tokens on a rank (model.seq_len / parallel.cp = 1000) (got 'mxfp8'); use a model.seq_len "
-        "that is a multiple of 32 x parallel.cp, or recipe tensorwise"]
+        "over a micro-batch's tokens on a rank (train.micro_batch x model.seq_len / parallel.cp = 1000) (got "
+        "'mxfp8'); make that a multiple of 32 (model.seq_len, or a fixed train.micro_batch), or use recipe "
+        "tensorwise"]
+    assert cross_field_problems(_job(model={"preset": "llama3-8b", "seq_len": 16}, micro_batch=2,
+                                     parallel={"tp": 2, "pp": 1, "dp": 4, "zero": 3})) == []  # 2 x 16 tokens
     assert cross_field_problems(_job()) == []
     cp = _job(model={"preset": "llama3-8b", "seq_len": 8192},
               parallel={"tp": 1, "pp": 1, "dp": 2, "cp": 4, "zero": 3})

@@ -5,7 +5,7 @@ Every rank builds its share of the model in torchtitan's order; each step is one
 
     1. meta     the full model on the meta device (no memory)                    model/transformer.py
     2. PP       cut this rank's pipeline stages out of it                        pipeline.py
-    2b. FP8     eligible linears -> torchao Float8Linear (`train.precision: fp8`)   float8.py
+    2b. FP8     eligible linears -> Float8Linear, MXLinear for mxfp8 (`precision: fp8`) float8.py
     3. TP       tensor parallel (+ sequence parallel, vocab-parallel embedding)  tensor.py
     3b. EP      routed experts split over ep of the dp x tp ranks (Shard(0) DTensors) expert.py
     3c. CP      context parallel: RoPE at global positions, K/V all-gathered       context.py
@@ -155,7 +155,7 @@ def _pipeline_stages(job: Job, layout: _Layout, whole: Transformer) -> list[tupl
 
 def _float8(job: Job, layout: _Layout, module: Transformer) -> None:
     if job.train.precision == "fp8":  # before TP and FSDP: their styles and units see Float8Linear
-        apply_float8(module, job.train.fp8, fsdp=layout.fsdp)
+        apply_float8(module, job.train.fp8, fsdp=layout.fsdp, tp=layout.dims.tp)
 
 
 def _tensor_parallel(job: Job, layout: _Layout, module: Transformer) -> None:

@@ -1,4 +1,4 @@
-"""FP8 training (`train.precision: fp8`) with torchao's float8 linears.
+"""FP8 training (`train.precision: fp8`) with torchao's float8 linears (recipe mxfp8: mxfp8.py's MXLinear).
 
 `apply_float8` swaps each eligible `nn.Linear` of a model part for torchao's `Float8Linear`
 (`convert_to_float8_training`): its forward casts the input and the weight to float8 (e4m3) with
@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from hpctrain.errors import ConfigError
+from hpctrain.runtime.parallel import mxfp8
 
 if TYPE_CHECKING:
     from hpctrain.config.training import Fp8Config, TrainConfig
@@ -64,15 +65,16 @@ def _torchao() -> Any:
     return float8
 
 
-def eligible(min_width: int) -> Callable[[nn.Module, str], bool]:
-    """torchao's module_filter_fn: True for the linears that become Float8Linear."""
+def eligible(min_width: int, tile: int = FP8_TILE) -> Callable[[nn.Module, str], bool]:
+    """torchao's module_filter_fn: True for the linears that become Float8Linear (or MXLinear: `tile` is then
+    mxfp8.MX_BLOCK x tp, whole MX blocks on every tp shard)."""
     def keep(module: nn.Module, fqn: str) -> bool:
         if not isinstance(module, nn.Linear):
             return False
         if any(part in SKIPPED_NAMES for part in fqn.split(".")):
             return False
         widths = (module.in_features, module.out_features)
-        return all(w >= min_width and w % FP8_TILE == 0 for w in widths)
+        return all(w >= min_width and w % tile == 0 for w in widths)
     return keep
 
 
@@ -84,8 +86,11 @@ def float8_config(fp8: Fp8Config, fsdp: bool) -> Any:
                                enable_fsdp_float8_all_gather=fsdp and fp8.recipe == "tensorwise")
 
 
-def apply_float8(module: nn.Module, fp8: Fp8Config, *, fsdp: bool) -> list[str]:
-    """Convert `module`'s eligible linears in place (on meta, before TP); returns their names."""
+def apply_float8(module: nn.Module, fp8: Fp8Config, *, fsdp: bool, tp: int = 1) -> list[str]:
+    """Convert `module`'s eligible linears in place (on meta, before TP); returns their names. Recipe mxfp8:
+    MXLinear (runtime/parallel/mxfp8.py), blocks of 32 on every tp shard; the others: torchao's Float8Linear."""
+    if fp8.recipe == "mxfp8":
+        return mxfp8.convert(module, eligible(fp8.min_width, mxfp8.MX_BLOCK * tp), bool(fp8.emulate))
     float8 = _torchao()
     keep = eligible(fp8.min_width)
     names = [name for name, sub in module.named_modules() if keep(sub, name)]
