@@ -50,3 +50,34 @@ def test_context_and_expert_parallel_layouts_match_one_process(world: int, layou
     results = run_distributed(_group, world, [kw for _, kw in layouts], timeout_s=300)
     _check_against_one_process(layouts, results)
     print({name: f"dloss {a:.1e} dnorm {b:.1e}" for name, (a, b) in PARITY.items() if name.startswith("cp")})
+
+
+@pytest.mark.dist
+def test_checkpoint_from_cp2_x_ep2_resumes_onto_dp2_ep2_onto_cp2_ep1_and_onto_cp2_x_dp2_ep4(tmp_path: Any) -> None:
+    """DCP holds the experts as global tensors whatever mesh they were sharded over: a checkpoint of cp2 x ep2
+    (the ep group is the cp group; the experts' efsdp mesh has one rank) resumes onto dp2 ep2 (no context
+    parallelism), onto cp2 ep1 (experts whole, FSDP over dp x cp) and onto cp2 x dp2 ep4 (efsdp 1 over four ranks),
+    and the next step is the one the saving layout ran (loss, gradient norm, and the routing the restored
+    router.expert_bias steers: expert load, tokens dropped)."""
+    import math
+    import os
+
+    from ._entry import make_job, metrics, run_entry
+
+    moe = {**SIGMOID, "router": {"score": "sigmoid", "bias_update_rate": 0.05, "capacity_factor": 1.0}}
+    base = {"model": {"layers": 2, "moe": moe}, "train": {"steps": 4, "micro_batch": 1},
+            "checkpoint": {"every_steps": 3, "keep_last": 3}}
+    saver = make_job(dp=1, parallel={"cp": 2, "ep": 2, "zero": 3}, cluster={"gpus_per_node": 2}, **base)
+    full = str(tmp_path / "cp2xep2")
+    assert run_entry(saver, full) == [0] * 2
+    want = metrics(full)[3]
+    checkpoint = os.path.join(full, "checkpoints", "step-3")
+    for name, dp, cp, ep in (("dp2 ep2", 2, 1, 2), ("cp2 ep1", 1, 2, 1), ("cp2 x dp2 ep4", 2, 2, 4)):
+        run = str(tmp_path / name.replace(" ", "_"))
+        job = make_job(dp=dp, parallel={"cp": cp, "ep": ep, "zero": 3}, cluster={"gpus_per_node": dp * cp}, **base)
+        assert run_entry(job, run, None, "--resume-from", checkpoint) == [0] * dp * cp, name
+        got = metrics(run)
+        assert [m["step"] for m in got] == [4], name
+        for key in ("loss", "grad_norm", "expert_load_max_over_mean", "tokens_dropped"):
+            assert math.isclose(got[0][key], want[key], rel_tol=1e-5, abs_tol=1e-5), (name, key, got[0][key], want[key])
+        assert ("time_cp_kv_s" in got[0]) == (cp > 1) and ("time_all_to_all_s" in got[0]) == (ep > 1), name
