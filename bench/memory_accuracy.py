@@ -162,6 +162,14 @@ CP_CONFIGS: list[Config] = [
     _c("cp4 ring bf16 selective", "real", CP_SMALL, cp=4, cp_rotate="ring", activation_checkpointing="selective"),
 ]
 CONFIGS += CP_CONFIGS
+# Context with expert parallelism (ep borrows its ranks from dp x cp x tp, runtime/parallel/expert.py): real
+# all-to-alls and K/V exchanges in the gloo group of four, 256 of the 512 tokens per rank; the experts over
+# efsdp = dp x cp / ep (2 at ep2, 1 at ep4).
+CP_EP_CONFIGS: list[Config] = [
+    _c("moe cp2 dp2 ep2 zero1 bf16", "gloo", MOE_MID, cp=2, dp=2, ep=2, zero=1, global_batch=4),
+    _c("moe cp2 dp2 ep4 zero3 bf16 ring", "gloo", MOE_MID, cp=2, dp=2, ep=4, zero=3, global_batch=4, cp_rotate="ring"),
+]
+CONFIGS += CP_EP_CONFIGS
 
 
 def predict(cfg: Config) -> dict[str, float]:
@@ -319,7 +327,7 @@ def _measure_here(cfg: Config, fake: bool) -> dict[str, float]:
     moe = job.model.moe
     if rows and moe is not None and job.parallel.ep > 1:
         # The load of this rank's experts: rows they computed over the mean (tokens x top_k of one rank).
-        mean_rows = job.train.micro_batch * job.model.seq_len * moe.top_k
+        mean_rows = job.train.micro_batch * job.model.seq_len // job.parallel.cp * moe.top_k
         out["expert load"] = sum(rows) / len(rows) / mean_rows
         out["expert load max"] = max(rows) / mean_rows
     return out
@@ -380,7 +388,7 @@ def _gloo_worker(rank: int, world: int, port: int, configs: list[Config], result
 
 def _world(cfg: Config) -> int:
     p = cfg.job().parallel
-    return int(p.pp * p.tp * p.dp)
+    return int(p.pp * p.tp * p.dp * p.cp)
 
 
 def _measure_gloo(configs: list[Config]) -> list[dict[str, float]]:

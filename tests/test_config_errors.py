@@ -102,8 +102,9 @@ CASES = [
                              "model.seq_len=20", "cluster.gpus_per_node=8"],
      ["model.seq_len", "seq_len / cp = 10", "parallel.tp=4"]),
     ("cp-degrees-vs-world", GOOD, ["parallel.cp=2"], ["parallel", "tp*pp*dp*cp = 4", "2 GPUs", "cp=2"]),
-    ("cp-with-ep", GOOD, ["parallel.ep=2", "parallel.cp=2", "model.preset=mixtral-8x7b", "cluster.gpus_per_node=4"],
-     ["parallel.cp", "expert parallelism", "parallel.ep=2"]),
+    # cp with ep is allowed (ep borrows from dp x cp x tp); an ep that does not divide them is not.
+    ("cp-with-ep-too-large", GOOD, ["parallel.ep=8", "parallel.cp=2", "parallel.dp=1", "model.preset=mixtral-8x7b"],
+     ["parallel.ep", "(got 8)", "parallel.dp x parallel.cp x parallel.tp = 2", "use a divisor of 2"]),
     ("bad-zero", GOOD, ["parallel.zero=4"], ["parallel.zero", "(got 4)"]),
     ("seq-parallel-tp1", GOOD, ["parallel.sequence_parallel=true"], ["parallel.sequence_parallel", "tp > 1"]),
     ("compile-with-tp", GOOD, ["train.compile=true", "parallel.tp=2", "parallel.dp=1"],

@@ -201,14 +201,12 @@ def _cp_problems(job: Job, tp: int | None) -> list[Problem]:
         out.append(Problem("model.seq_len", f"seq_len / cp = {seq // cp} must be divisible by parallel.tp={tp} "
                            "(sequence parallelism splits each context-parallel rank's tokens over tp)", seq,
                            f"use a multiple of {2 * cp * tp}"))
-    if isinstance(job.parallel.ep, int) and job.parallel.ep > 1:
-        out.append(Problem("parallel.cp", f"does not combine with expert parallelism yet (parallel.ep={job.parallel.ep})",
-                           cp, "set parallel.cp: 1, or parallel.ep: 1"))
     return out
 
 
 def _ep_problems(job: Job, dp: int | None, tp: int | None) -> list[Problem]:
-    """parallel.ep: experts split over ep of the dp x tp ranks (runtime/parallel/expert.py)."""
+    """parallel.ep: experts split over ep of the dp x cp x tp ranks (runtime/parallel/expert.py; context parallelism
+    folds into the experts' grouping, Megatron-Core's "MoE parallel folding")."""
     ep, moe = job.parallel.ep, (job.model.moe if job.model is not None else None)
     out: list[Problem] = []
     if moe is not None and tp is not None and tp > 1:
@@ -230,9 +228,12 @@ def _ep_problems(job: Job, dp: int | None, tp: int | None) -> list[Problem]:
     if moe.experts % ep:
         out.append(Problem("parallel.ep", f"must divide model.moe.experts={moe.experts}", ep,
                            "use a divisor of the expert count"))
-    if dp is not None and tp is not None and (dp * tp) % ep:
-        out.append(Problem("parallel.ep", f"must divide parallel.dp x parallel.tp = {dp * tp} (ep borrows its ranks "
-                           "from dp and tp)", ep, f"use a divisor of {dp * tp}, or set parallel.dp so that dp x tp "
+    cp = job.parallel.cp
+    if dp is not None and tp is not None and (dp * cp * tp) % ep:
+        names, dims = ("dp x cp x tp", "dp, cp and tp") if cp > 1 else ("dp x tp", "dp and tp")
+        fields = " x ".join(f"parallel.{n}" for n in names.split(" x "))
+        out.append(Problem("parallel.ep", f"must divide {fields} = {dp * cp * tp} (ep borrows its ranks "
+                           f"from {dims})", ep, f"use a divisor of {dp * cp * tp}, or set parallel.dp so that {names} "
                            f"is a multiple of {ep} (or auto)"))
     return out
 

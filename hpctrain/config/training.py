@@ -113,8 +113,9 @@ class ParallelConfig(Section):
     pp: PpDegree = Field("auto", description="Pipeline-parallel degree (stages).")
     dp: DpDegree = Field("auto", description="Data-parallel degree (FSDP2 replicas/shards).")
     ep: EpDegree = Field(1, description="Expert-parallel degree (model.moe): the routed experts "
-                         "are split over ep of the dp x tp ranks, tokens reach them by all-to-all; must divide dp x tp and "
-                         "the experts, and be a multiple of tp; auto: the planner picks it (1 without model.moe).")
+                         "are split over ep of the dp x cp x tp ranks (ep consecutive ranks, tp innermost), tokens reach them by "
+                         "all-to-all; must divide dp x cp x tp and the experts, and be a multiple of tp; auto: the planner "
+                         "picks it (1 without model.moe).")
     cp: int = Field(1, ge=1, le=L.MAX_WORLD, description="Context-parallel degree: every sequence split over cp ranks "
                     "(a head chunk and its mirror tail chunk each, for a causal balance); attention reaches the other ranks' "
                     "K/V by parallel.cp_rotate; weights are sharded over dp x cp (runtime/parallel/context.py). seq_len must be a multiple of 2 x cp.")

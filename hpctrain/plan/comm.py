@@ -259,7 +259,7 @@ class EpPlacement:
 def pipeline_outermost(ep: int) -> bool:
     """The slot order of a layout (plan/placement.py): tp innermost, then pp, then dp for dense layouts (a
     pipeline on as few nodes as possible); with expert parallelism tp, then dp, then pp outermost, so that an
-    ep group (ep consecutive ranks of a stage's dp x tp, runtime/parallel/expert.py) shares NVLink before
+    ep group (ep consecutive ranks of a stage's dp x cp x tp, runtime/parallel/expert.py) shares NVLink before
     any pipeline neighbour does: its all-to-alls move top_k x hidden per token several times a layer, a
     pipeline send one hidden per token a stage (Megatron-Core's default rank order tp-cp-ep-dp-pp puts pp
     outermost too, megatron/core/parallel_state.py `order`)."""
@@ -279,7 +279,8 @@ def dp_span(tp: int, pp: int, ep: int) -> int:
 def ep_placement(hw: Hardware, tp: int, pp: int, ep: int) -> EpPlacement:
     """The ep group of a (tp, pp) layout: ep consecutive slots (pipeline_outermost): whole tp groups side by
     side, as many in a node as it holds; on multi-node NVLink, as many of them in one NVLink domain as the
-    straddling group has there (`domain_share`)."""
+    straddling group has there (`domain_share`); with context parallelism the same (the placement walks dp x cp as
+    one dimension, cp inside dp, as the runtime's grid and its ep groups do)."""
     in_node = max(1, min(ep, hw.gpus_per_node))
     if ep <= hw.gpus_per_node or not hw.multi_node_nvlink:
         return EpPlacement(ep, in_node)

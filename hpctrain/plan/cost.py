@@ -616,7 +616,9 @@ def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int) -> Step
     if c.cp > 1:
         from hpctrain.plan.context import cp_kv_message_bytes
 
-        cp_link = group_link(hw, c.tp, c.cp)
+        # cp peers sit as far apart as dp peers: the placement walks dp x cp as one dimension, cp inside dp
+        # (plan/placement.py), so tp x pp slots apart for dense layouts, tp with experts (comm.dp_span)
+        cp_link = group_link(hw, comm.dp_span(c.tp, c.pp, c.ep), c.cp)
         message = cp_kv_message_bytes(model, c.micro_batch, c.cp, c.tp, act_bytes)
         if c.cp_rotate == "ring":
             # Point-to-point to the next cp rank, beside one rotation's blocks: a rank's causal attention

@@ -127,9 +127,9 @@ class RankSetup:
 
     @property
     def efsdp(self) -> int:
-        """The routed experts' FSDP degree: the dp x tp ranks of a stage over ep (torchtitan's ParallelDims:
-        the sparse region efsdp x ep spans the dense region's dp x tp ranks; at tp=1, dp / ep)."""
-        return max(1, self.dp * self.tp // self.ep)
+        """The routed experts' FSDP degree: the dp x cp x tp ranks of a stage over ep (torchtitan's ParallelDims:
+        the sparse region efsdp x ep spans the dense region's dp x cp x tp ranks; runtime/parallel/dims.py)."""
+        return max(1, self.dp * self.cp * self.tp // self.ep)
 
 
 def optimizer_bytes_per_param(optimizer: str) -> int:
@@ -230,8 +230,8 @@ def _states(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, pp_ra
     layer_params = counts.layer_params
     # Routed experts are an FSDP unit of their own over efsdp ranks (runtime/parallel/expert.py's
     # shard_experts), the rest over dp: `sharded(total, experts)` is a parameter-sized buffer per rank
-    # whose `experts` part (in parameters) is sharded over efsdp. At ep=1 efsdp = dp: one degree.
-    # With context parallelism the dense part is sharded over dp x cp (cp > 1 excludes ep > 1).
+    # whose `experts` part (in parameters) is sharded over efsdp (dp x cp x tp / ep). At ep=1 the experts
+    # are part of their block: one degree. With context parallelism the dense part is sharded over dp x cp.
     dense_shard, expert_shard = (s.dp * s.cp, s.efsdp) if fsdp else (1, 1)
 
     def sharded(total: float, experts: float) -> float:

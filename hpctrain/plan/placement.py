@@ -2,12 +2,14 @@
 
 Slots are Slurm's task ids: slot = node_index * gpus_per_node + local GPU index (SLURM_PROCID,
 with SLURM_LOCALID the GPU). Global ranks are the runtime's grid `arange(world).view(pp, dp, tp)`
-(runtime/parallel/dims.py). The placement walks slots in the order TP innermost (inside one NVLink
+(runtime/parallel/dims.py); with context parallelism `view(pp, dp, cp, tp)`, which the planner passes as
+dp x cp in the dp place (plan/planner.py), cp inside dp. The placement walks slots in the order TP innermost (inside one NVLink
 island), then PP, then DP outermost, so tensor-parallel peers share NVLink, a pipeline stays on
 as few nodes as possible, and only data-parallel traffic (overlapped with backward) crosses
 leaf switches first (Narayanan et al. 2021, section 3.3, on placing TP inside a server). With expert
-parallelism the walk is TP, then DP, then PP outermost (plan/comm.py pipeline_outermost): the experts'
-all-to-alls stay inside a node before the pipeline's sends do.
+parallelism the walk is TP, then DP (x CP), then PP outermost (plan/comm.py pipeline_outermost): an ep group
+is ep consecutive ranks of a stage's (dp, cp, tp) grid (runtime/parallel/expert.py), so ep consecutive slots,
+and the experts' all-to-alls stay inside a node before the pipeline's sends do.
 
 `rank_order[slot]` is the global rank the process on that slot takes; None means the identity.
 """

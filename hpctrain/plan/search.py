@@ -44,7 +44,7 @@ class Layout:
     peak_rank: int
     cost: StepCost
     cp: int = 1  # context parallelism: dp x cp x tp x pp == world
-    ep: int = 1  # expert parallelism: routed experts over ep of the dp x tp ranks
+    ep: int = 1  # expert parallelism: routed experts over ep of the dp x cp x tp ranks
 
     def label(self) -> str:
         sched = "" if self.pp == 1 else f" {self.schedule}" + (f" v={self.virtual_stages}" if self.virtual_stages > 1 else "")
@@ -136,9 +136,8 @@ def search(model: Any, hw: Hardware, choices: Choices, settings: SearchSettings)
             if choices.dp is not None and dp != choices.dp:
                 continue
             tag = f"tp={tp} pp={pp} dp={dp}" + (f" cp={cp}" if cp > 1 else "")
-            eps = tuple(ep for ep in choices.ep if cp == 1 or ep == 1)  # cp > 1 excludes ep > 1 (runtime)
-            if cp > 1 and (not eps or (choices.sequence_parallel and tp > 1 and (model.seq_len // cp) % tp)):
-                rejected.add("cp_does_not_split_sequence", f"{tag}: seq_len={model.seq_len} ep={choices.ep[0]}", family)
+            if cp > 1 and choices.sequence_parallel and tp > 1 and (model.seq_len // cp) % tp:
+                rejected.add("cp_does_not_split_sequence", f"{tag}: seq_len={model.seq_len}", family)
                 continue
             if tp > hw.nvlink_island_gpus or hw.nvlink_island_gpus % tp:
                 rejected.add("tp_exceeds_nvlink_island", f"{tag}: NVLink islands of {hw.nvlink_island_gpus} GPU(s)", family)
@@ -150,9 +149,9 @@ def search(model: Any, hw: Hardware, choices: Choices, settings: SearchSettings)
             if pp > model.layers:
                 rejected.add("pp_exceeds_layers", f"{tag}: {model.layers} layers", family)
                 continue
-            problems = [ep_layout_problem(ep, dp, tp, choices.sequence_parallel and tp > 1, model.moe is not None)
-                        for ep in eps]
-            fitting = [ep for ep, problem in zip(eps, problems) if problem is None]
+            problems = [ep_layout_problem(ep, dp, tp, choices.sequence_parallel and tp > 1, model.moe is not None, cp)
+                        for ep in choices.ep]
+            fitting = [ep for ep, problem in zip(choices.ep, problems) if problem is None]
             if not fitting:
                 rejected.add("ep_does_not_divide_dp", f"{tag}: {problems[0]}", family)
                 continue

@@ -28,9 +28,9 @@ REASONS: dict[str, str] = {
     "stages_imbalanced": f"layers not splittable into balanced stages (compute imbalance > "
                          f"{MAX_STAGE_IMBALANCE:.0%}, embedding and head counted)",
     "global_batch_not_divisible": "global batch not divisible by dp",
-    "ep_does_not_divide_dp": "parallel.ep does not fit the layout (it must divide dp x tp, be a multiple of tp "
-                             "when tp > 1, with sequence parallelism on: expert parallelism borrows dp and tp ranks)",
-    "cp_does_not_split_sequence": "seq_len / cp not divisible by tp under sequence parallelism, or cp > 1 with ep > 1",
+    "ep_does_not_divide_dp": "parallel.ep does not fit the layout (it must divide dp x cp x tp, be a multiple of tp "
+                             "when tp > 1, with sequence parallelism on: expert parallelism borrows dp, cp and tp ranks)",
+    "cp_does_not_split_sequence": "seq_len / cp not divisible by tp under sequence parallelism",
     "local_batch_not_divisible": "local batch (global_batch / dp) not divisible by micro_batch",
     "too_few_micro_batches": "fewer micro-batches than pipeline stages (or not a multiple of pp for interleaving)",
     "memory_over_budget": "memory over budget on the most loaded rank",
@@ -56,18 +56,20 @@ REASON_UNITS: dict[str, str] = {
 }
 
 
-def ep_layout_problem(ep: int, dp: int, tp: int, sequence_parallel: bool, moe: bool = True) -> str | None:
-    """Why `ep` does not fit a (dp, tp) layout, or None. torchtitan's ParallelDims with etp=1
+def ep_layout_problem(ep: int, dp: int, tp: int, sequence_parallel: bool, moe: bool = True, cp: int = 1) -> str | None:
+    """Why `ep` does not fit a (dp, cp, tp) layout, or None. torchtitan's ParallelDims with etp=1
     (torchtitan/distributed/parallel_dims.py): the experts' region efsdp x ep spans the dense region's
-    dp x tp ranks, so ep divides dp x tp; with tp > 1 an ep group holds whole tp groups (ep a multiple of
+    dp x cp x tp ranks (context parallelism folded into the experts' grouping, Megatron-Core's "MoE parallel
+    folding"), so ep divides dp x cp x tp; with tp > 1 an ep group holds whole tp groups (ep a multiple of
     tp; the experts are not tensor-parallel) and the MoE input must be sequence-sharded over tp (SP on).
-    At tp=1 this is the runtime's dp % ep == 0 (runtime/parallel/dims.py)."""
+    The runtime's rule (runtime/parallel/dims.py)."""
     if moe and tp > 1 and ep % tp:  # ep = 1 too: experts replicated over tp would see other ranks' tokens
         return f"ep={ep} is not a multiple of tp={tp}"
     if ep == 1:
         return None
-    if (dp * tp) % ep:
-        return f"ep={ep} does not divide dp x tp = {dp * tp}"
+    if (dp * cp * tp) % ep:
+        region = f"dp x cp x tp = {dp * cp * tp}" if cp > 1 else f"dp x tp = {dp * tp}"
+        return f"ep={ep} does not divide {region}"
     if tp > 1 and ep % tp:
         return f"ep={ep} is not a multiple of tp={tp}"
     if tp > 1 and not sequence_parallel:

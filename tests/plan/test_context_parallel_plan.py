@@ -160,3 +160,26 @@ def test_repeated_kv_gathers_carry_the_query_heads_and_fp32_gradients() -> None:
     assert plain == pytest.approx(base.micro_batches * model.layers * 2 * collective_s(4 * message, link, all_reduce=False))
     assert repeated == pytest.approx(base.micro_batches * model.layers * 3 * collective_s(4 * 4 * message, link, all_reduce=False))
     assert repeated > 5 * plain
+
+
+def test_cp_peers_of_a_pipelined_dense_layout_sit_tp_x_pp_slots_apart() -> None:
+    """The placement walks dp x cp as one dimension after tp and pp (plan/placement.py), so with pp > 1 a cp group
+    of a dense layout spans tp x pp x cp slots: tp 2 x pp 2 x cp 4 = 16 slots leave an 8-GPU node, and the K/V
+    exchange rides the fabric (it was priced as tp apart, inside the node)."""
+    from hpctrain.plan.comm import collective_s, group_link
+    from hpctrain.plan.context import cp_kv_message_bytes
+    from hpctrain.plan.cost import CostSetup, step_cost
+    from hpctrain.plan.hardware import resolve_hardware
+
+    job = job_from_dict({"name": "cp", "model": {"preset": "llama3-8b", "seq_len": 65536},
+                         "cluster": {"nodes": 2, "gpus_per_node": 8, "gpu": "h100-80gb", "node": "dgx-h100",
+                                     "fabric": "ib-ndr400"}})
+    model, hw = job.model, resolve_hardware(job)
+    c = CostSetup(tp=2, pp=2, dp=4, cp=4, micro_batch=1, micro_batches=4, virtual_stages=1, ac="none", zero=1,
+                  offload_optimizer=False, precision="bf16", max_rank_layers=model.layers // 2, max_rank_has_head=True,
+                  rank_params=4e9, sequence_parallel=True)
+    link = group_link(hw, 4, 4)
+    assert link.nodes == 2 and link.bandwidth_bytes_per_s < group_link(hw, 2, 4).bandwidth_bytes_per_s
+    message = cp_kv_message_bytes(model, 1, 4, 2, 2)
+    assert step_cost(model, hw, c, 16).cp_comm_s == pytest.approx(
+        c.micro_batches * c.max_rank_layers * 2 * collective_s(4 * message, link, all_reduce=False))

@@ -2,7 +2,9 @@
 
 Five configurations (bench/memory_accuracy.py CP_CONFIGS: cp2 fp32, cp2 bf16, cp4 selective, cp2 x tp2 with
 sequence parallelism, cp2 x dp2 zero 3 full recomputation), real tensors on the runtime's model over the
-fake process group; every category and the total within the bench's tolerance."""
+fake process group; every category and the total within the bench's tolerance. With expert parallelism too
+(CP_EP_CONFIGS: cp2 x dp2 at ep2 zero 1 and at ep4 zero 3 with the ring): real all-to-alls and K/V exchanges in
+a gloo group of four, the experts over efsdp = dp x cp / ep."""
 
 from __future__ import annotations
 
@@ -18,9 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import memory_accuracy as accuracy  # noqa: E402
 
 
-def test_planner_matches_memtracker_with_context_parallelism() -> None:
-    configs = accuracy.CP_CONFIGS
-    assert len(configs) >= 4 and all(cfg.job().parallel.cp > 1 for cfg in configs)
+@pytest.mark.parametrize("configs", [accuracy.CP_CONFIGS, accuracy.CP_EP_CONFIGS], ids=["cp", "cp x ep"])
+def test_planner_matches_memtracker_with_context_parallelism(configs: list) -> None:
+    assert len(configs) >= 2 and all(cfg.job().parallel.cp > 1 for cfg in configs)
     measured = accuracy.measure_all(configs)
     off = {}
     for cfg, meas in zip(configs, measured):

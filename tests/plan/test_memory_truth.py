@@ -3,7 +3,8 @@
 24 dense configurations spanning precision (fp32, bf16 autocast, bf16 FSDP mixed precision), AC mode,
 ZeRO 0-3, TP with and without sequence parallelism, and pipeline stages of GPipe, 1F1B and
 interleaved 1F1B; 13 Mixture-of-Experts ones (issue 24: AC none/selective/full, ZeRO 0-3, shared experts
-and a dense first layer; ep 1 on fake tensors, ep 2 and 4 on a real gloo group of four processes). Every MemTracker category and the total must agree within +-5 % (components
+and a dense first layer; ep 1 on fake tensors, ep 2 and 4 on a real gloo group of four processes); the context-parallel
+ones (cp 2 and 4, the ring, with tp and dp) and two of context with expert parallelism (cp2 x dp2 at ep 2 and 4). Every MemTracker category and the total must agree within +-5 % (components
 under 20 % of the total: within 1 % of the total). The same table: `python bench/memory_accuracy.py`.
 """
 

@@ -93,9 +93,12 @@ def test_sequence_parallel_dropped_when_tp_is_one():
 
 
 def test_expert_parallel_degree_limits_dp_and_passes_through():
-    """parallel.ep is never searched: only layouts whose dp it divides are tried, and the resolved job keeps it."""
+    """A fixed parallel.ep is never searched: only layouts whose dp x cp x tp it divides are tried (cp folds into the
+    experts' grouping, runtime/parallel/expert.py), and the resolved job keeps it."""
     moe_job = job(model={"preset": "mixtral-8x7b"}, parallel={"ep": 8}, train={"global_batch": 64})
     resolved, result = resolve_job(moe_job)
-    assert result.layouts and all(lay.dp % 8 == 0 for lay in result.layouts)
-    assert result.rejected.counts.get("ep_does_not_divide_dp", 0) > 0  # dp 4, 2, 1 of the 16 GPUs
-    assert resolved.parallel.ep == 8 and resolved.parallel.dp % 8 == 0
+    assert result.layouts and all((lay.dp * lay.cp * lay.tp) % 8 == 0 for lay in result.layouts)
+    assert any(lay.cp > 1 and lay.dp % 8 for lay in result.layouts)  # ep over dp x cp
+    assert result.rejected.counts.get("ep_does_not_divide_dp", 0) > 0  # dp x cp 4, 2, 1 of the 16 GPUs
+    p = resolved.parallel
+    assert p.ep == 8 and (p.dp * p.cp * p.tp) % 8 == 0

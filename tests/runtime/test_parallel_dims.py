@@ -62,7 +62,11 @@ def test_chunk_positions_are_a_head_and_its_mirror_tail() -> None:
         (dict(pp=1, dp=3, tp=2, world_size=6, ep=3), r"parallel.ep: got 3; must be a multiple of parallel.tp=2"),
         (dict(pp=1, dp=2, tp=1, world_size=2, ep=0), "parallel.ep: got 0"),
         (dict(pp=1, dp=2, tp=1, world_size=2, cp=2), r"dp=2 x cp=2 x tp=1 = 4, but the world size is 2"),
-        (dict(pp=1, dp=2, tp=1, world_size=4, cp=2, ep=2), "parallel.cp: got 2; does not combine with parallel.ep=2"),
+        # context parallelism folds into the experts' grouping: ep divides dp x cp x tp (and stays a multiple of tp)
+        (dict(pp=1, dp=1, tp=1, world_size=2, cp=2, ep=4),
+         r"parallel.ep: got 4; must divide parallel.dp x parallel.cp x parallel.tp = 2 .*; use a divisor of 2"),
+        (dict(pp=1, dp=1, tp=2, world_size=8, cp=4, ep=3), r"parallel.ep: got 3; must divide .* = 8"),
+        (dict(pp=1, dp=1, tp=4, world_size=8, cp=2, ep=2), r"parallel.ep: got 2; must be a multiple of parallel.tp=4"),
     ],
 )
 def test_bad_degrees(kwargs: dict, match: str) -> None:
@@ -88,3 +92,7 @@ def test_expert_parallel_borrows_from_dp() -> None:
     # with tensor parallelism the experts' region spans dp x tp: ep4 over dp2 x tp2 leaves efsdp 1
     assert ParallelDims(pp=1, dp=2, tp=2, world_size=4, ep=4).efsdp == 1
     assert ParallelDims(pp=1, dp=4, tp=2, world_size=8, ep=2).efsdp == 4
+    # and with context parallelism over dp x cp x tp (runtime/parallel/expert.py)
+    assert ParallelDims(pp=1, dp=1, tp=1, world_size=2, cp=2, ep=2).efsdp == 1
+    assert ParallelDims(pp=1, dp=2, tp=1, world_size=4, cp=2, ep=2).efsdp == 2
+    assert ParallelDims(pp=2, dp=2, tp=2, world_size=16, cp=2, ep=4).efsdp == 2

@@ -32,7 +32,11 @@ statistics (of this rank's tokens) and the scatter-add are the same. Under tenso
 parallel, runtime/parallel/tensor.py) the input is a sequence shard (a DTensor Shard(1)): the routed path
 runs on this rank's tokens, the shared experts (tensor-parallel) on the gathered sequence, and `sequence`
 supplies the other shards' counts where one process's arithmetic needs the whole micro-batch (the
-balancing loss's load fractions, the capacity's slot positions).
+balancing loss's load fractions, the capacity's slot positions). Under context parallelism
+(runtime/parallel/context.py) `sequence` spans the cp x tp ranks, whose tokens are the head and tail chunks
+of the same sequences: the load fractions are summed over all of them (Megatron-Core's router reduces its
+tokens per expert over the same tp x cp group, megatron/core/transformer/moe/router.py `_apply_aux_loss`), and
+the capacity keeps the slots one process keeps, in one process's token order.
 """
 
 from __future__ import annotations
@@ -234,7 +238,7 @@ class MoE(nn.Module):
             starts = torch.cumsum(counts, 0) - counts
             position = torch.arange(order.numel(), device=x.device) - starts[flat_ids[order]]
             if self.sequence is not None:
-                position = position + self._earlier_slots(flat_ids, order, batch)
+                position = position + self._earlier_slots(flat_ids, order, batch, seq)
             keep = position < capacity
             order = order[keep]
             kept_counts = torch.zeros_like(counts).scatter_add_(0, flat_ids[order], torch.ones_like(order))
@@ -262,29 +266,39 @@ class MoE(nn.Module):
 
         Under sequence parallelism f is the whole micro-batch's (the shards' counts summed) and this rank's
         term is E * sum_i f_i P_i(its tokens) / tp: the terms sum to the micro-batch's loss and each one's
-        gradient is the loss's gradient with respect to this rank's scores."""
+        gradient is the loss's gradient with respect to this rank's scores. Under context parallelism f is
+        summed over the cp x tp ranks too, but the division is by tp only (`loss_shards`): each cp rank's terms
+        make a loss of its own tokens, and FSDP averages the gradients over dp x cp, as it does the language-model
+        loss's, so the mean over the cp ranks is the micro-batch's loss."""
         probs = scores if self.args.score == "softmax" else scores / (scores.sum(-1, keepdim=True) + 1e-20)
-        shards = 1
+        shards, loss_shards = 1, 1
         if self.sequence is not None:
-            counts, shards = self.sequence.sum(counts), self.sequence.size
+            counts, shards, loss_shards = self.sequence.sum(counts), self.sequence.size, self.sequence.loss_shards
         fraction = counts.float() / max(tokens * shards * self.args.top_k, 1)
-        return self.args.experts * torch.sum(fraction * probs.mean(dim=0)) / shards
+        return self.args.experts * torch.sum(fraction * probs.mean(dim=0)) / loss_shards
 
-    def _earlier_slots(self, flat_ids: torch.Tensor, order: torch.Tensor, batch: int) -> torch.Tensor:
-        """Under sequence parallelism, per slot of `order`: the slots of its expert that one process would
-        see before it on the other shards, in one process's token order (sequence by sequence, each
-        sequence's shards in tp-rank order), so that capacity keeps the same slots as one process."""
-        seq = self.sequence
-        experts = self.args.experts
-        row_of = order // (flat_ids.numel() // batch)  # the slot's sequence in the micro-batch
+    def _earlier_slots(self, flat_ids: torch.Tensor, order: torch.Tensor, batch: int, seq: int) -> torch.Tensor:
+        """Across the sequence shards, per slot of `order`: what turns its position among this rank's slots of its
+        expert into its position in one process's order, so that capacity keeps the same slots. One process's order is sequence by sequence, each in position order; a rank
+        holds blocks of consecutive positions of every sequence (`SequenceShards.blocks`: one contiguous shard
+        per tp rank, the head and tail chunks of a cp rank): the slots of every rank per (sequence, block,
+        expert) are summed over the group, and a slot's one-process position is its position within its own
+        block plus the slots of its expert in every earlier (sequence, block)."""
+        experts, k = self.args.experts, self.args.top_k
+        g, blocks, total = self.sequence.blocks(seq, flat_ids.device)
+        local_blocks = seq // g
+        token = order // k
+        row, block = token // seq, (token % seq) // g  # the slot's sequence and this rank's block of it
         expert_of = flat_ids[order]
-        mine = torch.zeros(batch * experts, dtype=torch.int64, device=flat_ids.device).scatter_add_(
-            0, row_of * experts + expert_of, torch.ones_like(order)).reshape(batch, experts)
-        every = seq.gather(mine)  # [tp, batch, experts]
-        others = every.sum(0) - mine
-        earlier_rows = torch.cumsum(others, 0) - others  # other shards' slots in the earlier sequences
-        earlier_shards = every[:seq.rank].sum(0)  # lower tp ranks' slots of the same sequence
-        return (earlier_rows + earlier_shards)[row_of, expert_of]
+        mine = torch.zeros(batch * local_blocks * experts, dtype=torch.int64, device=flat_ids.device).scatter_add_(
+            0, (row * local_blocks + block) * experts + expert_of, torch.ones_like(order)).reshape(batch, local_blocks, experts)
+        every = torch.zeros(batch, total, experts, dtype=torch.int64, device=flat_ids.device)
+        every[:, blocks] = mine
+        every = self.sequence.sum(every).reshape(batch * total, experts)
+        earlier = (torch.cumsum(every, 0) - every).reshape(batch, total, experts)  # slots in earlier (seq, block)s
+        own = mine.reshape(batch * local_blocks, experts)
+        own_earlier = (torch.cumsum(own, 0) - own).reshape(batch, local_blocks, experts)
+        return earlier[row, blocks[block], expert_of] - own_earlier[row, block, expert_of]
 
     @torch.no_grad()
     def _record(self, counts: torch.Tensor, kept: int, routed: int, aux: torch.Tensor | None) -> None:
@@ -293,7 +307,7 @@ class MoE(nn.Module):
         self.stat_dropped += float(routed - kept) if self.args.capacity_factor is not None else 0.0
         if aux is not None:
             self.stat_aux.append(aux.detach())
-            self.stat_aux_count += 1.0 / (self.sequence.size if self.sequence is not None else 1)
+            self.stat_aux_count += 1.0 / (self.sequence.loss_shards if self.sequence is not None else 1)
 
     @torch.no_grad()
     def update_bias(self, counts: torch.Tensor) -> None:

@@ -7,15 +7,18 @@ Every rank builds its share of the model in torchtitan's order; each step is one
     2. PP       cut this rank's pipeline stages out of it                        pipeline.py
     2b. FP8     eligible linears -> Float8Linear, MXLinear for mxfp8 (`precision: fp8`) float8.py
     3. TP       tensor parallel (+ sequence parallel, vocab-parallel embedding)  tensor.py
-    3b. EP      routed experts split over ep of the dp x tp ranks (Shard(0) DTensors) expert.py
+    3b. EP      routed experts split over ep of the dp x cp x tp ranks             expert.py
+                (Shard(0) DTensors)
     3c. CP      context parallel: RoPE at global positions, K/V all-gathered       context.py
                 (or passed around a ring: parallel.cp_rotate)                     ring_attention.py
+                and MoE routing statistics over a micro-batch's cp x tp ranks
     4. LoRA     adapters, after TP (they take the base's placements), before FSDP  model/lora.py
     5. AC       activation checkpointing                                         activation_checkpoint.py
     6. compile  torch.compile per block (`train.compile`), after TP and AC       compile.py
     6b. host    the token embedding kept in host memory (`train.embedding_on_cpu`) host_embedding.py
     7. FSDP2    shard over dp (ZeRO 1-3, optimizer offload); EP's experts over efsdp fsdp.py
-                (over the flattened dp x cp, "dp_cp", with context parallelism)
+                (over the flattened dp x cp, "dp_cp", with context parallelism;
+                efsdp = dp x cp x tp / ep)
     8. init     materialise (`to_empty`), build the pipeline schedule over the stages, and fill each
                 rank's shards from the seed (model/init.py; not when a checkpoint will be loaded)
 """
@@ -33,7 +36,7 @@ from hpctrain.runtime.model.lora import apply_lora
 from hpctrain.runtime.model.transformer import ModelArgs, Transformer, build_model
 from hpctrain.runtime.parallel.activation_checkpoint import apply_ac
 from hpctrain.runtime.parallel.compile import apply_compile
-from hpctrain.runtime.parallel.context import ContextParallel, apply_cp
+from hpctrain.runtime.parallel.context import ContextParallel, apply_cp, moe_sequence_shards
 from hpctrain.runtime.parallel.dims import ParallelDims
 from hpctrain.runtime.parallel.expert import apply_ep, sparse_mesh
 from hpctrain.runtime.parallel.float8 import apply_float8, compute_precision
@@ -92,7 +95,7 @@ class _Layout:
     virtual: int  # pipeline stages per pp rank
     n_microbatches: int
     fsdp: bool
-    experts_mesh: Any = None  # ("efsdp", "ep") over this stage's dp x tp ranks when parallel.ep > 1
+    experts_mesh: Any = None  # ("efsdp", "ep") over this stage's dp x cp x tp ranks when parallel.ep > 1
     context: ContextParallel | None = None  # parallel.cp > 1: this rank's place in its cp group
     fsdp_mesh: Any = None  # what FSDP shards over: "dp", or the flattened "dp_cp" with context parallelism
 
@@ -123,8 +126,9 @@ def _layout(job: Job, device: torch.device) -> _Layout:
     if dims.cp_enabled:
         assert mesh is not None  # cp > 1 means world_size > 1: an initialised group
         cp_mesh = mesh["cp"]
+        moe_shards = moe_sequence_shards(mesh, args.seq_len) if args.moe is not None else None
         context = ContextParallel(cp_mesh.get_group(), dims.cp, cp_mesh.get_local_rank(), args.seq_len,
-                                  par.cp_rotate)
+                                  par.cp_rotate, moe_shards)
         fsdp_mesh = mesh["dp", "cp"]._flatten("dp_cp")  # torchtitan's dp_shard_cp
     return _Layout(args, dims, mesh, rank, virtual, n_micro, fsdp, experts_mesh, context, fsdp_mesh)
 

@@ -50,13 +50,21 @@ direction, and keeps SDPA's own kernels.
 **The loss and the gradients.** Each rank's loss is the mean over its S/cp tokens of each sequence;
 the training step's reductions divide by dp·cp·tp, so the logged loss is the mean over all tokens, and
 FSDP shards over dp × cp ("dp_cp", as torchtitan's "dp_shard_cp"), so its gradient average over dp·cp
-ranks gives the global-batch mean gradient. The exchanges wait through `wait_kv`, which the
+ranks gives the global-batch mean gradient.
+
+**Mixture of Experts.** Routing is per token, so a MoE layer routes the rank's own chunks (and, under sequence
+parallelism, its tp slice of them); what one process computes over a whole micro-batch (the balancing loss's
+load fractions, the capacity's slot positions) is summed over the cp x tp ranks that hold its tokens
+(`moe_sequence_shards`, sequence.py's `SequenceShards`, moe.py). Expert parallelism borrows its ranks from
+dp x cp x tp (expert.py: an ep group of consecutive ranks of the (dp, cp, tp) grid), Megatron-Core's "MoE
+parallel folding". The exchanges wait through `wait_kv`, which the
 communication timer counts as exposed communication and reports on its own as `time_cp_kv_s`
 (runtime/observe/comm_timing.py), so the doctor's communication rule sees it.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -66,6 +74,7 @@ from torch import nn
 
 from hpctrain.errors import ConfigError
 from hpctrain.runtime.parallel import ring_attention
+from hpctrain.runtime.parallel.sequence import SequenceShards
 
 
 def chunk_positions(seq_len: int, cp: int, rank: int, device: torch.device | None = None) -> torch.Tensor:
@@ -120,8 +129,10 @@ class _GatherKV(torch.autograd.Function):
 class ContextParallel:
     """One rank's place in the cp group: its token positions and the attention over the whole sequence."""
 
-    def __init__(self, group: Any, cp: int, rank: int, seq_len: int, rotate: str = "allgather") -> None:
+    def __init__(self, group: Any, cp: int, rank: int, seq_len: int, rotate: str = "allgather",
+                 moe_shards: SequenceShards | None = None) -> None:
         self.group, self.cp, self.rank, self.seq_len, self.rotate = group, cp, rank, seq_len, rotate
+        self.moe_shards = moe_shards  # a MoE model's: the cp x tp ranks that split a micro-batch (moe_sequence_shards)
         if rotate not in ("allgather", "ring"):
             raise ConfigError(f"parallel.cp_rotate: got {rotate!r}; use allgather or ring")
         # The ring op names its group (runtime/parallel/ring_attention.py); a rank's ring ops run in order.
@@ -174,12 +185,29 @@ class ContextParallel:
         return torch.cat(outs, dim=1)
 
 
+def moe_sequence_shards(mesh: Any, seq_len: int) -> SequenceShards:
+    """The cp x tp ranks of a (pp, dp) slot, which hold one micro-batch's tokens between them: cp rank c its head
+    and tail chunks, tp rank t (sequence parallelism) the t-th of tp equal slices of those (a DTensor's Shard(1)).
+    Every rank's positions are aligned runs of gcd(chunk, slice) positions. The group is the cp mesh, or
+    ("cp", "tp") flattened (tp innermost, as the rank grid); each tp rank's balancing-loss term is 1/tp of its cp
+    rank's (moe.py). Every rank calls it (flattening a mesh is collective)."""
+    cp, tp = mesh["cp"].size(), mesh["tp"].size()
+    group = mesh["cp"] if tp == 1 else mesh["cp", "tp"]._flatten("cp_tp")
+    local = chunk_positions(seq_len, cp, mesh["cp"].get_local_rank()).tolist()
+    piece = len(local) // tp
+    t = mesh["tp"].get_local_rank()
+    return SequenceShards(group, local[t * piece:(t + 1) * piece], math.gcd(seq_len // (2 * cp), piece), loss_shards=tp)
+
+
 def apply_cp(module: nn.Module, context: ContextParallel) -> None:
-    """Give a model part (full model or pipeline stage) the context: RoPE at global positions, and every
-    attention layer the all-gathered attention."""
+    """Give a model part (full model or pipeline stage) the context: RoPE at global positions, every
+    attention layer the all-gathered attention, and every MoE layer the ranks that split its micro-batch."""
+    from hpctrain.runtime.model.moe import MoE
     from hpctrain.runtime.model.transformer import Attention
 
     setattr(module, "context", context)
     for sub in module.modules():
         if isinstance(sub, Attention):
             sub.context = context
+        elif isinstance(sub, MoE) and context.moe_shards is not None:
+            sub.sequence = context.moe_shards  # after TP, which gave it the tp group only (tensor.py)

@@ -7,6 +7,12 @@ tensor-parallel peers are neighbouring ranks (same node, fastest links), pp is o
 With context parallelism (cp > 1) the grid is `arange(world).view(pp, dp, cp, tp)`, torchtitan's order
 (torchtitan/distributed/parallel_dims.py: cp between the data-parallel dims and tp), and the mesh is 4-D
 ("pp", "dp", "cp", "tp"); FSDP shards over the flattened ("dp", "cp") dim, "dp_cp" (runtime/parallel/context.py).
+
+Expert parallelism borrows its ranks from a stage's dp x cp x tp ranks (Megatron-Core's "MoE parallel folding":
+the attention's cp is folded into the experts' grouping, megatron/core/transformer/moe/README.md "MoE Parallel
+Folding"; the expert grid of megatron/core/parallel_state.py spans the same ranks with cp=1): ep divides
+dp x cp x tp, and an ep group is ep consecutive ranks of the flattened (dp, cp, tp) grid, tp innermost
+(runtime/parallel/expert.py); the routed experts are FSDP-sharded over the other efsdp = dp x cp x tp / ep.
 """
 
 from __future__ import annotations
@@ -45,22 +51,22 @@ class ParallelDims:
     dp: int
     tp: int
     world_size: int
-    ep: int = 1  # expert parallelism borrows its ranks from dp and tp: dp x tp = efsdp x ep (runtime/parallel/expert.py)
+    ep: int = 1  # expert parallelism borrows its ranks from dp, cp and tp: dp x cp x tp = efsdp x ep (expert.py)
     cp: int = 1  # context parallelism: ranks of its own, pp * dp * cp * tp == world_size (runtime/parallel/context.py)
 
     def __post_init__(self) -> None:
         problems = _degree_problems({name: getattr(self, name) for name in ("pp", "dp", "tp", "world_size", "ep", "cp")})
         if problems:
             raise ConfigError(problems)
-        if (self.dp * self.tp) % self.ep:
-            raise ConfigError(f"parallel.ep: got {self.ep}; must divide parallel.dp x parallel.tp = "
-                              f"{self.dp * self.tp} (expert parallelism borrows its ranks from dp and tp)")
+        region = self.dp * self.cp * self.tp
+        if region % self.ep:
+            cp = " x parallel.cp" if self.cp > 1 else ""
+            raise ConfigError(f"parallel.ep: got {self.ep}; must divide parallel.dp{cp} x parallel.tp = {region} "
+                              f"(expert parallelism borrows its ranks from dp{', cp' if self.cp > 1 else ''} and tp); "
+                              f"use a divisor of {region}")
         if self.ep > 1 and self.ep % self.tp:
             raise ConfigError(f"parallel.ep: got {self.ep}; must be a multiple of parallel.tp={self.tp} "
                               "(the experts are not tensor-parallel: an ep group spans whole tp groups)")
-        if self.cp > 1 and self.ep > 1:
-            raise ConfigError(f"parallel.cp: got {self.cp}; does not combine with parallel.ep={self.ep} yet "
-                              "(set one of them to 1)")
         if self.pp * self.dp * self.cp * self.tp != self.world_size:
             cp = f" x cp={self.cp}" if self.cp > 1 else ""
             raise ConfigError(
@@ -134,8 +140,8 @@ class ParallelDims:
 
     @property
     def efsdp(self) -> int:
-        """The data-parallel degree of the routed experts: dp x tp / ep (each expert shard's FSDP group)."""
-        return self.dp * self.tp // self.ep
+        """The data-parallel degree of the routed experts: dp x cp x tp / ep (each expert shard's FSDP group)."""
+        return self.dp * self.cp * self.tp // self.ep
 
     def coords(self, rank: int) -> dict[str, int]:
         """A rank's (pp, dp, tp) coordinates in the grid `arange(world).view(pp, dp, tp)`; with cp > 1

@@ -1,32 +1,44 @@
-"""Expert parallelism (`parallel.ep`): the routed experts split over ep of the data- and tensor-parallel ranks.
+"""Expert parallelism (`parallel.ep`): the routed experts split over ep of a stage's data-, context- and
+tensor-parallel ranks.
 
 The mesh (torchtitan's `ParallelDims` with expert tensor parallelism 1 does the same,
-torchtitan/distributed/parallel_dims.py): the dense part of the model sees ("pp", "dp", "tp"); the routed
-experts see the same ranks with (dp, tp) flattened (tp innermost) and unflattened again into ("efsdp", "ep"),
-ep innermost, so one ep group is ep / tp neighbouring dp indices times all their tp ranks:
+torchtitan/distributed/parallel_dims.py): the dense part of the model sees ("pp", "dp", ["cp",] "tp"); the
+routed experts see the same ranks with (dp, [cp,] tp) flattened (tp innermost) and unflattened again into
+("efsdp", "ep"), ep innermost, so one ep group is ep consecutive ranks of a stage, whole tp groups side by side:
 
-    (dp, tp) index d * tp + t = efsdp index * ep + ep index
+    (dp, cp, tp) index (d * cp + c) * tp + t = efsdp index * ep + ep index
     dp4 ep2 (tp1): ep groups {0, 1}, {2, 3}; efsdp {0, 2}, {1, 3}
     dp2 tp2 ep2:   ep groups = the tp groups {0, 1}, {2, 3}; efsdp {0, 2}, {1, 3}
     dp2 tp2 ep4:   one ep group {0, 1, 2, 3}; efsdp of one rank each
+    cp2 ep2:       the ep group is the cp group {0, 1}
+    dp2 cp2 ep2:   ep groups = the cp groups {0, 1}, {2, 3}; efsdp {0, 2}, {1, 3}
+    cp2 tp2 ep2:   ep groups = the tp groups {0, 1}, {2, 3} (each cp rank's); efsdp = across cp {0, 2}, {1, 3}
+
+Context parallelism folds into the experts' grouping (Megatron-Core's "MoE parallel folding",
+megatron/core/transformer/moe/README.md; its expert rank grid, megatron/core/parallel_state.py, spans the dense
+grid's tp-cp-dp ranks with cp=1, ep next to the expert tensor parallelism): routing is per token, and each cp
+rank holds other tokens of the same sequences, so a cp rank is one more source of tokens like a dp or tp rank.
+The rule: ep divides dp x cp x tp (and is a multiple of tp, below); efsdp = dp x cp x tp / ep.
 
 With tp > 1 ep must be a multiple of tp and sequence parallelism is on (config/job.py and dims.py refuse
 otherwise): each tp rank holds a different slice of the sequence at the MoE input and routes its own tokens,
 which the all-to-all below moves like any other rank's; attention and the shared experts stay tensor-parallel
 and the router is replicated over tp, its gradient summed over the sequence shards (tensor.py
 `_moe_over_tp`); the balancing loss and the capacity see the whole micro-batch's counts (moe.py, through
-sequence.py's `SequenceShards`), so every layout computes what one process does.
+sequence.py's `SequenceShards`, over the tp ranks, or the cp x tp ranks with context parallelism: context.py
+`route_over_sequence_shards`), so every layout computes what one process does.
 
 Parameters: ep rank r holds experts [r*E/ep, (r+1)*E/ep) of `experts.w1/w2/w3` as DTensors Shard(0) over
 the "ep" mesh (so the names and global shapes are those of one process: DCP saves global tensors, and
 sharded initialisation and Hugging Face reading fill each rank's box of experts). FSDP then shards each
 MoE block's experts over "efsdp" as a unit of its own (the rest of the block over "dp" as before). An
 expert's gradient sums its tokens from the ep group (the all-to-all's backward brings them); the
-reduce-scatter over efsdp sums the rest of the dp x tp ranks (each rank's tokens are its own: dp ranks hold
-other sequences, tp ranks other positions of them), and the divide factor dp (not efsdp, not dp x tp: the tp
-ranks of one dp rank share one loss) makes it the global-batch mean, the same as one process (torchtitan's
-moe_sharding: `set_gradient_divide_factor`). The gradient norm counts each expert element once: the experts
-are sharded over efsdp x ep = dp x tp ranks, all of a stage's (grad_norm.py).
+reduce-scatter over efsdp sums the rest of the dp x cp x tp ranks (each rank's tokens are its own: dp ranks hold
+other sequences, cp and tp ranks other positions of them), and the divide factor dp x cp, FSDP's dense degree
+(not efsdp, not dp x cp x tp: the tp ranks of one (dp, cp) rank share one loss, and each cp rank's loss is the
+mean of its own tokens, which FSDP averages over dp x cp for the dense part too) makes it the global-batch mean,
+the same as one process (torchtitan's moe_sharding: `set_gradient_divide_factor`). The gradient norm counts each
+expert element once: the experts are sharded over efsdp x ep = dp x cp x tp ranks, all of a stage's (grad_norm.py).
 
 Dispatch, per MoE layer and micro-batch (after routing, capacity and the sort by expert, moe.py):
   1. the per-expert counts [E] go to their owners (all_to_all_single of counts: ep x E/ep each way),
@@ -76,9 +88,9 @@ class ExpertGroup:
 
 
 def sparse_mesh(mesh: Any, ep: int) -> Any:
-    """The experts' mesh ("efsdp", "ep") of this rank's pipeline stage: its (dp, tp) ranks flattened (tp
+    """The experts' mesh ("efsdp", "ep") of this rank's pipeline stage: its (dp, [cp,] tp) ranks flattened (tp
     innermost) and unflattened again, ep innermost (module docstring); the same root mesh as the dense
-    ("pp", "dp", "tp"), which FSDP needs to shard the ep-sharded experts over efsdp."""
+    ("pp", "dp", ["cp",] "tp"), which FSDP needs to shard the ep-sharded experts over efsdp."""
     from torch.distributed.fsdp import FSDPModule
 
     missing = [name for owner, name in ((mesh, "_unflatten"), (mesh, "_flatten"),
@@ -87,7 +99,8 @@ def sparse_mesh(mesh: Any, ep: int) -> Any:
     if missing:  # torch's own versions of both: expert parallelism is built and tested on torch 2.13
         raise ConfigError(f"parallel.ep: got {ep}; this torch ({torch.__version__}) lacks {', '.join(missing)}, "
                           "which expert parallelism needs; set parallel.ep: 1, or use torch 2.13")
-    region = mesh["dp", "tp"]._flatten("dp_tp")  # rank index dp * tp + tp: whole tp groups side by side
+    dims = ("dp", "cp", "tp") if "cp" in (mesh.mesh_dim_names or ()) else ("dp", "tp")
+    region = mesh[dims]._flatten("_".join(dims))  # rank index (dp * cp + cp) * tp + tp: whole tp groups side by side
     return region._unflatten(0, (region.size() // ep, ep), ("efsdp", "ep"))
 
 

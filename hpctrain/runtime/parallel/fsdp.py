@@ -41,7 +41,8 @@ Under pipelining nothing reshards after forward, so zero 3 all-gathers each unit
 Precision: parameters stay fp32 (the master weights the optimizer updates); the mixed-precision
 policy casts them to bf16/fp16 for forward and backward and reduces gradients in fp32.
 Expert parallelism (`experts_mesh`, runtime/parallel/expert.py): each MoE block's routed experts are a
-unit of their own over "efsdp" (dp x tp / ep ranks), their gradients divided by dp; the rest of the block as above.
+unit of their own over "efsdp" (dp x cp x tp / ep ranks), their gradients divided by dp x cp (FSDP's dense degree);
+the rest of the block as above.
 
 `offload_optimizer` keeps the sharded parameters, gradients and optimizer step on the CPU
 (`CPUOffloadPolicy`); it needs FSDP, so it is applied even when dp == 1.

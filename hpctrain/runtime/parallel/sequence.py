@@ -126,15 +126,27 @@ def gather_sequence_input(module: nn.Module, mesh: DeviceMesh) -> None:
 
 
 class SequenceShards:
-    """The tp group of a MoE layer under sequence parallelism (tensor.py sets `MoE.sequence`): each tp rank
-    routes the tokens of its own sequence shard [b, s/tp, h], so what one process computes over the whole
-    micro-batch (the balancing loss's load fractions, the capacity's slot positions) needs the counts of the
-    other shards. Small integer tensors, no gradient; torch's functional collectives."""
+    """The ranks that split one micro-batch's sequences at a MoE layer's input: the tp group under sequence
+    parallelism (tensor.py sets `MoE.sequence`), or the cp x tp ranks under context parallelism (context.py). Each
+    routes the tokens it holds, so what one process computes over the whole micro-batch (the balancing loss's load
+    fractions, the capacity's slot positions) needs the counts of the other shards. Small integer tensors, no
+    gradient; torch's functional collectives.
 
-    def __init__(self, mesh: DeviceMesh) -> None:
+    `positions`: the global positions (within a sequence) of this rank's tokens, in its local order (context
+    parallelism's head and tail chunks, then this tp rank's slice of them), made of aligned runs of `block`
+    consecutive positions (the same `block` on every rank of the group); None: the sequence cut into `size`
+    contiguous shards in rank order (sequence parallelism alone). `loss_shards`: how many of the ranks' balancing-
+    loss terms add up to one loss: the tp ranks (the sequence shards of one loss); each cp rank's term is a loss
+    of its own tokens, which FSDP averages over dp x cp as it does the language-model loss's gradients."""
+
+    def __init__(self, mesh: DeviceMesh, positions: list[int] | None = None, block: int = 0,
+                 loss_shards: int | None = None) -> None:
         self.group = mesh.get_group()
         self.size = mesh.size()
         self.rank = mesh.get_local_rank()
+        self.loss_shards = self.size if loss_shards is None else loss_shards
+        self._blocks: tuple[int, list[int]] | None = None if positions is None else (block, _blocks(positions, block))
+        self._on_device: dict[tuple[int, torch.device], torch.Tensor] = {}
 
     def sum(self, t: torch.Tensor) -> torch.Tensor:
         """The elementwise sum over the group's ranks."""
@@ -142,9 +154,23 @@ class SequenceShards:
 
         return funcol.wait_tensor(funcol.all_reduce(t.contiguous(), "sum", self.group))
 
-    def gather(self, t: torch.Tensor) -> torch.Tensor:
-        """[size, *t.shape]: every rank's t, in tp-rank (sequence) order."""
-        import torch.distributed._functional_collectives as funcol
+    def blocks(self, local_len: int, device: torch.device) -> tuple[int, torch.Tensor, int]:
+        """(g, index, total): this rank's `local_len` tokens of a sequence as blocks of g consecutive positions,
+        each block's index among the sequence's `total` blocks of g ([local_len / g] int64, in local order)."""
+        if self._blocks is None:  # contiguous shards in rank order: one block each
+            g, indices = local_len, [self.rank]
+        else:
+            g, indices = self._blocks
+        key = (local_len, device)
+        if key not in self._on_device:
+            self._on_device[key] = torch.tensor(indices, dtype=torch.int64, device=device)
+        return g, self._on_device[key], local_len * self.size // g
 
-        out = funcol.wait_tensor(funcol.all_gather_single(t.contiguous(), 0, self.group))
-        return out.reshape(self.size, *t.shape)
+
+def _blocks(positions: list[int], block: int) -> list[int]:
+    """The block index (first position / block) of each piece of `block` positions; each piece must be an aligned
+    run of consecutive positions."""
+    pieces = [positions[i:i + block] for i in range(0, len(positions), block)]
+    if block < 1 or any(len(p) != block or p[0] % block or p != list(range(p[0], p[0] + block)) for p in pieces):
+        raise ValueError(f"positions {positions[:8]}... are not aligned runs of {block}")
+    return [p[0] // block for p in pieces]
