@@ -241,9 +241,11 @@ def test_the_new_sources_fields() -> None:
     table = [run for run in corpus if run.get("table") == "modelzoo-qwen3-235b-h100"]
     assert len(table) == 5 and all(run["metric"]["unit"] == "step_time_s" for run in table)
     assert runs["mb2509-qwen3-235b-fp8-tokendrop"]["token_drop"] is True
+    # the H100 long-context table (CP with EP) is costed since the cpep merge: 8 rows, CP 1 to 8, Megatron's FLOPs
+    long_context = [run for run in corpus if run["name"].startswith("mz-lc-")]
+    assert len(long_context) == 8 and {run["layout"]["cp"] for run in long_context} == {1, 2, 4, 8}
+    assert all(run["metric"]["flops"] == "megatron" and run["layout"]["ep"] == 8 for run in long_context)
     pending = bench.load_corpus(bench.CORPUS.parent / "pending_cp_ep_runs.yaml")
-    assert len(pending) == 8 and {run["layout"]["cp"] for run in pending} == {1, 2, 4, 8}
-    assert all(run["metric"]["flops"] == "megatron" for run in pending)
     assert not {run["name"] for run in pending} & set(runs)
 
 
