@@ -26,13 +26,16 @@ Per run, what the publisher's software did is in its fields: `precision` (fp8 wi
 `expert_load_imbalance` (1.0 where the publisher forced balanced routing), `selective_mm_recompute` (the share
 of forward matmuls the publisher's selective policy replays; cost.CostSetup) and `a2a_overlap` (expert
 all-to-alls beside another micro-batch's compute: Megatron-Core's moe_a2a_overlap) and `cp_repeated_kv` (torch's
-context_parallel around a model that repeats K/V to the query heads before SDPA: torchtitan's Llama), `stack` (torch,
+context_parallel around a model that repeats K/V to the query heads before SDPA: torchtitan's Llama), `cp_rotate`
+(allgather, the default, or ring: Megatron-Core / Transformer Engine's point-to-point context parallelism, K/V chunks
+passed around the cp ring beside the attention blocks; parallel.cp_rotate, plan/context.py), `stack` (torch,
 the default, or megatron-te: Megatron-Core with Transformer Engine; hardware.STACKS) and `dispatcher` (alltoall,
 deepep, hybridep; cost.CostSetup); recorded but not read by the cost model yet: `token_drop` (capacity-factor
 dropping with expert inputs padded to capacity). The publisher's FLOP formulas (`metric.flops`): megatron_hfu,
-megatron_mfu, palm and megatron (Megatron-LM's of 2025, for GQA and MoE). `--fit` fits the GEMM efficiency per
-(GPU, stack) on the calibration set only (hardware.py cites the result) and reports both sets with the fitted
-values. Torch-free.
+megatron_mfu, palm, megatron (Megatron-LM's of 2025, for GQA and MoE: causal halving of the scores) and megatron_2024
+(the same function as Megatron-LM had it from 2024-04 to 2025-03: the full s x s score matrix counted). `--fit` fits
+the GEMM efficiency per (GPU, stack) on the calibration set only (hardware.py cites the result) and reports both sets
+with the fitted values. Torch-free.
 """
 
 from __future__ import annotations
@@ -168,6 +171,7 @@ def _search(job: Any, hw: Any, budget_bytes: Optional[float] = None, run: Option
                               a2a_overlap=bool(run.get("a2a_overlap", False)) if run else False,
                               cp_repeated_kv=bool(run.get("cp_repeated_kv", False)) if run else False,
                               dispatcher=_dispatcher(run) if run else "alltoall",
+                              cp_rotate=_cp_rotate(run) if run else "allgather",
                               tp_overlap=bool(run.get("tp_overlap", False)) if run else False,
                               # Megatron-Core's distributed optimizer: gradients and parameters once per step
                               dp_once_per_step=bool(run and _stack(run) == "megatron-te"),
@@ -193,10 +197,13 @@ def publisher_flops_per_token(model: Any, formula: str) -> float:
         return 6.0 * param_count(model) + 12.0 * layers * hidden * seq
     if formula == "megatron":  # Megatron-LM's num_floating_point_operations (2025 form), per token
         return _megatron_flops_per_token(model)
-    raise SystemExit(f"unknown FLOP formula {formula!r}; known: megatron_hfu, megatron_mfu, palm, megatron")
+    if formula == "megatron_2024":  # the same before 2025-03-06: no causal halving, every layer MoE
+        return _megatron_flops_per_token(model, causal=False)
+    raise SystemExit(f"unknown FLOP formula {formula!r}; known: megatron_hfu, megatron_mfu, palm, megatron, "
+                     "megatron_2024")
 
 
-def _megatron_flops_per_token(model: Any) -> float:
+def _megatron_flops_per_token(model: Any, causal: bool = True) -> float:
     """Megatron-LM megatron/training/training.py `num_floating_point_operations` / (batch x seq), the form of
     2025-03 on (commit 8873b55, "Fixes in number of floating-point operation estimates for MoE and attention
     layer": causal halving of the scores, dense and MoE blocks apart; refactored in 2026 into token-linear and
@@ -209,7 +216,15 @@ def _megatron_flops_per_token(model: Any) -> float:
     with 12 = 3 GEMMs (fwd, dgrad, wgrad) x 2 GEMMs per block x 2 FLOPs per multiply-add, g = 3/2 for a gated
     (SwiGLU) FFN and 1 otherwise, k = top_k routed experts, the MoE share = MoE blocks / layers (model.moe's
     dense_layers keep the dense FFN) and V the vocabulary as given (the publisher's padded vocabulary, when the
-    corpus row carries it). No recomputation is counted (model FLOPs)."""
+    corpus row carries it). No recomputation is counted (model FLOPs).
+
+    causal=False gives `megatron_2024`: the function as it stood from 2024-04-04 (Megatron-LM 38fa8bca48,
+    "fix_memory_and_flops": the gated 3/2 and the head_dim ratio added) to 2025-03-05 (8873b55's parent): the
+    scores counted over the full s x s square, s/h where the 2025 form has s/(2h), and top_k experts (plus shared
+    ones) on every layer (no dense_layers split). NeMo's nemo/utils/flops_formulas.py (llama2, llama3, ...) had
+    the same value until 2025-08-09 (6251117f4c, "Discount FLOPs in dot-product att"), and NeMo's 24.07 table
+    agrees with it (Llama 2 7B at seq 4096: 780 TFLOP/s over 16934 tokens/s = 46.06 GFLOP per token, this
+    form 46.08; the causal one would print 726)."""
     from hpctrain.config.moe import expert_width, shared_width
     from hpctrain.plan.model_stats import head_dim, moe_layer_count
 
@@ -217,13 +232,14 @@ def _megatron_flops_per_token(model: Any) -> float:
     heads, kv_heads = int(model.heads), int(model.kv_heads or model.heads)
     gated = 1.5 if model.activation == "swiglu" else 1.0
     moe = getattr(model, "moe", None)
-    n_moe = moe_layer_count(model)
+    n_moe = moe_layer_count(model) if causal else (layers if moe is not None else 0)
     ffn = float(model.ffn_hidden) * gated * (layers - n_moe) / layers
     if moe is not None:
         ffn += (expert_width(moe, int(model.ffn_hidden)) * int(moe.top_k) * 1.5
                 + shared_width(moe, int(model.ffn_hidden)) * 1.5) * n_moe / layers
     query_ratio = heads * head_dim(model) / hidden
-    attention = 12.0 * layers * hidden**2 * (1 + kv_heads / heads + seq / hidden / 2) * query_ratio
+    scores = seq / hidden / 2 if causal else seq / hidden
+    attention = 12.0 * layers * hidden**2 * (1 + kv_heads / heads + scores) * query_ratio
     return 12.0 * layers * hidden * ffn + attention + 6.0 * hidden * vocab
 
 
@@ -263,6 +279,18 @@ def _dispatcher(run: dict[str, Any]) -> str:
     if dispatcher not in known:
         raise SystemExit(f"run {run['name']!r}: dispatcher must be one of {', '.join(known)} (got {dispatcher!r})")
     return str(dispatcher)
+
+
+CP_ROTATIONS = ("allgather", "ring")
+
+
+def _cp_rotate(run: dict[str, Any]) -> str:
+    """The publisher's context-parallel exchange (corpus field `cp_rotate`, default allgather; parallel.cp_rotate):
+    ring for Megatron-Core's point-to-point CP (Transformer Engine attention, K/V chunks around the cp ring)."""
+    rotate = run.get("cp_rotate", "allgather")
+    if rotate not in CP_ROTATIONS:
+        raise SystemExit(f"run {run['name']!r}: cp_rotate must be one of {', '.join(CP_ROTATIONS)} (got {rotate!r})")
+    return str(rotate)
 
 
 def _attention(run: dict[str, Any]) -> str:

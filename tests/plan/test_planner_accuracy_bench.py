@@ -233,7 +233,7 @@ def test_the_new_sources_fields() -> None:
     runs = {run["name"]: run for run in corpus}
     for run in corpus:
         if run["name"].split("-")[0] in ("nemo2407", "mz", "mbridge", "mbridge2602", "mb2509", "mb260201", "mb2604",
-                                         "mb260401", "mb2606"):
+                                         "mb260401", "mb2606", "mb260601", "mb2608", "nemo2403ls"):
             assert run.get("stack") == "megatron-te" and run.get("fused") is True, run["name"]
         assert run.get("stack", "torch") in ("torch", "megatron-te"), run["name"]
         assert run.get("dispatcher") in (None, "alltoall", "deepep", "hybridep"), run["name"]
@@ -242,11 +242,65 @@ def test_the_new_sources_fields() -> None:
     assert len(table) == 5 and all(run["metric"]["unit"] == "step_time_s" for run in table)
     assert runs["mb2509-qwen3-235b-fp8-tokendrop"]["token_drop"] is True
     # the H100 long-context table (CP with EP) is costed since the cpep merge: 8 rows, CP 1 to 8, Megatron's FLOPs
-    long_context = [run for run in corpus if run["name"].startswith("mz-lc-")]
+    long_context = [run for run in corpus if run["name"].startswith("mz-lc-") and run["hardware"]["gpu"] == "h100-80gb"]
     assert len(long_context) == 8 and {run["layout"]["cp"] for run in long_context} == {1, 2, 4, 8}
     assert all(run["metric"]["flops"] == "megatron" and run["layout"]["ep"] == 8 for run in long_context)
+    # and the GB200 128K row of the same readme: CP 4 with EP 32 on an NVL72 rack
+    assert runs["mz-lc-qwen3-235b-gb200-128k"]["layout"]["cp"] == 4 and runs["mz-lc-qwen3-235b-gb200-128k"]["layout"]["ep"] == 32
     pending = bench.load_corpus(bench.CORPUS.parent / "pending_cp_ep_runs.yaml")
     assert not {run["name"] for run in pending} & set(runs)
+    # Blackwell rows (2026-12-06): every one names a catalog node of its GPU; the NeMo long-sequence table is its own
+    # validation source, in TFLOP/s by the 2024 formula, its CP rows on Megatron-Core's ring.
+    from hpctrain.plan.hardware import NODES
+
+    blackwell = [run for run in corpus if run["hardware"]["gpu"].startswith(("b200", "b300", "gb200", "gb300"))]
+    assert len(blackwell) == 106  # 102 Megatron-Bridge, 4 ModelZoo (the GB200 128K CP x EP row among them)
+    assert all(NODES[run["hardware"]["node"]].gpu == run["hardware"]["gpu"] for run in blackwell)
+    long_seq = [run for run in corpus if run["name"].startswith("nemo2403ls-")]
+    assert len(long_seq) == 9 and all(run["set"] == "validation" for run in long_seq)
+    assert all(run["metric"]["flops"] == "megatron_2024" for run in long_seq)
+    assert all(run.get("cp_rotate") == "ring" for run in long_seq if run["layout"].get("cp", 1) > 1)
+
+
+def test_megatron_2024_flop_formula_by_hand_and_against_nemo_2407() -> None:
+    """`megatron_2024` = Megatron-LM's num_floating_point_operations from 2024-04-04 to 2025-03-06 (and NeMo's flops
+    formulas until 2025-08): the full s x s score matrix, 12 l h^2 (1 + g/a + s/h) (a d / h), top-k experts on every
+    layer. By hand for Llama 2 7B at 4K and 1M tokens; against NeMo 24.07's published pair for Llama 2 7B (16934
+    tokens/s/GPU, 780 Model TFLOP/s/GPU: this formula gives 780.4, the causal 2025 one 725.9)."""
+    from hpctrain.config.model import ModelConfig
+
+    def llama2_7b(seq: int) -> ModelConfig:
+        return ModelConfig(layers=32, hidden=4096, heads=32, kv_heads=32, ffn_hidden=11008, vocab=32000, seq_len=seq)
+
+    for seq in (4096, 1048576):
+        hand = 12 * 32 * 4096**2 * (1 + 1 + seq / 4096) + 12 * 32 * 4096 * 11008 * 1.5 + 6 * 4096 * 32000
+        assert bench.publisher_flops_per_token(llama2_7b(seq), "megatron_2024") == pytest.approx(hand, rel=1e-12)
+        # the 2025 form differs by the halved scores only: 6 l h s (r = 1 here)
+        assert (bench.publisher_flops_per_token(llama2_7b(seq), "megatron_2024")
+                - bench.publisher_flops_per_token(llama2_7b(seq), "megatron")) == pytest.approx(6 * 32 * 4096 * seq)
+    assert bench.publisher_flops_per_token(llama2_7b(4096), "megatron_2024") == pytest.approx(46.0849e9, rel=1e-5)
+    flops_4k = bench.publisher_flops_per_token(llama2_7b(4096), "megatron_2024")
+    assert flops_4k * 16934 / 1e12 == pytest.approx(780, rel=0.001)
+    assert bench.publisher_flops_per_token(llama2_7b(4096), "megatron") * 16934 / 1e12 < 730
+    # MoE: the 2024 form puts the routed experts on every layer (model.moe's dense_layers not split off)
+    moe = ModelConfig(layers=4, hidden=1024, heads=8, kv_heads=2, ffn_hidden=4096, vocab=1000, seq_len=2048,
+                      moe=dict(experts=8, top_k=2, expert_ffn_hidden=512, dense_layers=1))
+    moe_hand = 12 * 4 * 1024 * (2 * 512 * 1.5) + 12 * 4 * 1024**2 * (1 + 2 / 8 + 2048 / 1024) + 6 * 1024 * 1000
+    assert bench.publisher_flops_per_token(moe, "megatron_2024") == pytest.approx(moe_hand, rel=1e-12)
+    with pytest.raises(SystemExit, match="known: megatron_hfu, megatron_mfu, palm, megatron, megatron_2024"):
+        bench.publisher_flops_per_token(moe, "megatron_2023")
+
+
+def test_the_cp_rotate_field_reaches_the_cost(corpus: list[dict]) -> None:
+    """`cp_rotate: ring` (Megatron-Core's point-to-point CP) prices the K/V exchange as the planner's ring, beside
+    the attention blocks, where the default all-gathers it; unknown values stop the bench with one line."""
+    run = {r["name"]: r for r in corpus}["nemo2403ls-llama2-7b-256k"]
+    _, ring, _ = bench.predict(run)
+    _, gather, _ = bench.predict({**run, "cp_rotate": "allgather", "layout": {**run["layout"], "ac": "none"}})
+    assert (ring.cp, ring.ac, gather.ac) == (8, "none", "none")
+    assert ring.cost.cp_comm_s < gather.cost.cp_comm_s
+    with pytest.raises(SystemExit, match="cp_rotate must be one of allgather, ring"):
+        bench._cp_rotate({**run, "cp_rotate": "a2a"})
 
 
 # A Blackwell row as the corpus would hold one (issue 26; the lead owns the corpus, so it is inline here): a MoE
