@@ -55,6 +55,9 @@ H100_ATTENTION_EFFICIENCY = 0.35
 STACKS = ("torch", "megatron-te")
 FA3_CLASS_ATTENTION_SPEEDUP = 1.6
 HOPPER_GPUS = ("h100-80gb", "h100-96gb-500w", "h200-141gb")
+# Blackwell takes H100's figures (the note below the catalog's efficiencies): for this stack too, its fitted GEMM
+# figure and its attention class, the same assumption, until a Blackwell calibration run exists.
+BLACKWELL_GPUS = ("b200-180gb", "b300-288gb", "gb200-186gb", "gb300-288gb")
 # Fitted 2026-12-06 on the calibration set's megatron-te rows (NeMo 24.07's FP8 pre-training table, 12 rows on
 # DGX-H100, each with its software: fused kernels, FP8, TE's TP overlap where its launcher set it, Megatron-Core's
 # distributed optimizer): 0.81 (`--fit`; calibration FP8 7/12 within +-15 %, median 8.0 %). It prices TE's GEMMs
@@ -339,9 +342,11 @@ def with_stack(hw: Hardware, stack: str, gemm_efficiency: Optional[float] = None
     if stack not in STACKS:
         raise ValueError(f"unknown software stack {stack!r}; known: {', '.join(STACKS)}")
     gpu = hw.gpu
-    if stack == "megatron-te" and gpu.name in HOPPER_GPUS:
+    if stack == "megatron-te" and gpu.name in HOPPER_GPUS + BLACKWELL_GPUS:
+        fitted = MEGATRON_TE_GEMM_EFFICIENCY.get(
+            gpu.name, MEGATRON_TE_GEMM_EFFICIENCY.get("h100-80gb") if gpu.name in BLACKWELL_GPUS else None)
         gpu = replace(gpu, attention_efficiency=gpu.attention_efficiency * FA3_CLASS_ATTENTION_SPEEDUP,
-                      gemm_efficiency=MEGATRON_TE_GEMM_EFFICIENCY.get(gpu.name, gpu.gemm_efficiency))
+                      gemm_efficiency=fitted if fitted is not None else gpu.gemm_efficiency)
     if gemm_efficiency is not None:
         gpu = replace(gpu, gemm_efficiency=gemm_efficiency)
     return hw if gpu is hw.gpu else replace(hw, gpu=gpu)
