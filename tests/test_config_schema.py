@@ -13,6 +13,7 @@ import yaml
 
 from hpctrain.cli import main
 from hpctrain.config import PRESETS, dump_job, job_from_dict, json_schema, load_job
+from hpctrain.errors import ConfigError
 from hpctrain.config.model import default_ffn_hidden
 from hpctrain.resources import data_dir
 
@@ -142,6 +143,47 @@ def test_validate_loads_no_plugin_finder_nor_error_helpers(setting: str | None) 
                           capture_output=True, text=True, timeout=60, env=env)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[1:] == ["[]", str(setting), "module True"], proc.stdout
+
+
+LAZY_SECTIONS = ("hpctrain.config.entrypoint", "hpctrain.config.kubernetes", "hpctrain.config.lora",
+                 "hpctrain.config.moe")
+LAZY_PROBE = """
+import sys
+from hpctrain.config import load_job
+job = load_job(sys.argv[1])
+print(sorted(m for m in %r if m in sys.modules))
+""" % (LAZY_SECTIONS,)
+
+
+@pytest.mark.parametrize(("example", "built"), [
+    ("quickstart.yaml", []),
+    ("llama3-8b-volcano.yaml", ["hpctrain.config.kubernetes"]),
+])
+def test_optional_sections_are_built_only_for_a_job_that_has_them(example: str, built: list[str]) -> None:
+    """config/lazy.py: a job without kubernetes, entrypoint, model.moe or train.lora does not build their models."""
+    proc = subprocess.run([sys.executable, "-c", LAZY_PROBE, str(data_dir("examples") / example)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [str(built)], proc.stdout
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("kubernetes: {namespace: Bad_NS, bogus: 1}\n",
+     ["kubernetes.namespace", "kubernetes.bogus"]),
+    ("model: {preset: tiny, moe: {experts: 0}}\n", ["model.moe.experts"]),
+    ("train: {lora: {rank: 0}}\n", ["train.lora.rank"]),
+    ("entrypoint: {script: 5}\n", ["entrypoint.script"]),
+    ("kubernetes: 5\n", ["kubernetes"]),
+])
+def test_a_lazy_section_reports_its_errors_at_its_keys(tmp_path: Path, text: str, want: list[str]) -> None:
+    """Errors inside a section built on first use keep the file line and the dotted path of each key."""
+    path = tmp_path / "job.yaml"
+    path.write_text("name: x\n" + text)
+    with pytest.raises(ConfigError) as exc:
+        load_job(str(path))
+    located = [line.split(": ", 2)[1] for line in exc.value.problems]
+    assert [p for p in located if p in want] == want, exc.value.problems
+    assert all(line.startswith(f"{path}:2: ") for line in exc.value.problems if line.split(": ", 2)[1] in want)
 
 
 def test_version_and_help() -> None:

@@ -1,4 +1,10 @@
-"""Config: the job.yaml schema, loading with line-numbered errors, `--set` overrides, JSON schema export."""
+"""Config: the job.yaml schema, loading with line-numbered errors, `--set` overrides, JSON schema export.
+
+The modules that define models are written without `from __future__ import annotations`: pydantic would
+compile and evaluate each field's annotation string (~200 of them, ~2 % of `hpctrain validate`; issue 23
+item 8). Optional sections of their own (kubernetes, entrypoint, model.moe, train.lora) are built on first
+use (lazy.py).
+"""
 
 from __future__ import annotations
 
@@ -33,7 +39,9 @@ def json_schema() -> dict[str, Any]:
     """JSON Schema (draft 2020-12) of job.yaml, for editors (yaml-language-server) and checks."""
     import json  # here, not at the top: validate and render never need it
 
-    schema = Job.model_json_schema(by_alias=True, mode="validation")
+    from hpctrain.config.lazy import SchemaGenerator
+
+    schema = Job.model_json_schema(by_alias=True, mode="validation", schema_generator=SchemaGenerator)
     schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema, "title": "hpctrain job"}
     json.dumps(schema)  # fail here, not in a user's editor, if something is not serialisable
     return schema

@@ -7,8 +7,6 @@ resolved job. Without `model:` nothing is planned: the degrees are the fixed one
 dp the rest) and reach the script as HPCTRAIN_TP/PP/DP and the placeholders.
 """
 
-from __future__ import annotations
-
 from typing import TYPE_CHECKING, Any, Optional
 
 from pydantic import Field
@@ -45,7 +43,7 @@ def placeholders(arg: str) -> list[str]:
     return [name for _, name, _, _ in string.Formatter().parse(arg) if name is not None]
 
 
-def entrypoint_problems(job: Job) -> list[Problem]:
+def entrypoint_problems(job: "Job") -> list[Problem]:
     e = job.entrypoint
     if e is None:
         return []
@@ -72,7 +70,7 @@ def fill_args(args: list[str], values: dict[str, Any]) -> list[str]:
     return [arg.format(**values) for arg in args]
 
 
-def layout_without_model(job: Job) -> Job:
+def layout_without_model(job: "Job") -> "Job":
     """A job without `model:` is not planned: an `auto` degree takes what the fixed ones leave of the GPUs
     (dp first, else tp, else pp), the other autos are 1; the built-in runtime's other `auto` knobs get
     their plain values (the script ignores them)."""

@@ -1,7 +1,5 @@
 """The sections about where and how the job runs: cluster, slurm, container, checkpoint, nccl, monitor, sweep."""
 
-from __future__ import annotations
-
 import re
 from typing import Annotated, Any, Literal, Optional, Union
 

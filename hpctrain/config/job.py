@@ -1,13 +1,10 @@
 """The whole job: one model per section, plus the cross-field checks that span sections."""
 
-from __future__ import annotations
-
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 from pydantic import Field
 
 from hpctrain.config.base import Section
-from hpctrain.config.entrypoint import EntrypointConfig, entrypoint_problems
 from hpctrain.config.infra import (
     CheckpointConfig,
     ClusterConfig,
@@ -19,12 +16,18 @@ from hpctrain.config.infra import (
     SlurmConfig,
     SweepConfig,
 )
-from hpctrain.config.kubernetes import KubernetesConfig
+from hpctrain.config.lazy import LazySection
 from hpctrain.config.model import ModelConfig
 from hpctrain.config.problem import Problem
 from hpctrain.config.training import ParallelConfig, Placement, TrainConfig
 from hpctrain.config.types import Text
 
+if TYPE_CHECKING:
+    from hpctrain.config.entrypoint import EntrypointConfig as EntrypointSection
+    from hpctrain.config.kubernetes import KubernetesConfig as KubernetesSection
+else:  # built on first use (config/lazy.py)
+    EntrypointSection = Annotated[Any, LazySection("hpctrain.config.entrypoint", "EntrypointConfig")]
+    KubernetesSection = Annotated[Any, LazySection("hpctrain.config.kubernetes", "KubernetesConfig")]
 
 class Job(Section):
     """A training job: model, training, layout, cluster, scheduler, container, checkpoints."""
@@ -35,7 +38,7 @@ class Job(Section):
                                          "sbatch/recipe templates of the same name.")
     model: Optional[ModelConfig] = Field(None, description="The built-in transformer; optional with entrypoint "
                                          "(then, when given, `plan` advises the script's layout).")
-    entrypoint: Optional[EntrypointConfig] = Field(None, description="Your own training program instead of the "
+    entrypoint: Optional[EntrypointSection] = Field(None, description="Your own training program instead of the "
                                                    "built-in model: every rank runs it with torchrun's variables.")
     train: TrainConfig = Field(default_factory=lambda: TrainConfig(), description="Training settings.")
     parallel: ParallelConfig = Field(default_factory=lambda: ParallelConfig(), description="Parallel layout.")
@@ -51,7 +54,7 @@ class Job(Section):
     nccl: NcclConfig = Field(default_factory=lambda: NcclConfig(), description="NCCL environment.")
     monitor: MonitorConfig = Field(default_factory=lambda: MonitorConfig(), description="Optional monitors.")
     sweep: Optional[SweepConfig] = Field(None, description="Grid for `hpctrain sweep`.")
-    kubernetes: Optional[KubernetesConfig] = Field(None, description="Kubernetes with Volcano "
+    kubernetes: Optional[KubernetesSection] = Field(None, description="Kubernetes with Volcano "
                                                    "(cluster.executor: volcano).")
 
     @property
@@ -367,7 +370,11 @@ def _tracker_problems(job: Job) -> list[Problem]:
 
 def cross_field_problems(job: Job) -> list[Problem]:
     """Checks that span fields or sections; pydantic has already checked each field alone."""
-    model = _model_problems(job) + entrypoint_problems(job)
+    model = _model_problems(job)
+    if job.entrypoint is not None:
+        from hpctrain.config.entrypoint import entrypoint_problems
+
+        model += entrypoint_problems(job)
     if model:
         return model
     from hpctrain.config.kubernetes_checks import kubernetes_problems

@@ -7,8 +7,6 @@ annotation values, paths) is data in the manifest: hpctrain/render/vcjob.py dump
 yaml.safe_dump, never through a template.
 """
 
-from __future__ import annotations
-
 import re
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Optional
 

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ValidationError
 
 from hpctrain.config.infra import RESTART_ALIASES
 from hpctrain.config.job import Job, Problem, cross_field_problems
+from hpctrain.config.lazy import lazy_model
 from hpctrain.config.overrides import apply_overrides
 from hpctrain.config.paths import resolve_data_paths
 from hpctrain.config.types import ENV_FIX
@@ -36,6 +37,9 @@ def _model_at(path: Path) -> Optional[type[BaseModel]]:
 
 
 def _section_type(annotation: Any) -> Any:
+    lazy = lazy_model(annotation)  # a section built on first use (config/lazy.py)
+    if lazy is not None:
+        return lazy
     for arg in getattr(annotation, "__args__", ()) or ():
         if isinstance(arg, type) and issubclass(arg, BaseModel):
             return arg

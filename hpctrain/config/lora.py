@@ -4,8 +4,6 @@ The projections are named as in the runtime's model (hpctrain/runtime/model/tran
 w1 w2 w3 (MLP: gate, down, up). Hugging Face / PEFT names are accepted and mapped onto them.
 """
 
-from __future__ import annotations
-
 from typing import Any
 
 from pydantic import Field, field_validator

@@ -1,16 +1,19 @@
 """The `model:` section: the transformer's shape, from a preset with per-field overrides or in full."""
 
-from __future__ import annotations
-
 import os
-from typing import Any, Literal, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Optional
 
 from pydantic import Field, PrivateAttr, model_validator
 
 from hpctrain.config import limits as L
 from hpctrain.config.base import Section, new_list
-from hpctrain.config.moe import MoEConfig
+from hpctrain.config.lazy import LazySection
 from hpctrain.config.types import Text
+
+if TYPE_CHECKING:
+    from hpctrain.config.moe import MoEConfig as MoESection
+else:  # built on first use (config/lazy.py)
+    MoESection = Annotated[Any, LazySection("hpctrain.config.moe", "MoEConfig")]
 
 # Shapes from the model cards / papers: GPT-3 (Brown et al. 2020, Table 2.1), Llama 2 (Touvron et al.
 # 2023, Table 1 and params.json), Llama 3 / 3.2 (Meta's model cards and params.json).
@@ -107,7 +110,7 @@ class ModelConfig(Section):
     norm_eps: float = Field(1e-5, gt=0, le=1, description="RMSNorm epsilon.")
     rope_theta: float = Field(10000.0, gt=0, le=L.MAX_ROPE_THETA, description="RoPE base frequency.")
     rope_scaling: Optional[RopeScaling] = Field(None, description="Llama 3 RoPE scaling; none by default.")
-    moe: Optional[MoEConfig] = Field(None, description="Mixture-of-Experts FFN (routed and shared experts); "
+    moe: Optional[MoESection] = Field(None, description="Mixture-of-Experts FFN (routed and shared experts); "
                                      "none: every block is dense.")
     init_from: Optional[Text] = Field(None, description="A local Hugging Face folder (config.json and "
                                       "model.safetensors or its sharded index) to start from: its config.json "
@@ -180,6 +183,8 @@ class ModelConfig(Section):
         for name in HF_FIELDS:
             value = fields.get(name)
             if name == "moe" and isinstance(value, dict):
+                from hpctrain.config.moe import MoEConfig
+
                 checks += [(f"moe.{k}", v, MoEConfig.model_fields[k].metadata) for k, v in value.items()
                            if k in MoEConfig.model_fields]
             elif name == "rope_scaling" and isinstance(value, dict):
@@ -205,6 +210,8 @@ class ModelConfig(Section):
                 self._init_problems.append(("model.moe", "is set but init_from's config.json is a dense model",
                                             "set", "remove model.moe"))
             elif theirs is not None:
+                from hpctrain.config.moe import MoEConfig
+
                 self.moe = MoEConfig.model_validate(theirs)
             return
         mine: dict[str, Any] = {k: getattr(ours, k) for k in HF_MOE_FIELDS}

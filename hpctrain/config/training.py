@@ -1,19 +1,18 @@
 """The `train:`, `parallel:` and `placement:` sections."""
 
-from __future__ import annotations
-
-from typing import TYPE_CHECKING, Annotated, Literal, Optional, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Optional, Union
 
 from pydantic import Field
 
 from hpctrain.config import limits as L
 from hpctrain.config.base import Section, new_list
-from hpctrain.config.lora import LoraConfig
+from hpctrain.config.lazy import LazySection
 from hpctrain.config.types import Text, ZeroStage, auto_int
 
 # Integers or "auto" within their bounds: pydantic types built at run time (types.auto_int); mypy sees the
 # values they hold.
 if TYPE_CHECKING:
+    from hpctrain.config.lora import LoraConfig as LoraSection
     MicroBatch = Union[int, str]
     TpDegree = Union[int, str]
     PpDegree = Union[int, str]
@@ -27,6 +26,7 @@ else:
     DpDegree = auto_int(1, L.MAX_WORLD)
     VirtualStages = auto_int(1, L.MAX_LAYERS)
     EpDegree = auto_int(1, L.MAX_WORLD)
+    LoraSection = Annotated[Any, LazySection("hpctrain.config.lora", "LoraConfig")]  # config/lazy.py
 
 
 class OptimizerConfig(Section):
@@ -102,7 +102,7 @@ class TrainConfig(Section):
     eval_batches: int = Field(4, ge=1, le=L.MAX_GLOBAL_BATCH, description="Global batches per validation (the same ones every time).")
     seed: int = Field(1234, ge=0, le=L.MAX_SEED, description="Seed for weights, data and dropout.")
     log_every: int = Field(1, ge=1, le=L.MAX_STEPS, description="Write a metrics line every N steps.")
-    lora: Optional[LoraConfig] = Field(None, description="Train low-rank adapters on a frozen base (LoRA); "
+    lora: Optional[LoraSection] = Field(None, description="Train low-rank adapters on a frozen base (LoRA); "
                                        "null trains every weight.")
 
 
