@@ -186,6 +186,30 @@ def test_a_lazy_section_reports_its_errors_at_its_keys(tmp_path: Path, text: str
     assert all(line.startswith(f"{path}:2: ") for line in exc.value.problems if line.split(": ", 2)[1] in want)
 
 
+def test_yaml_non_printable_pattern_is_compiled_from_its_complement() -> None:
+    """config/yaml_source.py: PyYAML's reader gets a pattern that matches the characters its own matches, at the
+    same places, over every code point; a job with a control character fails as before."""
+    import re
+
+    from hpctrain.config.yaml_source import _YAML_NON_PRINTABLE, NON_PRINTABLE
+
+    every = "".join(map(chr, range(0x110000)))
+    theirs = [m.start() for m in re.finditer(_YAML_NON_PRINTABLE, every)]
+    assert theirs and [m.start() for m in re.finditer(NON_PRINTABLE, every)] == theirs
+    code = "import hpctrain.config, yaml; print(yaml.reader.Reader.NON_PRINTABLE.pattern)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.stdout.strip() == NON_PRINTABLE, proc.stderr
+
+
+def test_a_control_character_is_refused_with_pyyamls_words(tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text("name: x\x07\n")
+    with pytest.raises(ConfigError) as exc:
+        load_job(str(path))
+    assert exc.value.problems == [f"{path}:1: (document): YAML error: unacceptable character #x0007: special "
+                                  "characters are not allowed; fix the file"]
+
+
 def test_version_and_help() -> None:
     out = subprocess.run([sys.executable, "-m", "hpctrain", "--version"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.startswith("hpctrain ")
