@@ -118,7 +118,8 @@ import os, sys
 from hpctrain.cli import main
 rc = main(['validate', sys.argv[1]])
 print(sorted(m for m in ('importlib.metadata', 'email', 'pydantic.plugin._loader', 'difflib', 'json',
-                         'hpctrain.config.hf_weights_check', 'hpctrain.render.recipe') if m in sys.modules))
+                         'hpctrain.config.hf_weights_check', 'hpctrain.render.recipe', 'secrets', 'hmac')
+             if m in sys.modules))
 print(os.environ.get('PYDANTIC_DISABLE_PLUGINS'))
 from pydantic import BaseModel
 class Later(BaseModel):  # a model built after hpctrain's asks the real plugin finder, as without hpctrain
@@ -208,6 +209,15 @@ def test_a_control_character_is_refused_with_pyyamls_words(tmp_path: Path) -> No
         load_job(str(path))
     assert exc.value.problems == [f"{path}:1: (document): YAML error: unacceptable character #x0007: special "
                                   "characters are not allowed; fix the file"]
+
+
+def test_secrets_is_loaded_on_first_use() -> None:
+    """config/plugins_off.py: pydantic's `secrets` is a stand-in until used; then it and `import secrets` are real."""
+    code = ("import sys, hpctrain.config, pydantic; print('secrets' in sys.modules); "
+            "a, b = pydantic.SecretStr('a'), pydantic.SecretStr('b'); print(a == pydantic.SecretStr('a'), a == b); "
+            "import secrets; print(len(secrets.token_hex(4)), type(sys.modules['secrets']).__name__)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.stdout.splitlines() == ["False", "True False", "8 module"], proc.stderr
 
 
 def test_version_and_help() -> None:

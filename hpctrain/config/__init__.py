@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from hpctrain.config.plugins_off import collector_paused, pydantic_plugins_off
+from hpctrain.config.plugins_off import collector_paused, pydantic_plugins_off, secrets_on_first_use
 
-# The ~30 models of the schema are built here, plugins off and the collector paused (config/plugins_off.py).
-with pydantic_plugins_off(), collector_paused():
+# The models of the schema are built here, plugins off, `secrets` loaded on first use and the collector paused
+# (config/plugins_off.py).
+with pydantic_plugins_off(), secrets_on_first_use(), collector_paused():
     from hpctrain.config.job import Job, Problem, cross_field_problems
     from hpctrain.config.loader import job_from_dict, load_job
     from hpctrain.config.model import PRESETS, ModelConfig

@@ -13,6 +13,12 @@ of every installed distribution (~5 ms here, more in a bigger environment): toge
   plugins (what the switch makes the real one return); any other name asked of it loads the real module
   and answers from it. The stand-in leaves sys.modules afterwards: the next model built elsewhere loads
   the real finder as usual, plugins and all.
+
+`secrets_on_first_use` does the same for the `secrets` module, which pydantic.types imports at its top and
+uses only when two SecretStr/SecretBytes values are compared: importing it loads hmac, hashlib with OpenSSL's
+_hashlib, and random (~2 ms of validate). While pydantic is imported a stand-in takes its place; the first
+name asked of it loads the real module (the stand-in has left sys.modules by then, so every other importer
+gets the real one too).
 """
 
 from __future__ import annotations
@@ -67,6 +73,32 @@ def pydantic_plugins_off() -> Iterator[None]:
             package = sys.modules.get(LOADER.rpartition(".")[0])
             if package is not None and getattr(package, "_loader", None) is stand_in:
                 delattr(package, "_loader")
+
+
+class _OnFirstUse(ModuleType):
+    """Stands in for a stdlib module that pydantic imports but does not use while models are built."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        if sys.modules.get(self.__name__) is self:
+            del sys.modules[self.__name__]
+        import importlib
+
+        return getattr(importlib.import_module(self.__name__), name)
+
+
+@contextmanager
+def secrets_on_first_use() -> Iterator[None]:
+    """`import secrets` inside gets a stand-in that loads the real module at its first use (module docstring)."""
+    stand_in = None
+    if "secrets" not in sys.modules:
+        stand_in = sys.modules["secrets"] = _OnFirstUse("secrets")
+    try:
+        yield
+    finally:
+        if stand_in is not None and sys.modules.get("secrets") is stand_in:
+            del sys.modules["secrets"]
 
 
 @contextmanager
