@@ -17,7 +17,7 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
                                                  "problem (FILE:LINE: field: what; fix) and exit 2.")
     validate.add_argument("files", nargs="+", metavar="JOB.yaml", help="one or more job files to check")
     add_set_option(validate)
-    validate.set_defaults(handler=run_validate)
+    validate.set_defaults(handler=run_validate, exit_now=True)  # it only prints: cli/main.py ends it at once
 
     schema = subparsers.add_parser("schema", help="print the JSON Schema of job.yaml",
                                    description="Save it and point your editor at it: put "

@@ -15,6 +15,7 @@ from typing import Optional, Sequence
 
 from hpctrain import __version__
 from hpctrain.errors import HpctrainError
+from hpctrain.process_exit import exit_now
 
 # Modules with a `register(subparsers)` function, in --help order. Only commands that work are listed.
 COMMAND_MODULES = (
@@ -63,10 +64,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         build_parser().print_help()  # every command, whichever was asked for
         return 2
     try:
-        return _run(args)
+        code = _run(args)
     finally:
         if argv is None:  # the process's own command line (the console script, python -m hpctrain): it exits next
             _before_exit()
+    if argv is None and getattr(args, "exit_now", False):
+        # A command that leaves nothing behind its output (validate): end without the interpreter's
+        # teardown, which frees every object the schema left (~3 ms of ~140; hpctrain/process_exit.py).
+        exit_now(code)
+    return code
 
 
 def _before_exit() -> None:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from hpctrain.config import Job
 
+from hpctrain.process_exit import exit_now
 from hpctrain.rundir.events import FAILED, FINISHED, STARTED, STOPPED, append_event
 
 PROG = "python -m hpctrain.runtime"
@@ -242,31 +243,6 @@ def _check_fp8(job: Job, device: Any) -> None:
     check_fp8_device(job.train.precision, job.train.fp8.emulate, device.type, capability, job.train.fp8.recipe)
 
 
-def exit_now(code: int) -> None:
-    """End the process without the interpreter's teardown, after what of it has effects.
-
-    Python's finalization (after atexit) runs a last full garbage collection and frees every module:
-    with torch loaded, measured here at 1-7 s of a 2-rank CPU run (py-spy: `gc_collect_main`), every
-    run's time between its `finished` and `ended` events (issue 23 item 8). What of the teardown has
-    effects is done first, in the interpreter's own order: wait for non-daemon threads, run the
-    atexit handlers (trackers, logging), flush stdout/stderr. Code 1 skips the waits: other ranks may
-    be stuck in a collective, so a failed rank never waits in process-group teardown.
-    """
-    import atexit
-    import threading
-
-    if code != 1:
-        for thread in threading.enumerate():
-            if thread is not threading.main_thread() and not thread.daemon:
-                thread.join()
-        atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # a closed or broken stream: nothing more can be said on it
-            pass
-    os._exit(code)
-
-
 if __name__ == "__main__":
-    exit_now(main())
+    CODE = main()
+    exit_now(CODE, wait=CODE != 1)  # a failed rank does not wait (process_exit.py)
