@@ -108,7 +108,10 @@ class RankSetup:
     sequence_parallel: bool
     precision: str
     optimizer: str  # "adamw" | "sgd" | "sgd-momentum"
-    foreach: bool = True
+    # The runtime's AdamW runs torch's fused kernel (runtime/optim.py: no temporary) except over torchao's fp8
+    # weight wrappers (fp8 tensorwise under FSDP), where it runs the foreach kernels: a temporary the size of the
+    # rank's gradients (torch/optim/adamw.py _multi_tensor_adamw, its _foreach_sqrt of the second moments).
+    foreach: bool = False
     overhead_bytes: float = DEFAULT_RUNTIME_OVERHEAD_BYTES
     lora: LoraShape | None = None  # train.lora: only the adapters train (plan/lora.py)
     attention: str = "flash"  # cost.ATTENTION_KERNELS; "materialized" keeps the score matrix

@@ -145,6 +145,7 @@ def plan_job(job: Job) -> PlanResult:
                               cp_rotate=job.parallel.cp_rotate,
                               fp8=job.train.precision == "fp8" and not job.train.fp8.emulate, fp8_min_width=int(job.train.fp8.min_width),
                               fp8_recipe=job.train.fp8.recipe,
+                              fp8_all_gather=job.train.precision == "fp8" and job.train.fp8.recipe == "tensorwise",
                               compile=bool(job.train.compile))
     layouts, rejected, evaluated = search(job.model, hw, Choices.from_job(job), settings)
     result = PlanResult(job.name, job.model, hw, layouts, rejected, evaluated, time.perf_counter() - start,

@@ -70,6 +70,7 @@ class SearchSettings:
     fp8: bool = False  # train.precision fp8 (memory is priced in `precision`, its high precision)
     fp8_min_width: int = 1024
     fp8_recipe: str = "tensorwise"  # train.fp8.recipe (cost.FP8_RECIPES)
+    fp8_all_gather: bool = False  # fp8 tensorwise: under FSDP the weights are torchao wrappers (RankSetup.foreach)
     compile: bool = False  # train.compile: the runtime compiles the blocks of tp == 1 layouts
     compile_with_tp: bool = False  # a published run's software fuses element-wise work under TP too (bench only)
     expert_load_imbalance: float | None = None  # the busiest ep rank's load; None: cost.DEFAULT_EXPERT_STEP_IMBALANCE
@@ -218,7 +219,8 @@ def _search_family(model: Any, hw: Hardware, choices: Choices, settings: SearchS
                                           lora=settings.lora, attention=settings.attention, cp=cp, ep=ep,
                                           cpu_attention=hw.gpu.name == "cpu",
                                           embedding_on_cpu=settings.embedding_on_cpu,
-                                          cp_rotate=settings.cp_rotate)
+                                          cp_rotate=settings.cp_rotate,
+                                          foreach=settings.fp8_all_gather and (dp * cp > 1 or offload))
                         rank, memory = peak_rank_memory(model, stage_layers, setup, stages.memory)
                         label = f"{tag} mb={mb} {schedule} v={v} ac={ac} zero={zero}{' offload' if offload else ''}"
                         if memory.total > settings.budget_bytes:

@@ -103,4 +103,4 @@ def test_weight_decay_skips_norm_gains() -> None:
     cfg = SimpleNamespace(name="adamw", lr=1e-3, betas=[0.9, 0.95], eps=1e-8, weight_decay=0.1, momentum=0.0)
     opt = build_optimizer(cfg, part)
     assert [(len(g["params"]), g["weight_decay"]) for g in opt.param_groups] == [(1, 0.1), (1, 0.0)]
-    assert opt.defaults["foreach"] is True
+    assert opt.defaults["fused"] is True  # torch's fused AdamW kernel on CPU (runtime/optim.py)
