@@ -63,6 +63,7 @@ from hpctrain.runtime.checkpoint.files import describe_failure, fsync_dir, fsync
 from hpctrain.runtime.checkpoint.hashing import HashingWriter
 from hpctrain.runtime.checkpoint import tied
 from hpctrain.runtime.checkpoint.safe_dcp import SafePlanner, SafeReader, UnsafeIndex, read_index
+from hpctrain.runtime.checkpoint.save_planner import SavePlanner
 from hpctrain.runtime.distributed import barrier
 from hpctrain.rundir.checkpoints import (  # noqa: F401 - re-exported: the runtime's names for them
     CHECKPOINTS_DIR, FORMAT, METADATA_FILE, PARTIAL_DIR, STEP_DIR, InvalidCheckpoint, Scan, checksum, claim,
@@ -231,7 +232,8 @@ class Checkpointer:
         state = self._merge(self._per_part())
         if self.async_mode:
             writer = HashingWriter(partial)
-            future = dcp.async_save(state, storage_writer=writer, process_group=self._async_group)
+            future = dcp.async_save(state, storage_writer=writer, planner=SavePlanner(),
+                                    process_group=self._async_group)
             self.pending = _Pending(step, partial, final, full_body, future, started,
                                     time.perf_counter() - started, writer, rng_failure)
         else:
@@ -241,7 +243,7 @@ class Checkpointer:
                 # the finalize thread hashes the files back from the page cache instead. It fsyncs
                 # them there too (each rank its share, before the metadata that trusts them), not here
                 # inside the pause.
-                dcp.save(state, storage_writer=FileSystemWriter(partial, sync_files=False))
+                dcp.save(state, storage_writer=FileSystemWriter(partial, sync_files=False), planner=SavePlanner())
             except CheckpointException as exc:  # raised on every rank: DCP gathers the failures
                 self._fail(step, partial, [describe_failure(exc)])
             pending = _Pending(step, partial, final, full_body, None, started,
