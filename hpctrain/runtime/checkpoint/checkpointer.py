@@ -23,7 +23,8 @@ and a requeue does not meet them again.
 Model and optimizer go through `get_state_dict` / `set_state_dict` with
 `flatten_optimizer_state_dict=True` (with PP the nested form loads but fails at the next step with
 KeyError 'betas'), one (part, optimizer) pair per model part, merged under full-model names: the
-same checkpoint loads into any layout (DCP reshards).
+same checkpoint loads into any layout (DCP reshards). Each parameter's optimizer settings are saved as
+one entry (settings.py).
 
 Async (`checkpoint.async: true`): DCP `async_save` in a thread, on its own gloo group so its
 collectives never interleave with training's; the metadata + rename happen at the next save or
@@ -58,7 +59,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 
 import hpctrain
 from hpctrain.errors import ConfigError, HpctrainError
-from hpctrain.runtime.checkpoint import rng_state
+from hpctrain.runtime.checkpoint import rng_state, settings
 from hpctrain.runtime.checkpoint.files import describe_failure, fsync_dir, fsync_file, remove_all
 from hpctrain.runtime.checkpoint.hashing import HashingWriter
 from hpctrain.runtime.checkpoint import tied
@@ -230,6 +231,7 @@ class Checkpointer:
                      "versions": {"hpctrain": hpctrain.__version__, "torch": torch.__version__,
                                   "python": sys.version.split()[0]}}
         state = self._merge(self._per_part())
+        state["optim"] = settings.group(state["optim"])  # each parameter's settings as one entry (settings.py)
         if self.async_mode:
             writer = HashingWriter(partial)
             future = dcp.async_save(state, storage_writer=writer, planner=SavePlanner(),
@@ -499,11 +501,16 @@ class Checkpointer:
         body = read_metadata(path)
         per_part = self._per_part()
         state = self._merge(per_part)
+        saved = set(read_index(path).state_dict_metadata)
+        grouped = settings.group(state["optim"])
+        if settings.saved_grouped(grouped, saved):  # else a checkpoint with one entry per setting (settings.py)
+            state["optim"] = grouped
         tied_copy = any(getattr(part, "has_tied_copy", False) for part in self.parts)
-        alias = tied.aliases(state, set(read_index(path).state_dict_metadata), tied_copy)
+        alias = tied.aliases(state, saved, tied_copy)
         load = tied.rename_for_load(state, alias)
         dcp.load(load, storage_reader=SafeReader(path), planner=SafePlanner())  # nothing unpickled freely
         tied.restore(state, load, alias)
+        state["optim"] = settings.ungroup(state["optim"])
         for (m, o), part, opt in zip(per_part, self.parts, self.optimizers):
             frozen = any(not p.requires_grad for p in part.parameters())
             set_state_dict(part, opt, model_state_dict={k: state["model"][k] for k in m},

@@ -21,9 +21,12 @@ EMBEDDING = "tok_embeddings.weight"
 
 def _embedding_key(key: str) -> str | None:
     """`output.weight` (model), `state.output.weight.X` / `param_groups.output.weight.X` (optimizer,
-    flattened) -> the same key of the embedding; None for any other key."""
+    flattened) or `param_groups.output.weight` (its settings as one entry, settings.py) -> the same key of the
+    embedding; None for any other key."""
     if key == HEAD:
         return EMBEDDING
+    if key == "param_groups." + HEAD:
+        return "param_groups." + EMBEDDING
     for section in ("state.", "param_groups."):
         if key.startswith(section + HEAD + "."):
             return section + EMBEDDING + key[len(section + HEAD):]
