@@ -118,7 +118,7 @@ import os, sys
 from hpctrain.cli import main
 rc = main(['validate', sys.argv[1]])
 print(sorted(m for m in ('importlib.metadata', 'email', 'pydantic.plugin._loader', 'difflib', 'json',
-                         'hpctrain.config.hf_weights_check', 'hpctrain.render.recipe', 'secrets', 'hmac')
+                         'hpctrain.config.hf_weights_check', 'hpctrain.render.recipe', 'secrets', 'hmac', 'shutil')
              if m in sys.modules))
 print(os.environ.get('PYDANTIC_DISABLE_PLUGINS'))
 from pydantic import BaseModel
