@@ -15,8 +15,6 @@ choice only, moved by `bias_update_rate` times sign(mean load - expert load) aft
 ceil(capacity_factor * tokens * top_k / experts) tokens per micro-batch, the later tokens dropped.
 """
 
-from __future__ import annotations
-
 from typing import Literal, Optional
 
 from pydantic import Field
