@@ -98,12 +98,12 @@ class MoeShape:
 
 
 def moe_shape(model: Any) -> MoeShape | None:
+    moe = getattr(model, "moe", None)
+    if moe is None:  # a dense model never loads the MoE section's module (config/lazy.py builds it on first use)
+        return None
     from hpctrain.config.moe import expert_width, shared_width
     from hpctrain.plan.model_stats import moe_layer_count
 
-    moe = getattr(model, "moe", None)
-    if moe is None:
-        return None
     ffn = int(model.ffn_hidden)
     return MoeShape(int(moe.experts), int(moe.top_k), expert_width(moe, ffn), shared_width(moe, ffn),
                     moe_layer_count(model), int(model.layers))

@@ -691,14 +691,17 @@ def tp_comm_per_micro_batch_s(model: Any, hw: Hardware, c: CostSetup, tokens_mb:
     where it outlasts its GEMM, and costs comm.overlapped_s's SM share where it hides."""
     if c.tp <= 1:
         return 0.0
-    from hpctrain.config.moe import shared_width
     from hpctrain.plan.model_stats import moe_layer_count
 
     link = group_link(hw, 1, c.tp)
     message = tokens_mb * model.hidden * act_bytes
     passes = 3 if c.ac == "full" else 2
     moe_share = moe_layer_count(model) / model.layers
-    has_shared = moe_share > 0 and shared_width(model.moe, int(model.ffn_hidden)) > 0
+    has_shared = False
+    if moe_share > 0:  # a dense model never loads the MoE section's module
+        from hpctrain.config.moe import shared_width
+
+        has_shared = shared_width(model.moe, int(model.ffn_hidden)) > 0
     ffn_regions = (1 - moe_share) + (moe_share if has_shared else 0.0)
     if not c.tp_overlap:
         return c.max_rank_layers * (1 + ffn_regions) * passes * collective_s(message, link, all_reduce=True)

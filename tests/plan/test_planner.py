@@ -102,3 +102,20 @@ def test_expert_parallel_degree_limits_dp_and_passes_through():
     assert result.rejected.counts.get("ep_does_not_divide_dp", 0) > 0  # dp x cp 4, 2, 1 of the 16 GPUs
     p = resolved.parallel
     assert p.ep == 8 and (p.dp * p.cp * p.tp) % 8 == 0
+
+
+def test_a_dense_plan_loads_neither_the_moe_section_nor_pydantics_plugin_finder(tmp_path) -> None:
+    """The MoE section's module is built on first use (config/lazy.py); a dense job's plan must not import it:
+    loaded after the schema's models, it makes pydantic read every distribution's entry points (~25 ms of `plan`)."""
+    import subprocess
+    import sys
+
+    job = tmp_path / "dense.yaml"
+    job.write_text("name: dense\nmodel: {preset: gpt3-175b}\ntrain: {global_batch: 1536}\n"
+                   "cluster: {nodes: 48, gpus_per_node: 8, gpu: a100-80gb, node: dgx-a100, fabric: ib-hdr200}\n")
+    probe = ("import sys\nfrom hpctrain.cli import main\nrc = main(['plan', sys.argv[1]])\n"
+             "print(sorted(m for m in ('hpctrain.config.moe', 'pydantic.plugin._loader', 'torch') if m in sys.modules))\n"
+             "sys.exit(rc)\n")
+    proc = subprocess.run([sys.executable, "-c", probe, str(job)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
