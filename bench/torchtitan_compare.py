@@ -33,7 +33,9 @@ torchtitan: --torchtitan DIR names a directory holding the `torchtitan/` package
 repository (a checkout's root, or the 0.3.0 wheel unpacked: `pip download --no-deps
 torchtitan==0.3.0` then unzip). Its Python imports must be installed in the same venv (with torch
 pinned): `pip install -c <(echo torch==2.13.0) spmd_types==0.2.3 torch_checkpointing tyro tokenizers
-torchdata einops pillow safetensors "datasets>=3.6,<4.8"`. It runs through
+torchdata einops pillow safetensors "datasets>=3.6,<4.8"` (datasets < 4.8 wants huggingface-hub < 2 and pip
+downgrades it, which breaks transformers' >= 2.4 in a shared venv: reinstall `huggingface-hub>=2.4` after it, or give
+torchtitan a venv of its own). It runs through
 bench/_torchtitan_worker.py, whose docstring lists every patch it makes around torchtitan's Trainer
 (device "cpu", gloo, no triton, memory monitor, set_pg_timeouts' barrier, a synthetic loader).
 Without --torchtitan only hpctrain's side runs, and the table says the torchtitan side was skipped.
