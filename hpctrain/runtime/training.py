@@ -27,7 +27,7 @@ from torch import nn
 from hpctrain.errors import ConfigError
 from hpctrain.runtime.model.init import ShardFill, init_parameters, random_fill
 from hpctrain.runtime.model.lora import init_lora, is_adapter
-from hpctrain.runtime.model.moe import MoE
+from hpctrain.runtime.model.moe import MoE, expert_rank_loads
 from hpctrain.runtime.model.transformer import ModelArgs, Transformer, cross_entropy_loss
 from hpctrain.runtime.parallel.context import shard_sequence
 from hpctrain.runtime.parallel.dims import ParallelDims
@@ -209,7 +209,9 @@ class Training:
         """After a step's backward: every MoE layer's tokens per expert, summed over all ranks (one
         all-reduce of [MoE layers, experts + 2]), applied to the routing biases, and the step's metrics:
         `aux_loss` (the balancing loss, mean over layers and micro-batches), `expert_load_max_over_mean`
-        (the worst layer's busiest expert over its mean), `tokens_dropped` (capacity overflow); {} without MoE."""
+        (the worst layer's busiest expert over its mean), `expert_load_ep<N>` for every ep that divides the
+        experts (`expert_rank_loads`: what `hpctrain plan --expert-load` prices), `tokens_dropped` (capacity
+        overflow); {} without MoE."""
         moe = self.args.moe
         if moe is None:
             return {}
@@ -232,7 +234,8 @@ class Training:
             module.clear_stats()
         mean = counts.mean(dim=1).clamp(min=1e-12)
         stats = {"expert_load_max_over_mean": float((counts.max(dim=1).values / mean).max()),
-                 "tokens_dropped": float(table[:, moe.experts].sum())}
+                 "tokens_dropped": float(table[:, moe.experts].sum()),
+                 **expert_rank_loads(counts)}
         if moe.aux_loss_coeff > 0:
             n = table[:, moe.experts + 2].clamp(min=1)
             stats["aux_loss"] = float((table[:, moe.experts + 1] / n).mean())

@@ -145,6 +145,29 @@ class Router(nn.Module):
         return weights, ids, scores
 
 
+EXPERT_LOAD_KEY = "expert_load_ep"  # metrics.jsonl: expert_load_ep<N> (hpctrain/plan/expert_load.py reads them)
+
+
+def expert_rank_loads(counts: torch.Tensor) -> dict[str, float]:
+    """`expert_load_ep<N>` for every N > 1 that divides the experts: with the experts placed on N expert-parallel
+    ranks as the runtime places them (contiguous blocks of experts / N, runtime/parallel/expert.py), the busiest
+    rank's routed tokens over the mean rank's, averaged over the MoE layers that routed any ([layers, experts]
+    `counts` of one step). A layer's expert GEMMs and all-to-alls wait for its busiest rank, and the layers' times
+    add up, hence the mean over layers. Grouping whole blocks of experts can only lower the ratio (each rank's load
+    is the mean of its experts'), so it never exceeds the per-expert figure at N = experts."""
+    counts = counts[counts.sum(dim=1) > 0]
+    experts = counts.shape[1]
+    if counts.shape[0] == 0:
+        return {}
+    out = {}
+    for n in range(2, experts + 1):
+        if experts % n:
+            continue
+        ranks = counts.reshape(counts.shape[0], n, experts // n).sum(dim=2)
+        out[f"{EXPERT_LOAD_KEY}{n}"] = float((ranks.max(dim=1).values / ranks.mean(dim=1)).mean())
+    return out
+
+
 def use_grouped_mm(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `torch._grouped_mm` runs these operands here (module docstring); else the loop."""
     if not hasattr(torch, "_grouped_mm") or x.dtype != weight.dtype:

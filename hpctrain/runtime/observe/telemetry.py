@@ -20,6 +20,8 @@ Fields of a metrics line, and where each comes from:
 | time_compute_s | derived: step_time_s - time_comm_exposed_s - time_bubble_s |
 | time_all_to_all_s | parallel.ep > 1 only: the expert-parallel all-to-alls' waits, mean per step (a part of time_comm_exposed_s) |
 | time_cp_kv_s | parallel.cp > 1 only: the context-parallel K/V exchanges' waits, mean per step (a part of time_comm_exposed_s) |
+| aux_loss, expert_load_max_over_mean, tokens_dropped | model.moe only (runtime/training.py `moe_step_stats`): the balancing loss (when asked for), the worst MoE layer's busiest expert over its mean, tokens over capacity; the step's routing summed over all ranks |
+| expert_load_ep<N> | model.moe only, one per N > 1 dividing the experts (runtime/model/moe.py `expert_rank_loads`): the busiest of N expert-parallel ranks' tokens over the mean, mean over the MoE layers; `hpctrain plan --expert-load RUN` prices the layouts with it |
 | attention_kernel | train.attention_kernel: the SDPA backend the steps ran under (auto: torch's own choice) |
 | fp8_recipe | train.precision fp8 only: train.fp8.recipe, "(emulated)" with train.fp8.emulate |
 | attempt | the start's attempt as the launcher counted it from the run directory (HPCTRAIN_ATTEMPT; the logs are named by it), else SLURM_RESTART_COUNT |
