@@ -43,6 +43,7 @@ def test_wheel_ships_every_package_templates_examples_and_typing_marker(wheel: P
     for expected in ("hpctrain/py.typed", "hpctrain/sbatch_templates/job.sbatch.j2",
                      "hpctrain/singularity/recipe.def.j2", "hpctrain/examples/quickstart.yaml",
                      "hpctrain/examples/gpt3-175b.yaml", "hpctrain/examples/llama3-8b-sweep.yaml",
+                     "hpctrain/examples/mixtral-8x7b.yaml",
                      "hpctrain/examples/nvidia-smi-topo.txt", "hpctrain/examples/topology.conf"):  # the tour's
         assert expected in names, expected
     assert "hpctrain = hpctrain.cli:main" in entry_points

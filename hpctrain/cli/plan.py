@@ -18,6 +18,10 @@ def add_plan_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentPar
     plan.add_argument("job", metavar="JOB.yaml", help="the job file to plan")
     plan.add_argument("--top", type=int, default=5, metavar="N", help="layouts to show (default 5)")
     plan.add_argument("--json", action="store_true", help="print the plan as JSON (plan.json's format)")
+    plan.add_argument("--expert-load", metavar="RUN_DIR", default=None,
+                      help="a MoE job: price each layout's busiest expert-parallel rank with the load a run of this "
+                           "model measured (its metrics.jsonl's expert_load_ep<N>, the newest 50 lines) instead of "
+                           "the stated default")
     add_set_option(plan)
     plan.set_defaults(handler=run_plan)
 
@@ -57,7 +61,16 @@ def run_plan(args: argparse.Namespace) -> int:
               f"no model: nothing to plan; the entrypoint runs with tp={p.tp} pp={p.pp} dp={p.dp} "
               "(give model: to have the layout advised)")
         return 0
-    result = plan_job(job)
+    measured = None
+    if args.expert_load is not None:
+        from pathlib import Path
+
+        from hpctrain.plan.expert_load import KEY, read_expert_load
+        from hpctrain.rundir.metrics import METRICS_FILE, records_backwards
+
+        run = Path(args.expert_load)
+        measured = read_expert_load(args.expert_load, job, run / METRICS_FILE, records_backwards(run, KEY))
+    result = plan_job(job, measured)
     if args.json:
         print(json.dumps(result.to_json(args.top), indent=2))
     else:

@@ -123,8 +123,9 @@ def lora_activations(layer: LayerActivations, head: HeadActivations, model: Any,
     return layer, replace(head, saved_bytes=max(head.saved_bytes - head_input, 0.0))
 
 
-def fine_tune_notes(job: Job) -> list[str]:
-    """What the plan assumed about pretrained weights and LoRA, for the report's notes."""
+def fine_tune_notes(job: Job, measured_load: bool = False) -> list[str]:
+    """What the plan assumed about pretrained weights, LoRA and MoE, for the report's notes (`measured_load`: the
+    busiest ep rank priced from a run, plan/expert_load.py, whose own note follows)."""
     from hpctrain.plan.model_stats import param_count
 
     notes = []
@@ -147,8 +148,10 @@ def fine_tune_notes(job: Job) -> list[str]:
         held = ("every rank holds all routed experts of its stages" if ep == 1 else
                 "the planner picks ep (parallel.ep: auto)" if not isinstance(ep, int) else
                 f"each rank holds {moe.experts // ep} of the {moe.experts} routed experts of its stages (ep={ep})")
+        load = ("activations of the busiest ep rank at the run's measured load (below)" if measured_load else
+                "activations assume an even load (expert load imbalance 1.0: a rank that receives more "
+                "than its share of the dispatched rows holds more; the doctor's router finding reports the "
+                "measured load)")
         notes.append(f"model.moe ({moe.experts} experts, top-{moe.top_k}): {held}; FLOPs count the active experts; "
-                     "activations assume an even load (expert load imbalance 1.0: a rank that receives more "
-                     "than its share of the dispatched rows holds more; the doctor's router finding reports the "
-                     "measured load)")
+                     f"{load}")
     return notes

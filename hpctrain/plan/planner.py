@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from hpctrain.errors import ConfigError, PlanError
 from hpctrain.plan.comm import pipeline_outermost
+from hpctrain.plan.expert_load import ExpertLoad
 from hpctrain.plan.hardware import Hardware, check_catalog_names, precision_problems, resolve_hardware
 from hpctrain.plan.lora import fine_tune_notes, lora_shape
 from hpctrain.plan.memory import CPU_RUNTIME_OVERHEAD_BYTES, DEFAULT_RUNTIME_OVERHEAD_BYTES, GIB
@@ -42,6 +43,7 @@ class PlanResult:
     gpu_topology: Optional[GpuTopology] = None
     switch_tree: Optional[SwitchTree] = None
     notes: list[str] = field(default_factory=list)
+    expert_load: Optional[dict[str, Any]] = None  # MoE: what priced the busiest ep rank (plan/expert_load.py)
 
     @property
     def best(self) -> Layout:
@@ -77,6 +79,7 @@ class PlanResult:
             "placement": self.placement().to_dict() if self.layouts else None,
             "rejected": self.rejected.to_json(),
             "notes": list(self.notes),
+            "expert_load": self.expert_load,
             "advice": advice_json(self) if self.layouts else None,
         }
 
@@ -123,8 +126,9 @@ def planned_attention(job: Job) -> str:
     return "materialized" if job.train.attention_kernel == "math" else "flash"
 
 
-def plan_job(job: Job) -> PlanResult:
-    """Search every layout the job allows; PlanError with the reasons when none fits."""
+def plan_job(job: Job, measured: Optional[ExpertLoad] = None) -> PlanResult:
+    """Search every layout the job allows; PlanError with the reasons when none fits. `measured`: a run's expert
+    load (plan/expert_load.py `read_expert_load`), which prices the busiest ep rank instead of the default."""
     start = time.perf_counter()
     problems = check_catalog_names(job) or precision_problems(job)
     if problems:
@@ -138,6 +142,7 @@ def plan_job(job: Job) -> PlanResult:
     overhead_gib = job.cluster.runtime_overhead_gib
     default = CPU_RUNTIME_OVERHEAD_BYTES if hw.gpu.name == "cpu" else DEFAULT_RUNTIME_OVERHEAD_BYTES
     overhead = default if overhead_gib is None else overhead_gib * GIB
+    moe = job.model.moe if job.model is not None else None
     settings = SearchSettings(global_batch=job.train.global_batch, precision=precision, optimizer=optimizer_kind(job),
                               budget_bytes=float(hw.gpu.memory_bytes), overhead_bytes=overhead,
                               lora=lora_shape(job), attention=planned_attention(job),
@@ -146,11 +151,21 @@ def plan_job(job: Job) -> PlanResult:
                               fp8=job.train.precision == "fp8" and not job.train.fp8.emulate, fp8_min_width=int(job.train.fp8.min_width),
                               fp8_recipe=job.train.fp8.recipe,
                               fp8_all_gather=job.train.precision == "fp8" and job.train.fp8.recipe == "tensorwise",
-                              compile=bool(job.train.compile))
+                              compile=bool(job.train.compile),
+                              expert_load_by_ep=measured.by_ep if measured is not None else ())
     layouts, rejected, evaluated = search(job.model, hw, Choices.from_job(job), settings)
     result = PlanResult(job.name, job.model, hw, layouts, rejected, evaluated, time.perf_counter() - start,
                         settings.budget_bytes, gpu_topology, switch_tree)
-    result.notes += fine_tune_notes(job)
+    result.notes += fine_tune_notes(job, measured is not None)
+    if measured is not None:
+        result.notes.append(measured.note())
+        result.expert_load = measured.to_json()
+    elif moe is not None:
+        from hpctrain.plan.cost import DEFAULT_EXPERT_STEP_IMBALANCE
+        from hpctrain.plan.expert_load import default_note
+
+        result.notes.append(default_note(DEFAULT_EXPERT_STEP_IMBALANCE))
+        result.expert_load = {"source": "default", "step_imbalance": DEFAULT_EXPERT_STEP_IMBALANCE}
     if not layouts:
         raise PlanError(_nothing_fits(job, result))
     return result

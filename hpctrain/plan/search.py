@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from hpctrain.plan.cost import DEFAULT_EXPERT_STEP_IMBALANCE, CostSetup, StepCost, step_cost
 from hpctrain.plan.hardware import Hardware
+from hpctrain.plan.activations import DEFAULT_EXPERT_LOAD_IMBALANCE
 from hpctrain.plan.lora import LoraShape
 from hpctrain.plan.memory import MemoryBreakdown, RankSetup, peak_rank_memory
 from hpctrain.plan.model_stats import stage_param_count
@@ -74,6 +75,13 @@ class SearchSettings:
     compile: bool = False  # train.compile: the runtime compiles the blocks of tp == 1 layouts
     compile_with_tp: bool = False  # a published run's software fuses element-wise work under TP too (bench only)
     expert_load_imbalance: float | None = None  # the busiest ep rank's load; None: cost.DEFAULT_EXPERT_STEP_IMBALANCE
+    # A run's measured load per ep ((ep, busiest rank / mean), plan/expert_load.py): prices the step and the busiest
+    # rank's memory of each layout at its own ep; an ep it lacks falls back as above.
+    expert_load_by_ep: tuple[tuple[int, float], ...] = ()
+
+    def measured_load(self, ep: int) -> float | None:
+        """The run's measured busiest-rank load at this ep, None when none was given for it."""
+        return next((load for n, load in self.expert_load_by_ep if n == ep), None)
     selective_mm_recompute: float = 0.0  # cost.CostSetup's: a published run's selective policy (bench only)
     a2a_overlap: bool = False  # cost.CostSetup's: a published run's overlapped expert all-to-alls (bench only)
     cp_repeated_kv: bool = False  # cost.CostSetup's: a published run's CP gathers K/V repeated to the query heads
@@ -191,6 +199,7 @@ def prefer_selective(layouts: list[Layout], rejected: Rejections) -> list[Layout
 def _search_family(model: Any, hw: Hardware, choices: Choices, settings: SearchSettings, tp: int, pp: int, dp: int,
                    stages: _StageCache, layouts: list[Layout], rejected: Rejections, cp: int = 1, ep: int = 1) -> int:
     family, tag = (tp, pp), f"tp={tp} pp={pp} dp={dp}" + (f" cp={cp}" if cp > 1 else "") + (f" ep={ep}" if ep > 1 else "")
+    measured = settings.measured_load(ep) if settings.expert_load_by_ep else None
     sp = choices.sequence_parallel and tp > 1
     local_batch = settings.global_batch // dp
     evaluated = 0
@@ -220,7 +229,9 @@ def _search_family(model: Any, hw: Hardware, choices: Choices, settings: SearchS
                                           cpu_attention=hw.gpu.name == "cpu",
                                           embedding_on_cpu=settings.embedding_on_cpu,
                                           cp_rotate=settings.cp_rotate,
-                                          foreach=settings.fp8_all_gather and (dp * cp > 1 or offload))
+                                          foreach=settings.fp8_all_gather and (dp * cp > 1 or offload),
+                                          expert_load_imbalance=(DEFAULT_EXPERT_LOAD_IMBALANCE if measured is None
+                                                                 else measured))
                         rank, memory = peak_rank_memory(model, stage_layers, setup, stages.memory)
                         label = f"{tag} mb={mb} {schedule} v={v} ac={ac} zero={zero}{' offload' if offload else ''}"
                         if memory.total > settings.budget_bytes:
@@ -235,8 +246,8 @@ def _search_family(model: Any, hw: Hardware, choices: Choices, settings: SearchS
                             cp_rotate=settings.cp_rotate,
                             fp8=settings.fp8, fp8_min_width=settings.fp8_min_width, fp8_recipe=settings.fp8_recipe,
                             compile=settings.compile and (tp == 1 or settings.compile_with_tp),
-                            expert_load_imbalance=(DEFAULT_EXPERT_STEP_IMBALANCE
-                                                   if settings.expert_load_imbalance is None
+                            expert_load_imbalance=(measured if measured is not None else
+                                                   DEFAULT_EXPERT_STEP_IMBALANCE if settings.expert_load_imbalance is None
                                                    else settings.expert_load_imbalance),
                             selective_mm_recompute=settings.selective_mm_recompute,
                             a2a_overlap=settings.a2a_overlap, cp_repeated_kv=settings.cp_repeated_kv,

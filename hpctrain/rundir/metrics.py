@@ -9,13 +9,15 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any, Optional
 
 from hpctrain.rundir.events import append_line, read_jsonl
 from hpctrain.rundir.layout import METRICS_FILE
 from hpctrain.rundir.safe_files import read_bytes, write_atomic
 
-__all__ = ["append_line", "truncate_metrics", "last_metrics", "read_metrics", "METRICS_FILE"]
+__all__ = ["append_line", "truncate_metrics", "last_metrics", "last_value", "read_metrics", "records_backwards",
+           "METRICS_FILE"]
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
@@ -65,34 +67,43 @@ def last_metrics(run_dir: Path, tail_bytes: int = 65536) -> Optional[dict[str, A
     return None
 
 
-def last_value(run_dir: Path, key: str, max_bytes: int = 8 << 20) -> Optional[tuple[int, float]]:
-    """(step, value) of the newest metrics line holding a number under `key` (e.g. val_loss, logged only
-    on evaluation steps), reading the file backwards in blocks, at most `max_bytes` of it."""
+def records_backwards(run_dir: Path, needle: str, max_bytes: int = 8 << 20) -> Iterator[dict[str, Any]]:
+    """The metrics lines holding `needle`, newest first, with an integer step, reading the file backwards in
+    blocks, at most `max_bytes` of it (a torn or damaged line is skipped)."""
     path = Path(run_dir) / METRICS_FILE
     block = 65536
     try:
-        with open(path, "rb") as handle:
-            end = handle.seek(0, 2)
-            carry = b""
-            pos = end
-            while pos > 0 and end - pos < max_bytes:
-                start = max(0, pos - block)
-                handle.seek(start)
-                chunk = handle.read(pos - start) + carry
-                pos = start
-                lines = chunk.split(b"\n")
-                carry = lines[0] if pos > 0 else b""  # maybe cut: completed by the next block
-                for raw in reversed(lines[1:] if pos > 0 else lines):
-                    if key.encode() not in raw:
-                        continue
-                    try:
-                        record = json.loads(raw.decode("utf-8"))
-                    except ValueError:
-                        continue
-                    value = record.get(key) if isinstance(record, dict) else None
-                    if isinstance(value, (int, float)) and not isinstance(value, bool) \
-                            and isinstance(record.get("step"), int):
-                        return record["step"], float(value)
+        handle = open(path, "rb")
     except OSError:
-        return None
+        return
+    with handle:
+        end = handle.seek(0, 2)
+        carry = b""
+        pos = end
+        while pos > 0 and end - pos < max_bytes:
+            start = max(0, pos - block)
+            handle.seek(start)
+            chunk = handle.read(pos - start) + carry
+            pos = start
+            lines = chunk.split(b"\n")
+            carry = lines[0] if pos > 0 else b""  # maybe cut: completed by the next block
+            for raw in reversed(lines[1:] if pos > 0 else lines):
+                if needle.encode() not in raw:
+                    continue
+                try:
+                    record = json.loads(raw.decode("utf-8"))
+                except ValueError:
+                    continue
+                if isinstance(record, dict) and isinstance(record.get("step"), int) \
+                        and not isinstance(record.get("step"), bool):
+                    yield record
+
+
+def last_value(run_dir: Path, key: str, max_bytes: int = 8 << 20) -> Optional[tuple[int, float]]:
+    """(step, value) of the newest metrics line holding a number under `key` (e.g. val_loss, logged only
+    on evaluation steps), reading the file backwards in blocks, at most `max_bytes` of it."""
+    for record in records_backwards(run_dir, key, max_bytes):
+        value = record.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return record["step"], float(value)
     return None

@@ -235,6 +235,8 @@ def test_a_collapsed_router_gets_the_doctors_finding(tmp_path, capsys) -> None:
     run = next(p for p in runs.iterdir() if p.is_dir())
     metrics = [json.loads(line) for line in open(run / "metrics.jsonl")]
     assert [m["expert_load_max_over_mean"] for m in metrics] == [4.0] * 6  # 4 experts, all tokens on one
+    # the busiest of N expert-parallel ranks: its block of 4 / N experts holds the hot one, so N x the mean
+    assert [(m["expert_load_ep2"], m["expert_load_ep4"]) for m in metrics] == [(2.0, 4.0)] * 6
     assert all("aux_loss" not in m for m in metrics)  # no balancing loss asked for: none logged
     capsys.readouterr()
     assert cli_main(["doctor", str(run)]) == 1
@@ -242,3 +244,25 @@ def test_a_collapsed_router_gets_the_doctors_finding(tmp_path, capsys) -> None:
     assert "the MoE router has collapsed: one expert takes 4.0x the mean load" in out
     assert "--set model.moe.router.aux_loss_coeff=0.01" in out
     assert "--set model.moe.router.bias_update_rate=0.001" in out
+    # the planner prices a layout of this model with what the run routed: the busiest ep rank at 4x at ep 4
+    from hpctrain.plan import plan_job
+
+    plan_spec = {"name": "collapsed-plan", "model": {"init_from": folder, "seq_len": 4096},
+                 "train": {"global_batch": 64, "micro_batch": 2, "activation_checkpointing": "none"},
+                 "parallel": {"tp": 1, "pp": 1, "dp": 4, "ep": 4, "zero": 1},
+                 "cluster": {"nodes": 1, "gpus_per_node": 4, "gpu": "h100-80gb"}}
+    plan_file = tmp_path / "plan.yaml"
+    plan_file.write_text(yaml.safe_dump(plan_spec))
+    capsys.readouterr()
+    assert cli_main(["plan", str(plan_file), "--json", "--expert-load", str(run)]) == 0
+    planned = json.loads(capsys.readouterr().out)["expert_load"]
+    assert planned["source"] == "measured" and planned["by_ep"] == {"2": 2.0, "4": 4.0}
+    assert planned["steps"] == [1, 6] and planned["lines"] == 6
+    from hpctrain.plan.expert_load import KEY, read_expert_load
+    from hpctrain.rundir.metrics import METRICS_FILE, records_backwards
+
+    load = read_expert_load(str(run), job_from_dict(plan_spec), run / METRICS_FILE, records_backwards(run, KEY))
+    measured, default = plan_job(job_from_dict(plan_spec), load).best, plan_job(job_from_dict(plan_spec)).best
+    # 4x the mean rows on the busiest rank, against the default 1.1 (step) and 1.0 (memory): slower, and more held
+    assert measured.cost.step_time_s > default.cost.step_time_s
+    assert measured.memory.activations > default.memory.activations
