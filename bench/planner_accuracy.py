@@ -173,6 +173,7 @@ def _search(job: Any, hw: Any, budget_bytes: Optional[float] = None, run: Option
                               dispatcher=_dispatcher(run) if run else "alltoall",
                               cp_rotate=_cp_rotate(run) if run else "allgather",
                               tp_overlap=bool(run.get("tp_overlap", False)) if run else False,
+                              stage_split=_stage_split(run) if run else "balanced",
                               # Megatron-Core's distributed optimizer: gradients and parameters once per step
                               dp_once_per_step=bool(run and _stack(run) == "megatron-te"),
                               # Transformer Engine's grouped linear runs the routed experts in FP8 too
@@ -282,6 +283,15 @@ def _dispatcher(run: dict[str, Any]) -> str:
 
 
 CP_ROTATIONS = ("allgather", "ring")
+
+
+def _stage_split(run: dict[str, Any]) -> str:
+    from hpctrain.plan.stages import STAGE_SPLITS
+
+    split = run.get("stage_split", "balanced")
+    if split not in STAGE_SPLITS:
+        raise SystemExit(f"run {run['name']!r}: stage_split must be one of {', '.join(STAGE_SPLITS)} (got {split!r})")
+    return str(split)
 
 
 def _cp_rotate(run: dict[str, Any]) -> str:

@@ -161,6 +161,9 @@ class CostSetup:
     max_rank_has_head: bool
     rank_params: float  # parameters of the busiest pipeline rank on one TP rank
     sequence_parallel: bool = False  # norm-region element-wise work split over tp
+    # layers of the pipeline rank that holds the head (and loss), when it is another rank: it paces the pipeline
+    # instead when its fewer layers and the head take longer (-1: not known, the busiest rank paces)
+    head_rank_layers: int = -1
     attention: str = "flash"  # the attention kernel (ATTENTION_KERNELS)
     # Context parallelism (plan/context.py): a rank computes seq_len / cp tokens of each micro-batch, `dp`
     # is then dp x cp (FSDP's group, the ranks sharing the step's tokens), and each layer all-gathers K/V.
@@ -641,6 +644,13 @@ def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int) -> Step
             cp_mb = c.max_rank_layers * (gathers + grads) * collective_s(c.cp * message, cp_link, all_reduce=False)
     tp_mb += cp_mb  # reported with the model-parallel communication on the critical path
     a2a_mb = moe_a2a_per_micro_batch_s(model, hw, c, tokens_mb, act_bytes)
+    if c.pp > 1 and not c.max_rank_has_head and 0 <= c.head_rank_layers and c.max_rank_layers > 0:
+        # Every per-layer term above scales with the rank's layers: the head's rank runs head_rank_layers of them
+        # and the head and loss; a micro-batch's slot is the slower rank's (the pipeline waits for it).
+        share = c.head_rank_layers / c.max_rank_layers
+        head_mb = tokens_mb * head_time_per_token_s(model, hw, c.tp, c.precision)
+        if share * (compute_mb + tp_mb + a2a_mb) + head_mb > compute_mb + tp_mb + a2a_mb:
+            compute_mb, tp_mb, cp_mb, a2a_mb = share * compute_mb + head_mb, share * tp_mb, share * cp_mb, share * a2a_mb
     slot_s = compute_mb + tp_mb + pp_mb + a2a_mb + (embedding_transfer_s(model, hw, tokens_mb, act_bytes)
                                            if c.embedding_on_cpu else 0.0)
     # Bubble: (p-1)/v micro-batch slots for GPipe, 1F1B and interleaved 1F1B alike (Narayanan et

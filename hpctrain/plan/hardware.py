@@ -33,9 +33,10 @@ GIB = 2**30
 # when the cost model changes (A100: 0.66 before the pre-FlashAttention runs' score traffic had a
 # term of its own, cost.SCORE_BYTES_*; 0.70 with it; 0.69 once each GEMM's reduction width sets
 # its efficiency, cost.linear_gemm_times; 0.70 again once a flash backward costs 2.5x its forward,
-# cost.FLASH_BACKWARD_WORK). H200 has no run in the corpus: it shares H100's SMs, clocks and 700 W limit
+# cost.FLASH_BACKWARD_WORK; 0.71 once the pipeline rank holding the head paces the step when it is the slower one,
+# cost.CostSetup.head_rank_layers). H200 has no run in the corpus: it shares H100's SMs, clocks and 700 W limit
 # (H200 datasheet) and takes H100's figure.
-A100_GEMM_EFFICIENCY = 0.70
+A100_GEMM_EFFICIENCY = 0.71
 H100_GEMM_EFFICIENCY = 0.57
 # Attention efficiency from the kernels' own papers (not fitted): FlashAttention-2 reaches 50-73 % of
 # the A100 peak (Dao 2023, arXiv 2307.08691, abstract; forward, backward lower, hence the low end) and
@@ -60,9 +61,11 @@ HOPPER_GPUS = ("h100-80gb", "h100-96gb-500w", "h200-141gb")
 BLACKWELL_GPUS = ("b200-180gb", "b300-288gb", "gb200-186gb", "gb300-288gb")
 # Fitted 2026-12-06 on the calibration set's megatron-te rows (NeMo 24.07's FP8 pre-training table, 12 rows on
 # DGX-H100, each with its software: fused kernels, FP8, TE's TP overlap where its launcher set it, Megatron-Core's
-# distributed optimizer): 0.81 (`--fit`; calibration FP8 7/12 within +-15 %, median 8.0 %). It prices TE's GEMMs
-# with everything else that stack's runs lose and the cost model has no term for, as the other fitted figures do.
-MEGATRON_TE_GEMM_EFFICIENCY: dict[str, float] = {"h100-80gb": 0.81}
+# distributed optimizer): 0.81 (`--fit`; calibration FP8 7/12 within +-15 %, median 8.0 %); re-fitted the same day
+# once the head's pipeline rank paces the step when slower (cost.CostSetup.head_rank_layers): 0.83. It prices TE's
+# GEMMs with everything else that stack's runs lose and the cost model has no term for, as the other fitted
+# figures do.
+MEGATRON_TE_GEMM_EFFICIENCY: dict[str, float] = {"h100-80gb": 0.83}
 
 # L40S (Ada, sm_89) has Ampere-style tensor cores driven by mma.sync; Hopper's wgmma and TMA, which
 # the H100 figures reflect, are sm_90 only (PTX ISA, wgmma: "requires sm_90a"). No L40S training run

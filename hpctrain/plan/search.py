@@ -17,7 +17,11 @@ from hpctrain.plan.lora import LoraShape
 from hpctrain.plan.memory import MemoryBreakdown, RankSetup, peak_rank_memory
 from hpctrain.plan.model_stats import stage_param_count
 from hpctrain.plan.space import MAX_STAGE_IMBALANCE, Choices, Rejections, ep_layout_problem
-from hpctrain.plan.stages import balanced_stage_split, stage_imbalance
+from hpctrain.plan.stages import (
+    balanced_stage_split,
+    megatron_unit_split,
+    stage_imbalance,
+)
 
 if TYPE_CHECKING:
     from hpctrain.config import Job
@@ -89,6 +93,8 @@ class SearchSettings:
     fp8_experts: bool = False  # cost.CostSetup's: a published run's FP8 routed experts (bench only)
     tp_overlap: bool = False  # cost.CostSetup's: a published run's TP collectives overlapped with GEMMs (bench only)
     dp_once_per_step: bool = False  # cost.CostSetup's: Megatron-Core's distributed optimizer (bench only)
+    # stages.STAGE_SPLITS: a published run's pipeline split (bench only; it ran it, so no balance rule applies)
+    stage_split: str = "balanced"
 
 
 def optimizer_kind(job: Job) -> str:
@@ -105,16 +111,23 @@ def _model_divisible(model: Any, tp: int) -> bool:
 class _StageCache:
     """Stage splits and per-rank figures per (pp, v, ac): computed once, reused by every candidate."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, kind: str = "balanced") -> None:
         self.model = model
+        self.kind = kind
         self._splits: dict[tuple[int, int], tuple[StageLayers, float]] = {}
         self.memory: dict[Any, Any] = {}  # memory.peak_rank_memory's memo: one model, one split per (pp, v)
 
     def split(self, pp: int, v: int) -> tuple[StageLayers, float]:
         key = (pp, v)
         if key not in self._splits:
-            layers = balanced_stage_split(self.model, pp, v)
-            self._splits[key] = (layers, stage_imbalance(self.model, layers, pp))
+            if self.kind == "megatron-units":  # the publisher's split: it ran, whatever its balance
+                try:
+                    self._splits[key] = (megatron_unit_split(self.model, pp, v), 0.0)
+                except ValueError:  # not a (pp, v) the publisher's software takes: out, as imbalanced
+                    self._splits[key] = ([], float("inf"))
+            else:
+                layers = balanced_stage_split(self.model, pp, v)
+                self._splits[key] = (layers, stage_imbalance(self.model, layers, pp))
         return self._splits[key]
 
 
@@ -136,7 +149,7 @@ def search(model: Any, hw: Hardware, choices: Choices, settings: SearchSettings)
     layouts: list[Layout] = []
     evaluated = 0
     world = hw.world_size
-    stages = _StageCache(model)
+    stages = _StageCache(model, settings.stage_split)
     for tp, pp, cp in ((tp, pp, cp) for tp in choices.tp for pp in choices.pp for cp in choices.cp):
             if world % (tp * pp * cp):
                 continue
@@ -209,6 +222,7 @@ def _search_family(model: Any, hw: Hardware, choices: Choices, settings: SearchS
             rejected.add("stages_imbalanced", f"{tag} v={v}: imbalance {imbalance:.0%}", family)
             continue
         busiest_layers, busiest_head, busiest_params = busiest_rank(model, stage_layers, pp, tp, ep)
+        head_layers = sum(b - a for i, (a, b) in enumerate(stage_layers) if i % pp == (len(stage_layers) - 1) % pp)
         for mb in choices.micro_batches(local_batch):
             if local_batch % mb:
                 rejected.add("local_batch_not_divisible", f"{tag} mb={mb}: local batch {local_batch}", family)
@@ -241,7 +255,8 @@ def _search_family(model: Any, hw: Hardware, choices: Choices, settings: SearchS
                         cost = step_cost(model, hw, CostSetup(
                             tp=tp, pp=pp, dp=dp * cp, cp=cp, micro_batch=mb, micro_batches=m, virtual_stages=v, ac=ac, zero=zero,
                             offload_optimizer=offload, precision=settings.precision, max_rank_layers=busiest_layers,
-                            max_rank_has_head=busiest_head, rank_params=busiest_params, sequence_parallel=sp,
+                            max_rank_has_head=busiest_head, head_rank_layers=head_layers, rank_params=busiest_params,
+                            sequence_parallel=sp,
                             attention=settings.attention, embedding_on_cpu=settings.embedding_on_cpu, ep=ep,
                             cp_rotate=settings.cp_rotate,
                             fp8=settings.fp8, fp8_min_width=settings.fp8_min_width, fp8_recipe=settings.fp8_recipe,

@@ -72,6 +72,33 @@ def balanced_stage_split(model: Any, pp: int, virtual_stages: int = 1, ac_mode: 
     return ranges
 
 
+# A published run's pipeline split (bench/planner_accuracy.py's corpus field `stage_split`; hpctrain's runtime always
+# balances, balanced_stage_split): Megatron-Core's --account-for-embedding-in-pipeline-split and
+# --account-for-loss-in-pipeline-split count the input embedding and the loss each "as a standard transformer layer
+# in the context of partition and placement for pipeline parallelism" (Megatron-LM megatron/training/arguments.py),
+# so layers + 2 units are cut into pp x virtual_stages equal chunks in order, the embedding the first unit and the loss
+# (the output layer with its cross-entropy) the last, whatever either costs.
+STAGE_SPLITS = ("balanced", "megatron-units")
+
+
+def megatron_unit_split(model: Any, pp: int, virtual_stages: int = 1) -> StageLayers:
+    """Layer ranges of Megatron-Core's split with the embedding and the loss counted as one layer each (the first
+    chunk one layer short, the last one too; a one-unit chunk there holds no layer). ValueError when the units do
+    not divide into the chunks, as Megatron-Core refuses."""
+    layers, chunks = int(model.layers), pp * virtual_stages
+    units = layers + 2
+    if chunks < 1 or units % chunks:
+        raise ValueError(f"{layers} layers + embedding + loss = {units} units do not split into {chunks} equal chunks")
+    size = units // chunks
+    ranges: StageLayers = []
+    first = 0
+    for chunk in range(chunks):
+        n = size - (chunk == 0) - (chunk == chunks - 1)
+        ranges.append((first, first + n))
+        first += n
+    return ranges
+
+
 def _capacity(limit: float, layer_cost: float, extras: list[float]) -> list[int]:
     # A tiny slack absorbs float rounding of k * layer_cost + extra.
     return [int((limit - extra) / layer_cost + 1e-9) for extra in extras]
