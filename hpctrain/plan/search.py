@@ -10,18 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from hpctrain.plan.activations import DEFAULT_EXPERT_LOAD_IMBALANCE
 from hpctrain.plan.cost import DEFAULT_EXPERT_STEP_IMBALANCE, CostSetup, StepCost, step_cost
 from hpctrain.plan.hardware import Hardware
-from hpctrain.plan.activations import DEFAULT_EXPERT_LOAD_IMBALANCE
 from hpctrain.plan.lora import LoraShape
 from hpctrain.plan.memory import MemoryBreakdown, RankSetup, peak_rank_memory
 from hpctrain.plan.model_stats import stage_param_count
 from hpctrain.plan.space import MAX_STAGE_IMBALANCE, Choices, Rejections, ep_layout_problem
-from hpctrain.plan.stages import (
-    balanced_stage_split,
-    megatron_unit_split,
-    stage_imbalance,
-)
+from hpctrain.plan.stages import balanced_stage_split, megatron_unit_split, stage_imbalance
 
 if TYPE_CHECKING:
     from hpctrain.config import Job
@@ -82,10 +78,6 @@ class SearchSettings:
     # A run's measured load per ep ((ep, busiest rank / mean), plan/expert_load.py): prices the step and the busiest
     # rank's memory of each layout at its own ep; an ep it lacks falls back as above.
     expert_load_by_ep: tuple[tuple[int, float], ...] = ()
-
-    def measured_load(self, ep: int) -> float | None:
-        """The run's measured busiest-rank load at this ep, None when none was given for it."""
-        return next((load for n, load in self.expert_load_by_ep if n == ep), None)
     selective_mm_recompute: float = 0.0  # cost.CostSetup's: a published run's selective policy (bench only)
     a2a_overlap: bool = False  # cost.CostSetup's: a published run's overlapped expert all-to-alls (bench only)
     cp_repeated_kv: bool = False  # cost.CostSetup's: a published run's CP gathers K/V repeated to the query heads
@@ -95,6 +87,10 @@ class SearchSettings:
     dp_once_per_step: bool = False  # cost.CostSetup's: Megatron-Core's distributed optimizer (bench only)
     # stages.STAGE_SPLITS: a published run's pipeline split (bench only; it ran it, so no balance rule applies)
     stage_split: str = "balanced"
+
+    def measured_load(self, ep: int) -> float | None:
+        """The run's measured busiest-rank load at this ep, None when none was given for it."""
+        return next((load for n, load in self.expert_load_by_ep if n == ep), None)
 
 
 def optimizer_kind(job: Job) -> str:
