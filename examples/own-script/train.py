@@ -94,6 +94,10 @@ def main() -> int:
             save(folder, step, model.module, opt)
     if rank == 0:
         print(f"finished {args.steps} steps", flush=True)
+    # every rank past its last collective before any tears the group down: rank 0 hosts the rendezvous store, and a
+    # gloo group destroyed while a peer still talks to it can abort the process ("terminate called without an active
+    # exception", exit 134, seen once in CI under load)
+    dist.barrier()
     dist.destroy_process_group()
     return 0
 
