@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import pickle
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -202,6 +203,27 @@ def _tmpfs(path: Path, options: str) -> Iterator[Path]:
         yield path
     finally:
         subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def test_finding8_a_full_file_system_is_named_when_the_writer_hides_enospc(tmp_path) -> None:
+    """torch's zip writer (torch.save) checks its position after a short write and raises its own RuntimeError
+    ("unexpected pos ..."): the save's reason reads the file system instead of the message."""
+    from hpctrain.runtime.checkpoint.files import FULL_FREE_BYTES, describe_failure
+
+    hidden = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+    with _tmpfs(tmp_path / "full", "size=2M") as full:
+        assert describe_failure(hidden, str(full)) == "RuntimeError: [enforce fail at inline_container.cc:672] . " \
+                                                     "unexpected pos 704 vs 598"  # room left: the error as it is
+        with open(full / "filler", "wb") as handle:
+            try:
+                while True:
+                    handle.write(b"\0" * 65536)
+                    handle.flush()
+            except OSError:
+                pass
+        assert shutil.disk_usage(full).free < FULL_FREE_BYTES
+        assert describe_failure(hidden, str(full)) == "no space left on device"
+        assert describe_failure(hidden) == describe_failure(hidden, str(tmp_path))  # no folder, or room: as it is
 
 
 def test_finding8_a_read_only_checkpoint_dir_fails_at_start(tmp_path) -> None:

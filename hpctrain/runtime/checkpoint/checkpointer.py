@@ -224,8 +224,8 @@ class Checkpointer:
         try:
             with open(os.path.join(partial, "rng", f"rank-{self.rank}.pt"), "wb") as handle:
                 rng_state.save(handle, self.device_index)  # fsynced by _finalize, before the metadata
-        except OSError as exc:
-            rng_failure = describe_failure(exc)
+        except (OSError, RuntimeError) as exc:  # torch's zip writer raises its own RuntimeError on a short write
+            rng_failure = describe_failure(exc, partial)
         full_body = {**body, "format": FORMAT, "step": step, "world_size": self.world_size,
                      "rng_files": [f"rng/rank-{r}.pt" for r in range(self.world_size)],
                      "versions": {"hpctrain": hpctrain.__version__, "torch": torch.__version__,
@@ -247,7 +247,7 @@ class Checkpointer:
                 # inside the pause.
                 dcp.save(state, storage_writer=FileSystemWriter(partial, sync_files=False), planner=SavePlanner())
             except CheckpointException as exc:  # raised on every rank: DCP gathers the failures
-                self._fail(step, partial, [describe_failure(exc)])
+                self._fail(step, partial, [describe_failure(exc, partial)])
             pending = _Pending(step, partial, final, full_body, None, started,
                                time.perf_counter() - started, rng_failure=rng_failure)
             self._finalizer = threading.Thread(target=self._finalize_in_thread, args=(pending, group),
@@ -266,7 +266,7 @@ class Checkpointer:
                events: list[tuple[str, dict[str, Any]]] | None = None) -> None:
         """A collective: if the save failed on any rank, it fails on every rank (no rank left waiting
         in the next collective)."""
-        reasons = [r for r in gather(None if failure is None else describe_failure(failure), group) if r]
+        reasons = [r for r in gather(None if failure is None else describe_failure(failure, partial), group) if r]
         if reasons:
             self._fail(step, partial, reasons, events)
 
@@ -331,7 +331,7 @@ class Checkpointer:
                         else hash_files(pending.partial, mine))
         except OSError as exc:
             failure = exc
-        shares = gather((manifest, pending.rng_failure or (None if failure is None else describe_failure(failure))),
+        shares = gather((manifest, pending.rng_failure or (None if failure is None else describe_failure(failure, pending.partial))),
                         group)
         reasons = [reason for _, reason in shares if reason]
         if reasons:

@@ -24,11 +24,29 @@ def _os_error(exc: BaseException | None, depth: int = 0) -> OSError | None:
     return _os_error(exc.__cause__ or exc.__context__, depth + 1)
 
 
-def describe_failure(exc: BaseException) -> str:
-    """What went wrong in a save, in words (not `CheckpointException ranks:dict_keys([1])`)."""
+# A file system with less than this free when a save failed without an OSError is full: torch's zip writer
+# (torch.save, the rng files) checks its own position after a short write and raises its own RuntimeError
+# ("[enforce fail at inline_container.cc] unexpected pos ..."), so ENOSPC never reaches the caller.
+FULL_FREE_BYTES = 1 << 20
+
+
+def _full(folder: str | None) -> bool:
+    if folder is None:
+        return False
+    try:
+        return shutil.disk_usage(folder).free < FULL_FREE_BYTES
+    except OSError:
+        return False
+
+
+def describe_failure(exc: BaseException, folder: str | None = None) -> str:
+    """What went wrong in a save, in words (not `CheckpointException ranks:dict_keys([1])`); `folder`, where the
+    save wrote: a failure with no OSError behind it on a file system that is full says so too."""
     os_error = _os_error(exc)
     if os_error is not None and os_error.errno in (errno.ENOSPC, errno.EDQUOT):
         return "no space left on device" if os_error.errno == errno.ENOSPC else "disk quota exceeded"
+    if os_error is None and _full(folder):
+        return "no space left on device"
     if os_error is not None:
         where = f" ({os_error.filename})" if os_error.filename else ""
         return f"{os_error.strerror or os_error}{where}"
