@@ -8,6 +8,7 @@ The Jobs API needs the dashboard, so it is started on 127.0.0.1.
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import socket
@@ -18,15 +19,42 @@ from pathlib import Path
 from typing import Optional
 
 
+# Ports come from a block of this pytest-xdist worker's own, below the kernel's ephemeral range: a port the kernel
+# hands out (bind to 0) and this code releases before Ray binds it can be handed to another worker's head in
+# between, or taken by one of Ray's own ephemeral listeners (CI once saw a head's dashboard agent refuse to start,
+# "address already in use", on the port another worker's head had for its dashboard).
+# Ray's own worker ports are 10002-19999 (its min/max_worker_port defaults): the blocks start above them.
+PORT_BASE = 20000
+PORT_BLOCK = 1000
+_next_port = itertools.count()
+
+
+def _worker_index() -> int:
+    digits = "".join(ch for ch in os.environ.get("PYTEST_XDIST_WORKER", "") if ch.isdigit())
+    return int(digits) if digits else 0
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def free_ports(count: int) -> list[int]:
-    socks = [socket.socket() for _ in range(count)]
-    try:
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in socks]
-    finally:
-        for sock in socks:
-            sock.close()
+    """`count` ports free now, from this worker's block (PORT_BASE + worker x PORT_BLOCK, under 32768 for up to 12
+    workers), each handed out once per process until the block wraps."""
+    base = PORT_BASE + _worker_index() * PORT_BLOCK
+    ports: list[int] = []
+    for _ in range(PORT_BLOCK):
+        port = base + next(_next_port) % PORT_BLOCK
+        if port not in ports and _bindable(port):
+            ports.append(port)
+            if len(ports) == count:
+                return ports
+    raise RuntimeError(f"no {count} free ports in {base}-{base + PORT_BLOCK - 1}")
 
 
 def session_pids(sid: int) -> list[int]:
