@@ -6,7 +6,8 @@ For each case: the median wall time of the whole command (interpreter start, imp
 search over every layout, the report), the median of the search alone (plan_job's elapsed_s, in process),
 the candidates evaluated, and the wall time over `python -c pass` (the machine may be shared: the ratio and
 the search-only time say what the planner itself costs). Then the slowest case. Goals (issue 26 item 1):
-a dense case under 0.5 s, the MoE case (every dimension free, parallel.ep auto) under 1.0 s, whole process.
+a dense case under 0.5 s, the MoE cases (every dimension free, parallel.ep auto; at 32K tokens cp too) under
+1.0 s, whole process.
 Exit 1 when a goal is missed.
 """
 
@@ -56,6 +57,15 @@ cluster: {{nodes: 512, gpus_per_node: 8, gpu: a100-80gb, node: dgx-a100, fabric:
 name: qwen3-235b-speed
 model: {{preset: qwen3-235b-a22b, seq_len: 4096}}
 train: {{global_batch: 2048, micro_batch: auto, activation_checkpointing: auto}}
+parallel: {FREE}, ep: auto}}
+cluster: {{nodes: 256, gpus_per_node: 8, gpu: h100-80gb, node: dgx-h100, fabric: ib-ndr400}}
+"""),
+    # The same model and cluster at 32K tokens: context parallelism enters the search (plan/context.py:
+    # cp 1-64 from 16K tokens), the largest space of the spread (~41,000 candidates, 908 tp x pp x cp x ep families).
+    ("qwen3-235b-32k-2048xh100", "moe", f"""\
+name: qwen3-235b-32k-speed
+model: {{preset: qwen3-235b-a22b, seq_len: 32768}}
+train: {{global_batch: 1024, micro_batch: auto, activation_checkpointing: auto}}
 parallel: {FREE}, ep: auto}}
 cluster: {{nodes: 256, gpus_per_node: 8, gpu: h100-80gb, node: dgx-h100, fabric: ib-ndr400}}
 """),

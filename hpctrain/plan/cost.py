@@ -585,17 +585,31 @@ def embedding_transfer_s(model: Any, hw: Hardware, tokens: int, act_bytes: int) 
     return 2.0 * tokens * model.hidden * act_bytes / hw.gpu.pcie_bytes_per_s
 
 
-def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int) -> StepCost:
-    """Step time and throughput of one layout (see the module docstring for each term)."""
+def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int,
+              memo: dict[Any, Any] | None = None) -> StepCost:
+    """Step time and throughput of one layout (see the module docstring for each term). `memo`: one search's store
+    of the per-token terms that many of its layouts share (one model, one hardware), keyed by the fields they read."""
+    memo = {} if memo is None else memo
+
+    def shared(key: tuple[Any, ...], compute: Any) -> Any:
+        value = memo.get(key)
+        if value is None:
+            value = memo[key] = compute()
+        return value
+
     tokens_mb = c.micro_batch * model.seq_len // c.cp
     act_bytes = HALF_BYTES if c.precision != "fp32" else 4
-    layer_s = layer_time_per_token_s(model, hw, c.tp, c.ac, c.precision, c.sequence_parallel, c.attention,
-                                     tokens=tokens_mb, ep=c.ep, imbalance=c.expert_load_imbalance, fp8=c.fp8,
-                                     fp8_min_width=c.fp8_min_width, compiled=c.compile,
-                                     selective_mm_recompute=c.selective_mm_recompute, fp8_experts=c.fp8_experts,
-                                     fp8_recipe=c.fp8_recipe)
-    compute_mb = tokens_mb * (c.max_rank_layers * layer_s
-                              + (head_time_per_token_s(model, hw, c.tp, c.precision) if c.max_rank_has_head else 0.0))
+    layer_s = shared(("layer", c.tp, c.ac, c.precision, c.sequence_parallel, c.attention, tokens_mb, c.ep,
+                      c.expert_load_imbalance, c.fp8, c.fp8_min_width, c.compile, c.selective_mm_recompute,
+                      c.fp8_experts, c.fp8_recipe),
+                     lambda: layer_time_per_token_s(model, hw, c.tp, c.ac, c.precision, c.sequence_parallel,
+                                                    c.attention, tokens=tokens_mb, ep=c.ep,
+                                                    imbalance=c.expert_load_imbalance, fp8=c.fp8,
+                                                    fp8_min_width=c.fp8_min_width, compiled=c.compile,
+                                                    selective_mm_recompute=c.selective_mm_recompute,
+                                                    fp8_experts=c.fp8_experts, fp8_recipe=c.fp8_recipe))
+    head_s = shared(("head", c.tp, c.precision), lambda: head_time_per_token_s(model, hw, c.tp, c.precision))
+    compute_mb = tokens_mb * (c.max_rank_layers * layer_s + (head_s if c.max_rank_has_head else 0.0))
 
     # TP: two all-reduces forward and two backward per layer (Shoeybi et al. 2019, figure 4), two
     # more when full recompute re-runs the forward; sequence parallelism swaps each for an
@@ -648,7 +662,7 @@ def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int) -> Step
         # Every per-layer term above scales with the rank's layers: the head's rank runs head_rank_layers of them
         # and the head and loss; a micro-batch's slot is the slower rank's (the pipeline waits for it).
         share = c.head_rank_layers / c.max_rank_layers
-        head_mb = tokens_mb * head_time_per_token_s(model, hw, c.tp, c.precision)
+        head_mb = tokens_mb * head_s
         if share * (compute_mb + tp_mb + a2a_mb) + head_mb > compute_mb + tp_mb + a2a_mb:
             compute_mb, tp_mb, cp_mb, a2a_mb = share * compute_mb + head_mb, share * tp_mb, share * cp_mb, share * a2a_mb
     slot_s = compute_mb + tp_mb + pp_mb + a2a_mb + (embedding_transfer_s(model, hw, tokens_mb, act_bytes)
@@ -678,8 +692,9 @@ def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int) -> Step
         bubble_s=bubble_slots * slot_s,
         optimizer_s=optimizer_s,
         tokens_per_s=tokens_per_s,
-        tflops_per_gpu=flops_per_token(model, c.ac) * tokens_per_s / world / 1e12,
-        mfu=model_flops_per_token(model) * tokens_per_s / world / hw.gpu.peak_flops_per_s(c.precision),
+        tflops_per_gpu=shared(("flops", c.ac), lambda: flops_per_token(model, c.ac)) * tokens_per_s / world / 1e12,
+        mfu=(shared(("model flops",), lambda: model_flops_per_token(model)) * tokens_per_s / world
+             / hw.gpu.peak_flops_per_s(c.precision)),
         dp_comm_total_s=dp_total,
         cp_comm_s=c.micro_batches * cp_mb,
         a2a_s=c.micro_batches * a2a_mb,

@@ -339,6 +339,14 @@ def _activation_key(s: RankSetup, mode: str) -> tuple[Any, ...]:
             s.lora, s.cp_rotate, s.cpu_attention, s.cp_rank)
 
 
+def _states_key(s: RankSetup, mode: str, pp_rank: int) -> tuple[Any, ...]:
+    """Every field of `s` that `_states` reads (with the precision mode and the rank; the stage split is one per
+    (pp, virtual_stages) within a cache, `_phase_items`' contract): what a search's micro-batch, schedule and
+    recomputation choices leave alone, so their candidates share one computation."""
+    return ("states", mode, pp_rank, s.tp, s.pp, s.virtual_stages, s.dp, s.cp, s.ep, s.zero, s.offload_optimizer,
+            s.embedding_on_cpu, s.lora, s.optimizer, s.micro_batches > 1)
+
+
 def _activation_terms(model: Any, s: RankSetup, mode: str) -> _ActivationTerms:
     tokens = tokens_per_rank(s.micro_batch, model.seq_len, s.cp)
     routing = expert_routing(s.tp, s.sequence_parallel, s.ep, s.expert_load_imbalance)
@@ -378,31 +386,97 @@ def _memo(cache: dict[Any, Any], key: tuple[Any, ...], compute: Any) -> Any:
     return value
 
 
-def _phase_items(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, pp_rank: int,
-                 cache: dict[Any, Any] | None = None) -> dict[str, dict[str, float]]:
-    """Bytes per item at each phase's peak: the loss (end of forward, every activation alive),
-    the start of backward (the oldest micro-batch's last layer), the end of backward (the rank's
-    first layer, where full recompute peaks as gradients pile up) and the optimizer step.
-    `cache`: one search's memo of the parts that depend on fewer fields than the whole setup (the
-    caller guarantees one model, and one stage split per (pp, virtual_stages))."""
+@dataclass(slots=True)  # not frozen: one per layout and rank, built in the search's inner loop
+class _RankParts:
+    """What every phase of one pipeline rank's memory is built from (`_rank_parts`)."""
+
+    states: _States
+    act: _ActivationTerms
+    in_flight: float  # micro-batches in flight before the first backward (in_flight_micro_batches)
+    copies: float  # autocast weight copies
+    per_micro_batch: float  # one micro-batch's saved activations on the rank's layers (+ the embedding's)
+    pipeline: float  # pipeline stage buffers
+    layers: int
+    first: bool
+    last: bool
+    # The FFN backward's gradient buffers peak in w1/w3's backward, after the product's backward has freed what
+    # it saved (swiglu: w2's input, silu out, w3 out; gelu: w2's input), as measured at w3 with MemTracker; LoRA
+    # keeps the moments it was checked against (plan/lora.py): its frozen weights make no weight gradients.
+    freed: float
+
+
+def _rank_parts(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, pp_rank: int,
+                memo: dict[Any, Any], act: _ActivationTerms | None = None) -> _RankParts:
+    """The parts of pipeline rank `pp_rank`'s phases: the parameter-sized buffers and one micro-batch's activation
+    terms (each memoised in `memo` under the fields it reads; `act`: the latter, when the caller has them), and
+    what they come to on this rank's layers."""
     fsdp = s.fsdp
     mode = precision_mode(s.precision, fsdp)
-    memo: dict[Any, Any] = {} if cache is None else cache
     counts: _ModelCounts = _memo(memo, ("counts", s.tp, s.ep), lambda: _model_counts(model, s.tp, s.ep))
     params, layers = _memo(memo, ("params", s.pp, s.virtual_stages, pp_rank, s.tp, s.ep),
                            lambda: _rank_params(model, stage_layers, s, pp_rank))
-    act: _ActivationTerms = _memo(memo, _activation_key(s, mode), lambda: _activation_terms(model, s, mode))
-    st = _states(model, stage_layers, s, pp_rank, fsdp, mode, params, layers, counts)
+    if act is None:
+        act = _activation_terms_of(model, s, mode, memo)
+    st: _States = _memo(memo, _states_key(s, mode, pp_rank),
+                        lambda: _states(model, stage_layers, s, pp_rank, fsdp, mode, params, layers, counts))
     first, last = pp_rank == 0, pp_rank == s.pp - 1
-    tokens, layer, head = act.tokens, act.layer, act.head
     in_flight = in_flight_micro_batches(s.schedule, s.pp, pp_rank, s.micro_batches, s.virtual_stages)
-    copies = layers * act.copies_per_layer + (head.weight_copy_bytes if last else 0.0)
+    copies = layers * act.copies_per_layer + (act.head.weight_copy_bytes if last else 0.0)
     if s.lora is not None and s.ac == "full":
         # autocast caches the 16-bit copies of parameters that require grad only: a frozen base's copies
         # live while a matmul saves them, so under full checkpointing only the recomputed layer's.
         copies -= (layers - 1) * act.copies_per_layer
-    per_micro_batch = layers * layer.saved_bytes + (embedding_saved_bytes(tokens) if first else 0.0)
-    pipeline = pipeline_buffer_bytes(model, s, pp_rank, tokens, in_flight, mode)
+    per_micro_batch = layers * act.layer.saved_bytes + (embedding_saved_bytes(act.tokens) if first else 0.0)
+    pipeline = pipeline_buffer_bytes(model, s, pp_rank, act.tokens, in_flight, mode)
+    freed = ((3 if model.activation == "swiglu" else 1) * act.ffn_output_input
+             if s.ac == "none" and s.lora is None else 0.0)
+    return _RankParts(st, act, in_flight, copies, per_micro_batch, pipeline, layers, first, last, freed)
+
+
+def _activation_terms_of(model: Any, s: RankSetup, mode: str, memo: dict[Any, Any]) -> _ActivationTerms:
+    """`_activation_terms`, memoised in `memo` under the fields it reads."""
+    terms: _ActivationTerms = _memo(memo, _activation_key(s, mode), lambda: _activation_terms(model, s, mode))
+    return terms
+
+
+def _phase_floor(p: _RankParts, s: RankSetup) -> float:
+    """The largest of five of `_phase_items`' phase totals on this rank (without the runtime's overhead), summed
+    here without building their items: the loss and the backward start, before the first backward and in the
+    steady state, and the optimizer step. The same terms as there (tests/plan/test_search_memo.py holds this under
+    every total of its searches and their reports unchanged), in a fraction of the time."""
+    st, act = p.states, p.act
+    head = act.head
+    common = st.master + st.rope + st.optimizer + p.copies + p.pipeline
+    head_loss = head.saved_bytes + head.loss_transient_bytes if p.last else 0.0
+    floor = st.master + st.rope + st.optimizer + st.grads_sharded + (
+        st.grads_sharded if s.foreach and s.optimizer == "adamw" else 0.0)
+    steady = p.in_flight if (s.schedule != "gpipe" and s.micro_batches > p.in_flight) else p.in_flight - 1
+    for count, grads, accumulation, label in ((p.in_flight, 0.0, 0.0, "first"),
+                                              (steady, st.grads_held, st.accumulation, "steady")):
+        if count <= 0 or (label == "steady" and not (s.micro_batches > 1 or s.pp > 1)):
+            continue
+        saved = count * p.per_micro_batch
+        base = common + grads + accumulation
+        loss = base + st.unsharded_forward + saved + head_loss
+        backward_start = (base + st.unsharded_backward + act.recompute + act.transient + st.reduce_buffer
+                          + saved - p.freed)
+        floor = max(floor, loss, backward_start)
+    return floor
+
+
+def _phase_items(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, pp_rank: int,
+                 cache: dict[Any, Any] | None = None, parts: _RankParts | None = None) -> dict[str, dict[str, float]]:
+    """Bytes per item at each phase's peak: the loss (end of forward, every activation alive),
+    the start of backward (the oldest micro-batch's last layer), the end of backward (the rank's
+    first layer, where full recompute peaks as gradients pile up) and the optimizer step.
+    `cache`: one search's memo of the parts that depend on fewer fields than the whole setup (the
+    caller guarantees one model, and one stage split per (pp, virtual_stages)); `parts`: this rank's
+    `_rank_parts`, when the caller has them already."""
+    p = parts if parts is not None else _rank_parts(model, stage_layers, s, pp_rank, {} if cache is None else cache)
+    st, act, in_flight, copies, per_micro_batch, pipeline = (p.states, p.act, p.in_flight, p.copies,
+                                                             p.per_micro_batch, p.pipeline)
+    layers, first, last = p.layers, p.first, p.last
+    layer, head = act.layer, act.head
     recompute = act.recompute
     transient = act.transient
     common = {"fp32 master weights": st.master, "RoPE tables": st.rope, "optimizer states": st.optimizer,
@@ -425,16 +499,10 @@ def _phase_items(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, 
         backward = {**base, "unsharded compute weights (FSDP)": st.unsharded_backward,
                     "recompute of one layer (activation checkpointing)": recompute,
                     "backward gradient buffers": transient, "gradient reduce-scatter buffer (FSDP)": st.reduce_buffer}
-        # The FFN backward's gradient buffers peak in w1/w3's backward, after the product's
-        # backward has freed what it saved (swiglu: w2's input, silu out, w3 out; gelu: w2's
-        # input), as measured at w3 with MemTracker.
-        # LoRA keeps the moments it was checked against (plan/lora.py): its frozen weights make
-        # no weight gradients, and its adapters' tensors sit between these.
+        # What the FFN backward has freed (`_RankParts.freed`). LoRA keeps the moments it was checked against
+        # (plan/lora.py): its frozen weights make no weight gradients, and its adapters' tensors sit between these.
         later = s.lora is None
-        freed = 0.0
-        if s.ac == "none" and later:
-            freed = (3 if model.activation == "swiglu" else 1) * act.ffn_output_input
-        phases[f"backward start, {label}"] = {**backward, "saved activations": saved - freed}
+        phases[f"backward start, {label}"] = {**backward, "saved activations": saved - p.freed}
         if grads and s.ac == "none" and later:
             # Just before: w2's backward with every activation alive, its input gradient and a
             # new weight gradient that is then added to the held one.
@@ -536,28 +604,73 @@ def stage_layers_on_rank(stage_layers: list[tuple[int, int]], pp: int, pp_rank: 
 
 
 def rank_memory(model: Any, stage_layers: list[tuple[int, int]], setup: RankSetup, pp_rank: int,
-                cache: dict[Any, Any] | None = None) -> MemoryBreakdown:
+                cache: dict[Any, Any] | None = None, parts: _RankParts | None = None) -> MemoryBreakdown:
     """Peak memory of pipeline rank `pp_rank` (any of its tp x dp replicas), with its breakdown
-    (`cache`: as `_phase_items`'s)."""
-    phases = _phase_items(model, stage_layers, setup, pp_rank, cache)
+    (`cache`, `parts`: as `_phase_items`'s)."""
+    phases = _phase_items(model, stage_layers, setup, pp_rank, cache, parts)
     name, items = max(phases.items(), key=lambda kv: sum(kv[1].values()))
     items = {**items, "runtime overhead (CUDA context, allocator)": setup.overhead_bytes}
-    parts = {"weights": 0.0, "grads": 0.0, "optimizer": 0.0, "activations": 0.0, "other": 0.0}
+    sums = {"weights": 0.0, "grads": 0.0, "optimizer": 0.0, "activations": 0.0, "other": 0.0}
     for item, value in items.items():
-        parts[ITEM_COMPONENTS[item]] += value
-    return MemoryBreakdown(parts["weights"], parts["grads"], parts["optimizer"], parts["activations"],
-                           parts["other"], name, tuple((k, v) for k, v in items.items() if v))
+        sums[ITEM_COMPONENTS[item]] += value
+    return MemoryBreakdown(sums["weights"], sums["grads"], sums["optimizer"], sums["activations"],
+                           sums["other"], name, tuple((k, v) for k, v in items.items() if v))
+
+
+def _candidate_ranks(stage_layers: list[tuple[int, int]], pp: int) -> list[int]:
+    """Ranks 0 (most micro-batches in flight, the embedding), pp-1 (head and loss) and the rank with the most
+    layers: the pipeline ranks that can hold the peak."""
+    if pp == 1:
+        return [0]
+    sizes = [0] * pp
+    for index, (a, b) in enumerate(stage_layers):
+        sizes[index % pp] += b - a
+    return sorted({0, pp - 1, sizes.index(max(sizes))})
 
 
 def peak_rank_memory(model: Any, stage_layers: list[tuple[int, int]], setup: RankSetup,
                      cache: dict[Any, Any] | None = None) -> tuple[int, MemoryBreakdown]:
-    """The most loaded pipeline rank and its breakdown. Ranks 0 (most micro-batches in flight,
-    the embedding), pp-1 (head and loss) and the rank with the most layers are the candidates."""
-    if setup.pp == 1:
-        return 0, rank_memory(model, stage_layers, setup, 0, cache)
-    sizes = [0] * setup.pp
-    for index, (a, b) in enumerate(stage_layers):
-        sizes[index % setup.pp] += b - a
-    candidates = {0, setup.pp - 1, sizes.index(max(sizes))}
-    results = [(rank, rank_memory(model, stage_layers, setup, rank, cache)) for rank in sorted(candidates)]
-    return max(results, key=lambda item: item[1].total)
+    """The most loaded pipeline rank and its breakdown (`_candidate_ranks`)."""
+    return MemoryProbe(model, stage_layers, setup, {} if cache is None else cache).peak()
+
+
+class MemoryProbe:
+    """One layout's memory, each candidate rank's parts computed once and only when needed (`_rank_parts`, memoised
+    in `cache` as `_phase_items`' are): `over(...)` for a fraction of the work, `peak()` the whole breakdown."""
+
+    def __init__(self, model: Any, stage_layers: list[tuple[int, int]], setup: RankSetup,
+                 cache: dict[Any, Any]) -> None:
+        self.model, self.stage_layers, self.setup, self.cache = model, stage_layers, setup, cache
+        self.act = _activation_terms_of(model, setup, precision_mode(setup.precision, setup.fsdp), cache)
+        self.ranks: list[int] = _memo(cache, ("ranks", setup.pp, setup.virtual_stages),
+                                      lambda: _candidate_ranks(stage_layers, setup.pp))
+        self._parts: dict[int, _RankParts] = {}
+
+    def parts(self, rank: int) -> _RankParts:
+        if rank not in self._parts:
+            self._parts[rank] = _rank_parts(self.model, self.stage_layers, self.setup, rank, self.cache, self.act)
+        return self._parts[rank]
+
+    def rank_floor(self, rank: int) -> float:
+        """A floor under `rank_memory`'s total on `rank` without its breakdown (`_phase_floor`), with the runtime's
+        overhead."""
+        return _phase_floor(self.parts(rank), self.setup) + self.setup.overhead_bytes
+
+    def floor(self) -> float:
+        """A floor under `peak()`'s total: the largest `rank_floor`."""
+        return max(self.rank_floor(rank) for rank in self.ranks)
+
+    def over(self, budget: float, bar: float) -> bool:
+        """Whether `peak()`'s total is known, from the ranks' floors alone, to be over `budget` and at least `bar`
+        (rank by rank, stopping at the first that shows it; the factor keeps a float's last bit from deciding)."""
+        for rank in self.ranks:
+            floor = self.rank_floor(rank) * (1 - 1e-9)
+            if floor > budget and floor >= bar:
+                return True
+        return False
+
+    def peak(self) -> tuple[int, MemoryBreakdown]:
+        """The most loaded candidate rank and its breakdown."""
+        results = [(rank, rank_memory(self.model, self.stage_layers, self.setup, rank, self.cache, self.parts(rank)))
+                   for rank in self.ranks]
+        return max(results, key=lambda item: item[1].total)

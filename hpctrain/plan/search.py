@@ -14,7 +14,7 @@ from hpctrain.plan.activations import DEFAULT_EXPERT_LOAD_IMBALANCE
 from hpctrain.plan.cost import DEFAULT_EXPERT_STEP_IMBALANCE, CostSetup, StepCost, step_cost
 from hpctrain.plan.hardware import Hardware
 from hpctrain.plan.lora import LoraShape
-from hpctrain.plan.memory import MemoryBreakdown, RankSetup, peak_rank_memory
+from hpctrain.plan.memory import MemoryBreakdown, MemoryProbe, RankSetup
 from hpctrain.plan.model_stats import stage_param_count
 from hpctrain.plan.space import MAX_STAGE_IMBALANCE, Choices, Rejections, ep_layout_problem
 from hpctrain.plan.stages import balanced_stage_split, megatron_unit_split, stage_imbalance
@@ -111,7 +111,8 @@ class _StageCache:
         self.model = model
         self.kind = kind
         self._splits: dict[tuple[int, int], tuple[StageLayers, float]] = {}
-        self.memory: dict[Any, Any] = {}  # memory.peak_rank_memory's memo: one model, one split per (pp, v)
+        self.memory: dict[Any, Any] = {}  # memory.MemoryProbe's memo: one model, one split per (pp, v)
+        self.costs: dict[Any, Any] = {}  # cost.step_cost's memo: one model, one hardware
 
     def split(self, pp: int, v: int) -> tuple[StageLayers, float]:
         key = (pp, v)
@@ -242,9 +243,17 @@ def _search_family(model: Any, hw: Hardware, choices: Choices, settings: SearchS
                                           foreach=settings.fp8_all_gather and (dp * cp > 1 or offload),
                                           expert_load_imbalance=(DEFAULT_EXPERT_LOAD_IMBALANCE if measured is None
                                                                  else measured))
-                        rank, memory = peak_rank_memory(model, stage_layers, setup, stages.memory)
-                        label = f"{tag} mb={mb} {schedule} v={v} ac={ac} zero={zero}{' offload' if offload else ''}"
+                        # Over the budget already in the first micro-batches' loss or the optimizer step (most of a
+                        # long-sequence search's misses): counted without the whole breakdown where its total would
+                        # change no example and no family's closest miss (the floor is two phases of that total).
+                        probe = MemoryProbe(model, stage_layers, setup, stages.memory)
+                        bar = rejected.memory_miss_bar(family)
+                        if bar is not None and probe.over(settings.budget_bytes, bar):
+                            rejected.count_memory_miss()
+                            continue
+                        rank, memory = probe.peak()
                         if memory.total > settings.budget_bytes:
+                            label = f"{tag} mb={mb} {schedule} v={v} ac={ac} zero={zero}{' offload' if offload else ''}"
                             rejected.add_memory_miss(f"{label}: {memory.total / 2**30:.1f} GiB > "
                                                      f"{settings.budget_bytes / 2**30:.1f} GiB", family, memory.total)
                             continue
@@ -264,7 +273,7 @@ def _search_family(model: Any, hw: Hardware, choices: Choices, settings: SearchS
                             a2a_overlap=settings.a2a_overlap, cp_repeated_kv=settings.cp_repeated_kv,
                             dispatcher=settings.dispatcher, fp8_experts=settings.fp8_experts,
                             tp_overlap=settings.tp_overlap, dp_once_per_step=settings.dp_once_per_step),
-                            settings.global_batch)
+                            settings.global_batch, stages.costs)
                         layouts.append(Layout(tp, pp, dp, mb, schedule, v, ac, zero, offload, sp, tuple(stage_layers),
                                               imbalance, memory, rank, cost, cp, ep))
     return evaluated

@@ -195,6 +195,20 @@ class Rejections:
             self.family_reasons[family] = ("memory_over_budget", example)
             self._closest_miss_bytes[family] = total_bytes
 
+    def memory_miss_bar(self, family: tuple[int, int]) -> float | None:
+        """The total at or above which a layout over the memory budget could change nothing but the count
+        (`count_memory_miss`): the family's closest miss, once the examples are full and the family's reason is a
+        miss (`add_memory_miss` keeps a later one only when strictly smaller); None while its total is needed."""
+        known = self.family_reasons.get(family)
+        if (len(self.examples.get("memory_over_budget", ())) < self.MAX_EXAMPLES or known is None
+                or known[0] != "memory_over_budget"):
+            return None
+        return self._closest_miss_bytes[family]
+
+    def count_memory_miss(self) -> None:
+        """One more layout over the memory budget, whose total `memory_miss_bar` said could change nothing else."""
+        self.counts["memory_over_budget"] += 1
+
     def to_json(self) -> dict[str, Any]:
         return {"counts": dict(sorted(self.counts.items())), "examples": self.examples,
                 "reasons": {key: REASONS[key] for key in sorted(self.counts)},

@@ -1,5 +1,7 @@
 """The search's memory memo (plan/memory.py `cache`) gives every candidate exactly the breakdown that a
-fresh evaluation gives: a cache key that missed a field the terms read would fail here."""
+fresh evaluation gives: a cache key that missed a field the terms read would fail here. The floor it sets
+layouts over the budget aside with (`MemoryProbe.floor`) stays under every total, and setting them aside
+changes nothing the search reports."""
 
 from __future__ import annotations
 
@@ -8,7 +10,8 @@ import pytest
 import hpctrain.plan.search as search_module
 from hpctrain.config import job_from_dict
 from hpctrain.plan import plan_job
-from hpctrain.plan.memory import peak_rank_memory
+from hpctrain.plan.memory import MemoryProbe, peak_rank_memory, rank_memory
+from hpctrain.plan.space import Rejections
 
 FREE = {"tp": "auto", "pp": "auto", "dp": "auto", "schedule": "auto", "virtual_stages": "auto", "zero": "auto",
         "sequence_parallel": True}
@@ -24,6 +27,10 @@ JOBS = {
                         "parallel": {**FREE, "cp": 4},
                         "cluster": {"nodes": 2, "gpus_per_node": 8, "gpu": "h100-80gb", "node": "dgx-h100",
                                     "fabric": "ib-ndr400"}},
+    "moe long context": {"model": {"preset": "qwen3-30b-a3b", "seq_len": 32768}, "train": {"global_batch": 64},
+                         "parallel": {**FREE, "ep": "auto"},
+                         "cluster": {"nodes": 4, "gpus_per_node": 8, "gpu": "h100-80gb", "node": "dgx-h100",
+                                     "fabric": "ib-ndr400"}},
     "lora fp32": {"model": {"preset": "llama3-8b"}, "train": {"global_batch": 32, "precision": "fp32",
                                                                "lora": {"rank": 16}},
                   "cluster": {"nodes": 1, "gpus_per_node": 8, "gpu": "a100-80gb", "node": "dgx-a100",
@@ -31,20 +38,60 @@ JOBS = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(JOBS))
-def test_memoised_memory_equals_a_fresh_evaluation(name, monkeypatch):
+def _spec(name: str) -> dict:
     spec = {"name": "memo", "parallel": FREE, **JOBS[name]}
     spec["train"] = {"micro_batch": "auto", "activation_checkpointing": "auto", **spec["train"]}
+    return spec
+
+
+@pytest.mark.parametrize("name", sorted(JOBS))
+def test_memoised_memory_equals_a_fresh_evaluation(name, monkeypatch):
     calls = []
+    floors_over = []
 
-    def checked(model, stage_layers, setup, cache=None):
-        assert cache is not None  # the search passes its memo
-        memoised = peak_rank_memory(model, stage_layers, setup, cache)
-        assert memoised == peak_rank_memory(model, stage_layers, setup), setup
-        calls.append(setup)
-        return memoised
+    class Checked(MemoryProbe):
+        def rank_floor(self, rank: int) -> float:
+            floor = super().rank_floor(rank)
+            total = rank_memory(self.model, self.stage_layers, self.setup, rank).total
+            assert 0 < floor <= total * (1 + 1e-12), (rank, self.setup)
+            floors_over.append(floor > total * 0.999)  # at a phase's own total when that phase is the peak
+            return floor
 
-    monkeypatch.setattr(search_module, "peak_rank_memory", checked)
-    result = plan_job(job_from_dict(spec))
-    assert len(calls) == result.evaluated > 20
+        def peak(self):
+            memoised = super().peak()
+            assert memoised == peak_rank_memory(self.model, self.stage_layers, self.setup), self.setup
+            calls.append(self.setup)
+            return memoised
+
+    monkeypatch.setattr(search_module, "MemoryProbe", Checked)
+    result = plan_job(job_from_dict(_spec(name)))
+    assert result.evaluated > 20
+    assert len(calls) <= result.evaluated
+    if result.rejected.counts.get("memory_over_budget", 0) > len(calls) - len(result.layouts):
+        assert any(floors_over)  # some were set aside on their floors
     assert result.layouts
+
+
+def _report(result) -> tuple:
+    rejected = result.rejected
+    return ([(lay.label(), lay.memory, lay.cost) for lay in result.layouts], rejected.counts, rejected.examples,
+            rejected.family_reasons, result.evaluated)
+
+
+@pytest.mark.parametrize("name", sorted(JOBS))
+def test_setting_layouts_over_the_budget_aside_changes_nothing_reported(name, monkeypatch):
+    settled = []
+    over = MemoryProbe.over
+
+    def counted(self, budget, bar):
+        settled.append(over(self, budget, bar))
+        return settled[-1]
+
+    monkeypatch.setattr(MemoryProbe, "over", counted)
+    with_floor = plan_job(job_from_dict(_spec(name)))
+    if name == "moe long context":  # most of its misses are set aside
+        assert sum(settled) > with_floor.rejected.counts["memory_over_budget"] / 2
+    monkeypatch.setattr(Rejections, "memory_miss_bar", lambda self, family: None)
+    without = plan_job(job_from_dict(_spec(name)))
+    assert _report(with_floor) == _report(without)
+    assert with_floor.rejected.counts.get("memory_over_budget", 0) > 0 or name == "lora fp32"
