@@ -660,6 +660,20 @@ class MemoryProbe:
         """A floor under `peak()`'s total: the largest `rank_floor`."""
         return max(self.rank_floor(rank) for rank in self.ranks)
 
+    def first_loss_floor(self) -> float:
+        """Rank 0's first micro-batches' loss with the runtime's overhead: a floor under `peak()`'s total that never
+        falls as the micro-batch grows, the rest of the layout fixed (its in-flight micro-batches times their tokens
+        do not fall: 1F1B's min(pp, m) x mb, GPipe's m x mb = the local batch; its parameter-sized buffers do not
+        depend on the micro-batch; test_search_memo.py checks it over whole searches). A search sets the larger
+        micro-batches of a layout aside once this floor has put it over the budget."""
+        p = self.parts(0)
+        if p.in_flight <= 0:
+            return 0.0
+        st, head = p.states, p.act.head
+        return (st.master + st.rope + st.optimizer + p.copies + p.pipeline + st.unsharded_forward
+                + p.in_flight * p.per_micro_batch + (head.saved_bytes + head.loss_transient_bytes if p.last else 0.0)
+                + self.setup.overhead_bytes)
+
     def over(self, budget: float, bar: float) -> bool:
         """Whether `peak()`'s total is known, from the ranks' floors alone, to be over `budget` and at least `bar`
         (rank by rank, stopping at the first that shows it; the factor keeps a float's last bit from deciding)."""

@@ -220,7 +220,15 @@ def _search_family(model: Any, hw: Hardware, choices: Choices, settings: SearchS
             continue
         busiest_layers, busiest_head, busiest_params = busiest_rank(model, stage_layers, pp, tp, ep)
         head_layers = sum(b - a for i, (a, b) in enumerate(stage_layers) if i % pp == (len(stage_layers) - 1) % pp)
+        # (ac, zero, offload) whose first micro-batches' loss on rank 0 already put a smaller micro-batch over the
+        # budget and past the family's closest miss: that floor does not fall as the micro-batch grows
+        # (MemoryProbe.first_loss_floor), so each larger one is a miss that changes nothing but the count.
+        over_at_any_larger: set[tuple[str, int, bool]] = set()
+        previous_mb = 0
         for mb in choices.micro_batches(local_batch):
+            if mb < previous_mb:  # the rule needs growing micro-batches
+                over_at_any_larger.clear()
+            previous_mb = mb
             if local_batch % mb:
                 rejected.add("local_batch_not_divisible", f"{tag} mb={mb}: local batch {local_batch}", family)
                 continue
@@ -232,6 +240,9 @@ def _search_family(model: Any, hw: Hardware, choices: Choices, settings: SearchS
                 for zero in choices.zeros(dp, pp):
                     for offload in choices.offload:
                         evaluated += 1
+                        if (ac, zero, offload) in over_at_any_larger:
+                            rejected.count_memory_miss()
+                            continue
                         setup = RankSetup(tp=tp, pp=pp, dp=dp, micro_batch=mb, micro_batches=m, schedule=schedule,
                                           virtual_stages=v, ac=ac, zero=zero, offload_optimizer=offload,
                                           sequence_parallel=sp, precision=settings.precision,
@@ -250,6 +261,9 @@ def _search_family(model: Any, hw: Hardware, choices: Choices, settings: SearchS
                         bar = rejected.memory_miss_bar(family)
                         if bar is not None and probe.over(settings.budget_bytes, bar):
                             rejected.count_memory_miss()
+                            floor = probe.first_loss_floor() * (1 - 1e-9)
+                            if floor > settings.budget_bytes and floor >= bar:
+                                over_at_any_larger.add((ac, zero, offload))
                             continue
                         rank, memory = probe.peak()
                         if memory.total > settings.budget_bytes:
