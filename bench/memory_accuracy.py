@@ -170,6 +170,23 @@ CP_EP_CONFIGS: list[Config] = [
     _c("moe cp2 dp2 ep4 zero3 bf16 ring", "gloo", MOE_MID, cp=2, dp=2, ep=4, zero=3, global_batch=4, cp_rotate="ring"),
 ]
 CONFIGS += CP_EP_CONFIGS
+# FP8 (train.precision fp8, runtime/parallel/float8.py and mxfp8.py): torchao's emulation on the CPU (the casts, the
+# scales and what each linear saves are the GPU path's; the GEMMs dequantise), every linear of the small shape
+# converted (fp8.min_width 16); under FSDP tensorwise gathers the weights in fp8.
+FP8 = {"recipe": "tensorwise", "emulate": True, "min_width": 16}
+FP8_CONFIGS: list[Config] = [
+    _c("fp8 tensorwise 1 GPU", "real", SMALL, precision="fp8", fp8=FP8),
+    _c("fp8 tensorwise 1 GPU selective", "real", SMALL, precision="fp8", fp8=FP8, activation_checkpointing="selective"),
+    _c("fp8 rowwise 1 GPU", "real", SMALL, precision="fp8", fp8={**FP8, "recipe": "rowwise"}),
+    # torchao's MX emulation multiplies the dequantised operands as they come: under bf16 autocast its bf16 input
+    # meets the fp32 weight (a dtype error), so the MX configurations keep fp8's high precision in fp32, as
+    # tests/runtime/test_mxfp8.py does
+    _c("mxfp8 1 GPU fp32", "real", SMALL, precision="fp8", fp8={**FP8, "recipe": "mxfp8", "high_precision": "fp32"}),
+    _c("mxfp8 dp2 zero3 fp32", "real", SMALL, precision="fp8", fp8={**FP8, "recipe": "mxfp8", "high_precision": "fp32"},
+       dp=2, zero=3, global_batch=4),
+    _c("fp8 tensorwise dp2 zero3", "real", SMALL, precision="fp8", fp8=FP8, dp=2, zero=3, global_batch=4),
+]
+CONFIGS += FP8_CONFIGS
 
 
 def predict(cfg: Config) -> dict[str, float]:
@@ -180,13 +197,16 @@ def predict(cfg: Config) -> dict[str, float]:
 
     job = cfg.job()
     p, t = job.parallel, job.train
+    from hpctrain.plan.planner import planned_precision
+
     setup = RankSetup(tp=p.tp, pp=p.pp, dp=p.dp, micro_batch=t.micro_batch,
                       micro_batches=t.global_batch // p.dp // t.micro_batch,
                       schedule=p.schedule if p.pp > 1 else "none", virtual_stages=p.virtual_stages,
                       ac=t.activation_checkpointing, zero=p.zero, offload_optimizer=p.offload_optimizer,
-                      sequence_parallel=p.sequence_parallel, precision=t.precision, optimizer="adamw",
+                      sequence_parallel=p.sequence_parallel, precision=planned_precision(job), optimizer="adamw",
                       foreach=False, overhead_bytes=0.0, lora=lora_shape(job), ep=p.ep, cp=p.cp,
-                      cpu_attention=True, cp_rank=0, cp_rotate=p.cp_rotate)  # measured on the CPU, on rank 0
+                      cpu_attention=True, cp_rank=0, cp_rotate=p.cp_rotate,  # measured on the CPU, on rank 0
+                      fp8_recipe=t.fp8.recipe if t.precision == "fp8" else None, fp8_min_width=t.fp8.min_width)
     memory = rank_memory(job.model, balanced_stage_split(job.model, p.pp, p.virtual_stages), setup, cfg.pp_rank)
     out = dict.fromkeys(CATEGORIES, 0.0)
     for item, value in memory.items:

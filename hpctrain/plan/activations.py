@@ -316,6 +316,33 @@ def weight_copy_bytes_per_layer(model: Any, tp: int, mode: str, ac: str = "none"
     return HALF_BYTES * (attention_params(model) + _over_layers(model, dense_ffn_params(model), moe, shape)) / tp
 
 
+# FP8 (train.precision fp8; runtime/parallel/float8.py's `eligible`): the linears converted to torchao's Float8Linear
+# (or MXLinear) are those whose full widths are both >= train.fp8.min_width and multiples of FP8_TILE (MX_BLOCK x tp
+# for mxfp8: whole blocks on every tp shard); never the head or the router; in a MoE block the attention projections
+# and the shared experts only (the routed experts are grouped parameters, not nn.Linear).
+FP8_TILE = 16
+MX_BLOCK = 32  # OCP MX v1.0 (runtime/parallel/mxfp8.py)
+
+
+def fp8_linear_params_per_layer(model: Any, tp: int, min_width: int, recipe: str) -> float:
+    """The weights of one layer's fp8 linears on one TP rank, the mean over the layers (parameters)."""
+    tile = MX_BLOCK * tp if recipe == "mxfp8" else FP8_TILE
+    h = int(model.hidden)
+    q, kv = model.heads * head_dim(model), model.kv_heads * head_dim(model)
+    attention = [(h, q), (h, kv), (h, kv), (q, h)]
+
+    def converted(linears: list[tuple[int, int]]) -> float:
+        return sum(i * o for i, o in linears if min(i, o) >= min_width and i % tile == 0 and o % tile == 0) / tp
+
+    ffn = int(model.ffn_hidden)
+    dense_ffn = [(h, ffn)] * (2 if model.activation == "swiglu" else 1) + [(ffn, h)]
+    shape = moe_shape(model)
+    if shape is None:
+        return converted(attention + dense_ffn)
+    shared = [(h, shape.shared), (h, shape.shared), (shape.shared, h)] if shape.shared else []
+    return _over_layers(model, converted(attention + dense_ffn), converted(attention + shared), shape)
+
+
 @dataclass(frozen=True)
 class HeadActivations:
     """The last stage's final norm, head and loss, for one micro-batch on one TP rank."""

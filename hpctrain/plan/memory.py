@@ -18,6 +18,7 @@ from typing import Any
 
 from hpctrain.plan.activations import (
     DEFAULT_EXPERT_LOAD_IMBALANCE,
+    fp8_linear_params_per_layer,
     FP32_BYTES,
     HALF_BYTES,
     backward_transient_bytes,
@@ -127,6 +128,10 @@ class RankSetup:
         return self.dp * self.cp > 1 or self.offload_optimizer
     ep: int = 1  # parallel.ep: routed experts split over ep ranks, FSDP-sharded over efsdp (runtime/parallel/expert.py)
     expert_load_imbalance: float = DEFAULT_EXPERT_LOAD_IMBALANCE  # received rows / mean under ep (activations.py)
+    # train.precision fp8 (emulated or not): the recipe and min_width that pick the converted linears
+    # (activations.fp8_linear_params_per_layer); None otherwise. `precision` is then fp8's high precision.
+    fp8_recipe: str | None = None
+    fp8_min_width: int = 1024
 
     @property
     def efsdp(self) -> int:
@@ -247,20 +252,21 @@ def _states(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, pp_ra
                     if routed and first_layer >= int(model.moe.dense_layers) else 0.0)
     compute_bytes = HALF_BYTES if mode == "fsdp-mp" else FP32_BYTES
     unsharded_fwd = unsharded_bwd = 0.0
+    fp8_saving = _fp8_gathered_saving(model, s, compute_bytes) if fsdp else 0.0  # per gathered layer
     if fsdp and s.zero >= 3 and s.pp == 1 and model.tie_embeddings:
         # The tied embedding, norm and head stay in the root unit (runtime/parallel/fsdp.py):
         # after forward only the last block stays gathered; in backward the root and one block.
-        unsharded_fwd = compute_bytes * layer_params
-        unsharded_bwd = compute_bytes * (params - (layers - 1) * layer_params)
+        unsharded_fwd = compute_bytes * layer_params - fp8_saving
+        unsharded_bwd = compute_bytes * (params - (layers - 1) * layer_params) - fp8_saving
     elif fsdp and s.zero >= 3 and s.pp == 1:
         # FSDP units of their own (runtime/parallel/fsdp.py's table): after forward the last
         # block and the norm + head unit stay gathered (the embedding was resharded); in the
         # backward of the first layer that layer and the embedding are gathered (the head was
         # resharded after its backward). Measured against MemTracker (bench/memory_accuracy.py).
-        unsharded_fwd = compute_bytes * (layer_params + counts.head_unit)
-        unsharded_bwd = compute_bytes * (layer_params + counts.embedding / s.tp)
+        unsharded_fwd = compute_bytes * (layer_params + counts.head_unit) - fp8_saving
+        unsharded_bwd = compute_bytes * (layer_params + counts.embedding / s.tp) - fp8_saving
     elif fsdp:
-        unsharded_fwd = unsharded_bwd = compute_bytes * params
+        unsharded_fwd = unsharded_bwd = compute_bytes * params - layers * fp8_saving
     # train.embedding_on_cpu (runtime/parallel/host_embedding.py): the first stage's table is no FSDP unit and
     # never on the device, nor its gradient or optimizer state (tp is 1: validate refuses more).
     host_table = counts.embedding if s.embedding_on_cpu and pp_rank == 0 else 0.0
@@ -269,7 +275,7 @@ def _states(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, pp_ra
         if fsdp and s.zero >= 3 and s.pp == 1:
             unsharded_bwd -= compute_bytes * host_table
         elif fsdp:
-            unsharded_fwd = unsharded_bwd = compute_bytes * params
+            unsharded_fwd = unsharded_bwd = compute_bytes * params - layers * fp8_saving
     # Trained parameters (everything, or LoRA's adapters): gradients, optimizer states, FSDP's
     # gradient buffers. Held parameters (fp32, FSDP-gathered) are the base plus the adapters.
     w2_params = model.hidden * model.ffn_hidden / s.tp
@@ -336,7 +342,7 @@ class _ActivationTerms:
 def _activation_key(s: RankSetup, mode: str) -> tuple[Any, ...]:
     """Every field of `s` that `_activation_terms` reads (with the precision mode)."""
     return (mode, s.micro_batch, s.cp, s.tp, s.sequence_parallel, s.ac, s.ep, s.expert_load_imbalance, s.attention,
-            s.lora, s.cp_rotate, s.cpu_attention, s.cp_rank)
+            s.lora, s.cp_rotate, s.cpu_attention, s.cp_rank, s.fp8_recipe, s.fp8_min_width)
 
 
 def _states_key(s: RankSetup, mode: str, pp_rank: int) -> tuple[Any, ...]:
@@ -344,7 +350,26 @@ def _states_key(s: RankSetup, mode: str, pp_rank: int) -> tuple[Any, ...]:
     (pp, virtual_stages) within a cache, `_phase_items`' contract): what a search's micro-batch, schedule and
     recomputation choices leave alone, so their candidates share one computation."""
     return ("states", mode, pp_rank, s.tp, s.pp, s.virtual_stages, s.dp, s.cp, s.ep, s.zero, s.offload_optimizer,
-            s.embedding_on_cpu, s.lora, s.optimizer, s.micro_batches > 1)
+            s.embedding_on_cpu, s.lora, s.optimizer, s.micro_batches > 1, s.fp8_recipe, s.fp8_min_width)
+
+
+def _weight_copies_per_layer(model: Any, s: RankSetup, mode: str) -> float:
+    """autocast's cached 16-bit weight copies of one layer (activations.weight_copy_bytes_per_layer), less those of
+    the fp8 linears: torchao's Float8Linear casts its weight to fp8 itself, with no autocast-cached copy (measured
+    against MemTracker: bench/memory_accuracy.py's fp8 configurations)."""
+    copies = weight_copy_bytes_per_layer(model, s.tp, mode, s.ac)
+    if s.fp8_recipe is not None and copies:
+        copies -= HALF_BYTES * fp8_linear_params_per_layer(model, s.tp, s.fp8_min_width, s.fp8_recipe)
+    return copies
+
+
+def _fp8_gathered_saving(model: Any, s: RankSetup, compute_bytes: float) -> float:
+    """Per layer: what FSDP2's fp8 all-gather (recipe tensorwise, runtime/parallel/float8.py's
+    enable_fsdp_float8_all_gather) saves on the unsharded weights: the fp8 linears arrive in one byte, not
+    `compute_bytes`."""
+    if s.fp8_recipe != "tensorwise":
+        return 0.0
+    return (compute_bytes - 1.0) * fp8_linear_params_per_layer(model, s.tp, s.fp8_min_width, s.fp8_recipe)
 
 
 def _activation_terms(model: Any, s: RankSetup, mode: str) -> _ActivationTerms:
@@ -367,7 +392,7 @@ def _activation_terms(model: Any, s: RankSetup, mode: str) -> _ActivationTerms:
         stream = dtypes(mode).stream * model.hidden / (s.tp if s.sequence_parallel else 1) * tokens
         recompute += stream if mode == "fsdp-mp" else -layer.saved_bytes - stream
     return _ActivationTerms(
-        tokens=tokens, layer=layer, head=head, copies_per_layer=weight_copy_bytes_per_layer(model, s.tp, mode, s.ac),
+        tokens=tokens, layer=layer, head=head, copies_per_layer=_weight_copies_per_layer(model, s, mode),
         recompute=max(recompute, 0.0),
         transient=backward_transient_bytes(model, tokens, s.tp, s.sequence_parallel, mode),
         ffn_output_input=ffn_output_input,

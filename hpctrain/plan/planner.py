@@ -151,6 +151,7 @@ def plan_job(job: Job, measured: Optional[ExpertLoad] = None) -> PlanResult:
                               fp8=job.train.precision == "fp8" and not job.train.fp8.emulate, fp8_min_width=int(job.train.fp8.min_width),
                               fp8_recipe=job.train.fp8.recipe,
                               fp8_all_gather=job.train.precision == "fp8" and job.train.fp8.recipe == "tensorwise",
+                              memory_fp8_recipe=job.train.fp8.recipe if job.train.precision == "fp8" else None,
                               compile=bool(job.train.compile),
                               expert_load_by_ep=measured.by_ep if measured is not None else ())
     layouts, rejected, evaluated = search(job.model, hw, Choices.from_job(job), settings)

@@ -72,6 +72,9 @@ class SearchSettings:
     fp8_min_width: int = 1024
     fp8_recipe: str = "tensorwise"  # train.fp8.recipe (cost.FP8_RECIPES)
     fp8_all_gather: bool = False  # fp8 tensorwise: under FSDP the weights are torchao wrappers (RankSetup.foreach)
+    # train.precision fp8, emulated or not: the recipe whose converted linears the memory model prices
+    # (RankSetup.fp8_recipe; `fp8` above is the cost model's, off under emulation)
+    memory_fp8_recipe: str | None = None
     compile: bool = False  # train.compile: the runtime compiles the blocks of tp == 1 layouts
     compile_with_tp: bool = False  # a published run's software fuses element-wise work under TP too (bench only)
     expert_load_imbalance: float | None = None  # the busiest ep rank's load; None: cost.DEFAULT_EXPERT_STEP_IMBALANCE
@@ -251,6 +254,7 @@ def _search_family(model: Any, hw: Hardware, choices: Choices, settings: SearchS
                                           cpu_attention=hw.gpu.name == "cpu",
                                           embedding_on_cpu=settings.embedding_on_cpu,
                                           cp_rotate=settings.cp_rotate,
+                                          fp8_recipe=settings.memory_fp8_recipe, fp8_min_width=settings.fp8_min_width,
                                           foreach=settings.fp8_all_gather and (dp * cp > 1 or offload),
                                           expert_load_imbalance=(DEFAULT_EXPERT_LOAD_IMBALANCE if measured is None
                                                                  else measured))
