@@ -66,9 +66,11 @@ def test_cancel_resume_crash_resume_keeps_one_attempt_count(tmp_path: Path) -> N
     _cli_ok(["cancel", str(run_dir)], tmp_path, env)
     assert _ended(run_dir, env, "the cancel")["state"] == "CANCELLED", log_tail(run_dir)
 
-    # attempt 1: resumed, then one rank killed with SIGKILL
+    # attempt 1: resumed, then one rank killed with SIGKILL. Its steps are slower: the kill must land before its last
+    # step, after the two status polls below (seconds each on a loaded machine: in CI attempt 1 once finished its
+    # 8 steps of 0.3 s first, and the rank was gone, ProcessLookupError).
     seen = set(probes.glob("*.json"))
-    _cli_ok(["resume", str(run_dir)], tmp_path, env)
+    _cli_ok(["resume", str(run_dir)], tmp_path, {**env, "HPCTRAIN_TEST_STEP_DELAY_S": "1.5"})
     first_resumed = _lines(run_dir / "metrics.jsonl")[-1]["step"] if (run_dir / "metrics.jsonl").exists() else 0
     wait_status(run_dir, env, lambda s: (s["step"] or 0) >= first_resumed + 2, 120, "two steps of attempt 1")
     # ... and until attempt 1 has saved a checkpoint: killed before that, attempt 2 resumes from attempt 0's and
