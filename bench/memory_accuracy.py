@@ -178,9 +178,9 @@ FP8_CONFIGS: list[Config] = [
     _c("fp8 tensorwise 1 GPU", "real", SMALL, precision="fp8", fp8=FP8),
     _c("fp8 tensorwise 1 GPU selective", "real", SMALL, precision="fp8", fp8=FP8, activation_checkpointing="selective"),
     _c("fp8 rowwise 1 GPU", "real", SMALL, precision="fp8", fp8={**FP8, "recipe": "rowwise"}),
-    # torchao's MX emulation multiplies the dequantised operands as they come: under bf16 autocast its bf16 input
-    # meets the fp32 weight (a dtype error), so the MX configurations keep fp8's high precision in fp32, as
-    # tests/runtime/test_mxfp8.py does
+    # MXLinear's emulation under bf16 autocast multiplies in the fp32 weight's precision (runtime/parallel/mxfp8.py:
+    # it casts the bf16 input up, which the GPU's MX kernels do not), so the MX configurations measure fp8's high
+    # precision in fp32, as tests/runtime/test_mxfp8.py does
     _c("mxfp8 1 GPU fp32", "real", SMALL, precision="fp8", fp8={**FP8, "recipe": "mxfp8", "high_precision": "fp32"}),
     _c("mxfp8 dp2 zero3 fp32", "real", SMALL, precision="fp8", fp8={**FP8, "recipe": "mxfp8", "high_precision": "fp32"},
        dp=2, zero=3, global_batch=4),

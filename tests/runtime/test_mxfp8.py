@@ -65,6 +65,20 @@ def test_mx_linear_is_a_quantised_linear() -> None:
     assert torch.equal(mx_matmul(2 * x, w, emulate=True), 2 * mx)
 
 
+def test_an_emulated_mx_step_runs_under_bf16_autocast() -> None:
+    # fp8's default high precision is bf16: one process without FSDP runs the model under autocast over fp32 master
+    # weights, and torchao's emulation once failed there on a bf16 input against the fp32 weight (a dtype error)
+    training = build_training(tiny_job(micro_batch=2, train={**MX, "fp8": {**MX["fp8"], "high_precision": "bf16"}},
+                                       seq_len=32, **WIDE), torch.device("cpu"))
+    tokens = torch.randint(0, 64, (2, 33), generator=torch.Generator().manual_seed(0))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = training.model_parts[0](tokens[:, :-1])
+    loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in training.parameters() if p.requires_grad)
+
+
 @pytest.mark.dist
 def test_mxfp8_layouts_match_one_process() -> None:
     start = time.monotonic()

@@ -60,6 +60,11 @@ class MXLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight = self.weight
+        if self.mx_emulate and x.dtype != weight.dtype:
+            # torchao's emulation multiplies the dequantised blocks in their own dtypes: a bf16 input (autocast's)
+            # against the fp32 master weight of a run without FSDP is a dtype error inside torchao; the emulated
+            # GEMM runs in the weight's precision instead (on the GPU the MX kernels take both as they are)
+            x = x.to(weight.dtype)
         if isinstance(weight, DTensor):
             out = _sharded(x, weight, self.mx_emulate)
         else:
