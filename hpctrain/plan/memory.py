@@ -464,15 +464,20 @@ def _activation_terms_of(model: Any, s: RankSetup, mode: str, memo: dict[Any, An
     return terms
 
 
+def _loss_total(p: _RankParts, count: float, grads: float, accumulation: float) -> float:
+    """The total of `_phase_items`' loss phase with `count` micro-batches in flight (without the runtime's overhead)."""
+    st, head = p.states, p.act.head
+    return (st.master + st.rope + st.optimizer + p.copies + p.pipeline + grads + accumulation + st.unsharded_forward
+            + count * p.per_micro_batch + (head.saved_bytes + head.loss_transient_bytes if p.last else 0.0))
+
+
 def _phase_floor(p: _RankParts, s: RankSetup) -> float:
     """The largest of five of `_phase_items`' phase totals on this rank (without the runtime's overhead), summed
     here without building their items: the loss and the backward start, before the first backward and in the
     steady state, and the optimizer step. The same terms as there (tests/plan/test_search_memo.py holds this under
     every total of its searches and their reports unchanged), in a fraction of the time."""
     st, act = p.states, p.act
-    head = act.head
     common = st.master + st.rope + st.optimizer + p.copies + p.pipeline
-    head_loss = head.saved_bytes + head.loss_transient_bytes if p.last else 0.0
     floor = st.master + st.rope + st.optimizer + st.grads_sharded + (
         st.grads_sharded if s.foreach and s.optimizer == "adamw" else 0.0)
     steady = p.in_flight if (s.schedule != "gpipe" and s.micro_batches > p.in_flight) else p.in_flight - 1
@@ -480,12 +485,9 @@ def _phase_floor(p: _RankParts, s: RankSetup) -> float:
                                               (steady, st.grads_held, st.accumulation, "steady")):
         if count <= 0 or (label == "steady" and not (s.micro_batches > 1 or s.pp > 1)):
             continue
-        saved = count * p.per_micro_batch
-        base = common + grads + accumulation
-        loss = base + st.unsharded_forward + saved + head_loss
-        backward_start = (base + st.unsharded_backward + act.recompute + act.transient + st.reduce_buffer
-                          + saved - p.freed)
-        floor = max(floor, loss, backward_start)
+        backward_start = (common + grads + accumulation + st.unsharded_backward + act.recompute + act.transient
+                          + st.reduce_buffer + count * p.per_micro_batch - p.freed)
+        floor = max(floor, _loss_total(p, count, grads, accumulation), backward_start)
     return floor
 
 
@@ -681,10 +683,6 @@ class MemoryProbe:
         overhead."""
         return _phase_floor(self.parts(rank), self.setup) + self.setup.overhead_bytes
 
-    def floor(self) -> float:
-        """A floor under `peak()`'s total: the largest `rank_floor`."""
-        return max(self.rank_floor(rank) for rank in self.ranks)
-
     def first_loss_floor(self) -> float:
         """Rank 0's first micro-batches' loss with the runtime's overhead: a floor under `peak()`'s total that never
         falls as the micro-batch grows, the rest of the layout fixed (its in-flight micro-batches times their tokens
@@ -692,12 +690,7 @@ class MemoryProbe:
         depend on the micro-batch; test_search_memo.py checks it over whole searches). A search sets the larger
         micro-batches of a layout aside once this floor has put it over the budget."""
         p = self.parts(0)
-        if p.in_flight <= 0:
-            return 0.0
-        st, head = p.states, p.act.head
-        return (st.master + st.rope + st.optimizer + p.copies + p.pipeline + st.unsharded_forward
-                + p.in_flight * p.per_micro_batch + (head.saved_bytes + head.loss_transient_bytes if p.last else 0.0)
-                + self.setup.overhead_bytes)
+        return _loss_total(p, p.in_flight, 0.0, 0.0) + self.setup.overhead_bytes if p.in_flight > 0 else 0.0
 
     def over(self, budget: float, bar: float) -> bool:
         """Whether `peak()`'s total is known, from the ranks' floors alone, to be over `budget` and at least `bar`
