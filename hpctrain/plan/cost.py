@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hpctrain.plan.activations import HALF_BYTES, layer_saved_bytes_per_token_no_ac
+from hpctrain.plan.activations import FP8_TILE, HALF_BYTES, MX_BLOCK, layer_saved_bytes_per_token_no_ac
 from hpctrain.plan import comm
 from hpctrain.plan.comm import FsdpStep, collective_s, fsdp_exposed_s, group_link
 from hpctrain.plan.hardware import Hardware
@@ -115,7 +115,6 @@ A2A_BACKWARD = 2
 FP8_GEMM_EFFICIENCY_RATIO = 0.80
 FP8_CAST_BYTES_COMPILED = 8.0
 FP8_CAST_BYTES_EAGER = 16.0
-FP8_TILE = 16
 # mxfp8 (train.fp8.recipe, runtime/parallel/mxfp8.py: torchao's MX training GEMM): e4m3 in blocks of MX_BLOCK
 # elements along each GEMM's reduction, one E8M0 scale byte per block (OCP MX v1.0), so each of a linear's input,
 # weight and output gradient is cast twice, once with blocks along each of its dimensions (forward and weight
@@ -124,7 +123,7 @@ FP8_TILE = 16
 # dim1 cast kernels, compiled or not): read 2 bytes, write 1 and 1/32 of a scale byte per element, no separate amax
 # pass. Its GEMMs run at the FP8 peak (the block-scaled MMA runs at the FP8 rate: Blackwell architecture technical
 # brief) at FP8_GEMM_EFFICIENCY_RATIO of the 16-bit fraction: tensorwise's fitted ratio, an assumption for MX.
-MX_BLOCK = 32
+# (FP8_TILE and MX_BLOCK, the eligibility tiles: activations.py, beside the memory side's count of the fp8 linears.)
 FP8_MX_CAST_BYTES = 2 * (2.0 + 1.0 + 1.0 / MX_BLOCK)
 FP8_RECIPES = ("tensorwise", "rowwise", "mxfp8")
 # torch.compile (train.compile; the runtime compiles each block with inductor when tp == 1,

@@ -258,9 +258,9 @@ def _search_family(model: Any, hw: Hardware, choices: Choices, settings: SearchS
                                           foreach=settings.fp8_all_gather and (dp * cp > 1 or offload),
                                           expert_load_imbalance=(DEFAULT_EXPERT_LOAD_IMBALANCE if measured is None
                                                                  else measured))
-                        # Over the budget already in the first micro-batches' loss or the optimizer step (most of a
+                        # Over the budget already on a floor of the probe's phase totals (most of a
                         # long-sequence search's misses): counted without the whole breakdown where its total would
-                        # change no example and no family's closest miss (the floor is two phases of that total).
+                        # change no example and no family's closest miss (the floor: five of its phase totals).
                         probe = MemoryProbe(model, stage_layers, setup, stages.memory)
                         bar = rejected.memory_miss_bar(family)
                         if bar is not None and probe.over(settings.budget_bytes, bar):
