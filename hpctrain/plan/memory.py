@@ -233,7 +233,8 @@ def _model_counts(model: Any, tp: int, ep: int) -> _ModelCounts:
 
 
 def _states(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, pp_rank: int, fsdp: bool, mode: str,
-            params: int, layers: int, counts: _ModelCounts) -> _States:
+            params: int, layers: int, counts: _ModelCounts, routed: float) -> _States:
+    """`routed`: the rank's routed-expert parameters under ep > 1 (`_rank_routed_params`), else 0."""
     on_gpu = 0.0 if s.offload_optimizer else 1.0
     layer_params = counts.layer_params
     # Routed experts are an FSDP unit of their own over efsdp ranks (runtime/parallel/expert.py's
@@ -245,7 +246,6 @@ def _states(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, pp_ra
     def sharded(total: float, experts: float) -> float:
         return (total - experts) / dense_shard + experts / expert_shard
 
-    routed = float(_rank_routed_params(model, stage_layers, s, pp_rank)) if s.ep > 1 else 0.0
     first_layer = stage_layers[pp_rank][0]
     # The rank's last-processed layer (its first) still lacks its experts' gradients in its FFN backward.
     first_routed = (counts.routed_experts / s.ep
@@ -437,13 +437,17 @@ def _rank_parts(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, p
     what they come to on this rank's layers."""
     fsdp = s.fsdp
     mode = precision_mode(s.precision, fsdp)
-    counts: _ModelCounts = _memo(memo, ("counts", s.tp, s.ep), lambda: _model_counts(model, s.tp, s.ep))
-    params, layers = _memo(memo, ("params", s.pp, s.virtual_stages, pp_rank, s.tp, s.ep),
-                           lambda: _rank_params(model, stage_layers, s, pp_rank))
     if act is None:
         act = _activation_terms_of(model, s, mode, memo)
-    st: _States = _memo(memo, _states_key(s, mode, pp_rank),
-                        lambda: _states(model, stage_layers, s, pp_rank, fsdp, mode, params, layers, counts))
+    key = _states_key(s, mode, pp_rank)
+    st: _States | None = memo.get(key)
+    params_key = ("params", s.pp, s.virtual_stages, pp_rank, s.tp, s.ep)
+    params, layers = _memo(memo, params_key, lambda: _rank_params(model, stage_layers, s, pp_rank))
+    if st is None:
+        counts: _ModelCounts = _memo(memo, ("counts", s.tp, s.ep), lambda: _model_counts(model, s.tp, s.ep))
+        routed = _memo(memo, ("routed", *params_key), lambda: float(_rank_routed_params(model, stage_layers, s, pp_rank))
+                       if s.ep > 1 else 0.0)
+        st = memo[key] = _states(model, stage_layers, s, pp_rank, fsdp, mode, params, layers, counts, routed)
     first, last = pp_rank == 0, pp_rank == s.pp - 1
     in_flight = in_flight_micro_batches(s.schedule, s.pp, pp_rank, s.micro_batches, s.virtual_stages)
     copies = layers * act.copies_per_layer + (act.head.weight_copy_bytes if last else 0.0)
@@ -471,24 +475,48 @@ def _loss_total(p: _RankParts, count: float, grads: float, accumulation: float) 
             + count * p.per_micro_batch + (head.saved_bytes + head.loss_transient_bytes if p.last else 0.0))
 
 
-def _phase_floor(p: _RankParts, s: RankSetup) -> float:
-    """The largest of five of `_phase_items`' phase totals on this rank (without the runtime's overhead), summed
-    here without building their items: the loss and the backward start, before the first backward and in the
-    steady state, and the optimizer step. The same terms as there (tests/plan/test_search_memo.py holds this under
-    every total of its searches and their reports unchanged), in a fraction of the time."""
+def _phase_peak_total(p: _RankParts, s: RankSetup, embedding_chunk_layers: int) -> float:
+    """The largest of `_phase_items`' phase totals on this rank (without the runtime's overhead), summed here without
+    building their items: every phase there, term for term (`embedding_chunk_layers`: the rank's first chunk's layers
+    on the first stage, else 0). Equal to the sum of the largest phase's items up to rounding; the search picks a
+    layout's peak rank with it and builds one breakdown (MemoryProbe.peak). tests/plan/test_search_memo.py holds it
+    against `_phase_items`."""
     st, act = p.states, p.act
+    layer, head = act.layer, act.head
     common = st.master + st.rope + st.optimizer + p.copies + p.pipeline
-    floor = st.master + st.rope + st.optimizer + st.grads_sharded + (
+    best = st.master + st.rope + st.optimizer + st.grads_sharded + (
         st.grads_sharded if s.foreach and s.optimizer == "adamw" else 0.0)
+    later = s.lora is None
     steady = p.in_flight if (s.schedule != "gpipe" and s.micro_batches > p.in_flight) else p.in_flight - 1
-    for count, grads, accumulation, label in ((p.in_flight, 0.0, 0.0, "first"),
-                                              (steady, st.grads_held, st.accumulation, "steady")):
-        if count <= 0 or (label == "steady" and not (s.micro_batches > 1 or s.pp > 1)):
+    for count, grads, accumulation, is_steady in ((p.in_flight, 0.0, 0.0, False),
+                                                  (steady, st.grads_held, st.accumulation, True)):
+        if count <= 0 or (is_steady and not (s.micro_batches > 1 or s.pp > 1)):
             continue
-        backward_start = (common + grads + accumulation + st.unsharded_backward + act.recompute + act.transient
-                          + st.reduce_buffer + count * p.per_micro_batch - p.freed)
-        floor = max(floor, _loss_total(p, count, grads, accumulation), backward_start)
-    return floor
+        saved = count * p.per_micro_batch
+        base = common + grads + accumulation
+        best = max(best, _loss_total(p, count, grads, accumulation))
+        # the backward phases' items but "saved activations", "gradients", recompute and gradient buffers
+        rest = common + accumulation + st.unsharded_backward + st.reduce_buffer
+        backward = base + st.unsharded_backward + act.recompute + act.transient + st.reduce_buffer
+        best = max(best, backward + saved - p.freed)
+        if grads and s.ac == "none" and later:
+            best = max(best, rest + grads + act.recompute + act.output_projection_backward + saved)
+        end_saved = saved - (p.layers - 1) * layer.saved_bytes
+        best = max(best, rest + act.recompute + act.transient + end_saved + (grads if grads else st.grads_fresh_at_end))
+        if not later:
+            continue
+        if s.ac in ("none", "full"):
+            if s.ac == "none":
+                norm_saved, recompute = end_saved - act.ffn_part, 0.0
+            else:
+                norm_saved = end_saved
+                recompute = max(layer.recompute_peak_bytes - act.ffn_part - layer.saved_bytes, 0.0)
+            best = max(best, rest + norm_saved + recompute + act.norm_backward_transient
+                       + (grads if grads else st.grads_fresh_at_norm))
+        if embedding_chunk_layers and not s.embedding_on_cpu:
+            best = max(best, rest + saved - embedding_chunk_layers * layer.saved_bytes + act.embedding_backward_transient
+                       + (grads if grads else st.grads_fresh_at_embedding))
+    return best
 
 
 def _phase_items(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, pp_rank: int,
@@ -672,16 +700,12 @@ class MemoryProbe:
         self.ranks: list[int] = _memo(cache, ("ranks", setup.pp, setup.virtual_stages),
                                       lambda: _candidate_ranks(stage_layers, setup.pp))
         self._parts: dict[int, _RankParts] = {}
+        self._totals: dict[int, float] = {}
 
     def parts(self, rank: int) -> _RankParts:
         if rank not in self._parts:
             self._parts[rank] = _rank_parts(self.model, self.stage_layers, self.setup, rank, self.cache, self.act)
         return self._parts[rank]
-
-    def rank_floor(self, rank: int) -> float:
-        """A floor under `rank_memory`'s total on `rank` without its breakdown (`_phase_floor`), with the runtime's
-        overhead."""
-        return _phase_floor(self.parts(rank), self.setup) + self.setup.overhead_bytes
 
     def first_loss_floor(self) -> float:
         """Rank 0's first micro-batches' loss with the runtime's overhead: a floor under `peak()`'s total that never
@@ -693,16 +717,32 @@ class MemoryProbe:
         return _loss_total(p, p.in_flight, 0.0, 0.0) + self.setup.overhead_bytes if p.in_flight > 0 else 0.0
 
     def over(self, budget: float, bar: float) -> bool:
-        """Whether `peak()`'s total is known, from the ranks' floors alone, to be over `budget` and at least `bar`
-        (rank by rank, stopping at the first that shows it; the factor keeps a float's last bit from deciding)."""
+        """Whether `peak()`'s total is known, from the ranks' totals alone (`rank_total`), to be over `budget` and at
+        least `bar` (rank by rank, stopping at the first that shows it; the factor keeps rounding from deciding)."""
         for rank in self.ranks:
-            floor = self.rank_floor(rank) * (1 - 1e-9)
-            if floor > budget and floor >= bar:
+            total = self.rank_total(rank) * (1 - 1e-9)
+            if total > budget and total >= bar:
                 return True
         return False
 
+    def rank_total(self, rank: int) -> float:
+        """`rank_memory`'s total on `rank` up to rounding, without its breakdown (`_phase_peak_total`)."""
+        total = self._totals.get(rank)
+        if total is None:
+            chunk = self.stage_layers[0][1] - self.stage_layers[0][0] if rank == 0 else 0
+            total = self._totals[rank] = (_phase_peak_total(self.parts(rank), self.setup, chunk)
+                                          + self.setup.overhead_bytes)
+        return total
+
+    def peak_total(self) -> float:
+        """`peak()`'s total up to rounding, without a breakdown."""
+        return max(self.rank_total(rank) for rank in self.ranks)
+
     def peak(self) -> tuple[int, MemoryBreakdown]:
-        """The most loaded candidate rank and its breakdown."""
+        """The most loaded candidate rank and its breakdown: built for the ranks whose total (`rank_total`) is within
+        rounding of the largest only, the first of them in rank order when they tie, as over every rank."""
+        totals = [(rank, self.rank_total(rank)) for rank in self.ranks]
+        top = max(total for _, total in totals) * (1 - 1e-9)
         results = [(rank, rank_memory(self.model, self.stage_layers, self.setup, rank, self.cache, self.parts(rank)))
-                   for rank in self.ranks]
+                   for rank, total in totals if total >= top]
         return max(results, key=lambda item: item[1].total)

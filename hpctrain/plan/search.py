@@ -48,11 +48,16 @@ class Layout:
     ep: int = 1  # expert parallelism: routed experts over ep of the dp x cp x tp ranks
 
     def label(self) -> str:
-        sched = "" if self.pp == 1 else f" {self.schedule}" + (f" v={self.virtual_stages}" if self.virtual_stages > 1 else "")
-        cp = f" cp={self.cp}" if self.cp > 1 else ""
-        cp += f" ep={self.ep}" if self.ep > 1 else ""
-        return (f"tp={self.tp} pp={self.pp} dp={self.dp}{cp} mb={self.micro_batch}{sched} ac={self.ac} "
-                f"zero={self.zero}" + (" offload" if self.offload_optimizer else ""))
+        return layout_label(self.tp, self.pp, self.dp, self.cp, self.ep, self.micro_batch, self.schedule,
+                            self.virtual_stages, self.ac, self.zero, self.offload_optimizer)
+
+
+def layout_label(tp: int, pp: int, dp: int, cp: int, ep: int, micro_batch: int, schedule: str, virtual_stages: int,
+                 ac: str, zero: int, offload: bool) -> str:
+    """`Layout.label` of these fields."""
+    sched = "" if pp == 1 else f" {schedule}" + (f" v={virtual_stages}" if virtual_stages > 1 else "")
+    extra = (f" cp={cp}" if cp > 1 else "") + (f" ep={ep}" if ep > 1 else "")
+    return f"tp={tp} pp={pp} dp={dp}{extra} mb={micro_batch}{sched} ac={ac} zero={zero}" + (" offload" if offload else "")
 
 
 @dataclass(frozen=True)
@@ -146,7 +151,7 @@ def busiest_rank(model: Any, stage_layers: StageLayers, pp: int, tp: int, ep: in
 def search(model: Any, hw: Hardware, choices: Choices, settings: SearchSettings) -> tuple[list[Layout], Rejections, int]:
     """All feasible layouts, best first, the rejections, and the number of candidates evaluated."""
     rejected = Rejections()
-    layouts: list[Layout] = []
+    found: list[Layout | SetAside] = []
     evaluated = 0
     world = hw.world_size
     stages = _StageCache(model, settings.stage_split)
@@ -181,8 +186,8 @@ def search(model: Any, hw: Hardware, choices: Choices, settings: SearchSettings)
                 rejected.add("global_batch_not_divisible", f"{tag}: global_batch={settings.global_batch}", family)
                 continue
             for ep in fitting:
-                evaluated += _search_family(model, hw, choices, settings, tp, pp, dp, stages, layouts, rejected, cp, ep)
-    layouts = prefer_selective(layouts, rejected)
+                evaluated += _search_family(model, hw, choices, settings, tp, pp, dp, stages, found, rejected, cp, ep)
+    layouts = prefer_selective(found, rejected)
     layouts.sort(key=lambda lay: (-lay.cost.tokens_per_s, AC_ORDER[lay.ac], lay.memory.total))
     return layouts, rejected, evaluated
 
@@ -190,19 +195,32 @@ def search(model: Any, hw: Hardware, choices: Choices, settings: SearchSettings)
 AC_ORDER = {"none": 0, "selective": 1, "full": 2}  # ties go to the mode that recomputes less
 
 
-def prefer_selective(layouts: list[Layout], rejected: Rejections) -> list[Layout]:
+@dataclass(frozen=True)
+class SetAside:
+    """A full-recomputation layout that fits beside its fitting selective twin, left in the search's list without a
+    breakdown or a cost: `prefer_selective` drops it whatever they are (its place in the list keeps the order of the
+    rejections' examples)."""
+
+    label: str
+    family: tuple[int, int]
+
+
+def prefer_selective(layouts: list[Layout | SetAside], rejected: Rejections) -> list[Layout]:
     """Drop every full-recomputation layout whose twin with selective recomputation (same tp, pp,
     dp, micro-batch, schedule, zero, offload) fits: full re-runs every GEMM of the forward and two
     more TP collectives per layer (Korthikanti et al. 2022, table 2: selective recomputes ~2-5 %
-    of the FLOPs, full ~33 %), so it is only worth its time where selective does not fit."""
+    of the FLOPs, full ~33 %), so it is only worth its time where selective does not fit. A `SetAside` is one
+    the search already knew so of."""
     def twin(lay: Layout) -> tuple[Any, ...]:
         return (lay.tp, lay.pp, lay.dp, lay.cp, lay.ep, lay.micro_batch, lay.schedule, lay.virtual_stages, lay.zero,
                 lay.offload_optimizer)
 
-    selective = {twin(lay) for lay in layouts if lay.ac == "selective"}
+    selective = {twin(lay) for lay in layouts if isinstance(lay, Layout) and lay.ac == "selective"}
     kept = []
     for lay in layouts:
-        if lay.ac == "full" and twin(lay) in selective:
+        if isinstance(lay, SetAside):
+            rejected.add("selective_recompute_fits", f"{lay.label}: fits with ac=selective", lay.family)
+        elif lay.ac == "full" and twin(lay) in selective:
             rejected.add("selective_recompute_fits", f"{lay.label()}: fits with ac=selective", (lay.tp, lay.pp))
         else:
             kept.append(lay)
@@ -210,7 +228,8 @@ def prefer_selective(layouts: list[Layout], rejected: Rejections) -> list[Layout
 
 
 def _search_family(model: Any, hw: Hardware, choices: Choices, settings: SearchSettings, tp: int, pp: int, dp: int,
-                   stages: _StageCache, layouts: list[Layout], rejected: Rejections, cp: int = 1, ep: int = 1) -> int:
+                   stages: _StageCache, layouts: list[Layout | SetAside], rejected: Rejections, cp: int = 1,
+                   ep: int = 1) -> int:
     family, tag = (tp, pp), f"tp={tp} pp={pp} dp={dp}" + (f" cp={cp}" if cp > 1 else "") + (f" ep={ep}" if ep > 1 else "")
     measured = settings.measured_load(ep) if settings.expert_load_by_ep else None
     sp = choices.sequence_parallel and tp > 1
@@ -236,6 +255,7 @@ def _search_family(model: Any, hw: Hardware, choices: Choices, settings: SearchS
                 rejected.add("local_batch_not_divisible", f"{tag} mb={mb}: local batch {local_batch}", family)
                 continue
             m = local_batch // mb
+            selective_fits: set[tuple[int, bool]] = set()  # this micro-batch's fitting selective layouts
             if pp > 1 and (m < pp or (schedule == "interleaved-1f1b" and m % pp)):
                 rejected.add("too_few_micro_batches", f"{tag} mb={mb} {schedule}: {m} micro-batches", family)
                 continue
@@ -258,9 +278,9 @@ def _search_family(model: Any, hw: Hardware, choices: Choices, settings: SearchS
                                           foreach=settings.fp8_all_gather and (dp * cp > 1 or offload),
                                           expert_load_imbalance=(DEFAULT_EXPERT_LOAD_IMBALANCE if measured is None
                                                                  else measured))
-                        # Over the budget already on a floor of the probe's phase totals (most of a
-                        # long-sequence search's misses): counted without the whole breakdown where its total would
-                        # change no example and no family's closest miss (the floor: five of its phase totals).
+                        # Over the budget on the probe's rank totals (most of a long-sequence search's misses):
+                        # counted without building a breakdown where its total would change no example and no
+                        # family's closest miss.
                         probe = MemoryProbe(model, stage_layers, setup, stages.memory)
                         bar = rejected.memory_miss_bar(family)
                         if bar is not None and probe.over(settings.budget_bytes, bar):
@@ -268,6 +288,12 @@ def _search_family(model: Any, hw: Hardware, choices: Choices, settings: SearchS
                             floor = probe.first_loss_floor() * (1 - 1e-9)
                             if floor > settings.budget_bytes and floor >= bar:
                                 over_at_any_larger.add((ac, zero, offload))
+                            continue
+                        if ac == "full" and (zero, offload) in selective_fits \
+                                and probe.peak_total() < settings.budget_bytes * (1 - 1e-9):
+                            # fits, beside a fitting selective twin: prefer_selective drops it, whatever it costs
+                            layouts.append(SetAside(layout_label(tp, pp, dp, cp, ep, mb, schedule, v, ac, zero, offload),
+                                                    family))
                             continue
                         rank, memory = probe.peak()
                         if memory.total > settings.budget_bytes:
@@ -294,4 +320,6 @@ def _search_family(model: Any, hw: Hardware, choices: Choices, settings: SearchS
                             settings.global_batch, stages.costs)
                         layouts.append(Layout(tp, pp, dp, mb, schedule, v, ac, zero, offload, sp, tuple(stage_layers),
                                               imbalance, memory, rank, cost, cp, ep))
+                        if ac == "selective":
+                            selective_fits.add((zero, offload))
     return evaluated
