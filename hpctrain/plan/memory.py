@@ -701,6 +701,7 @@ class MemoryProbe:
                                       lambda: _candidate_ranks(stage_layers, setup.pp))
         self._parts: dict[int, _RankParts] = {}
         self._totals: dict[int, float] = {}
+        self._peak: tuple[int, MemoryBreakdown] | None = None
 
     def parts(self, rank: int) -> _RankParts:
         if rank not in self._parts:
@@ -740,9 +741,12 @@ class MemoryProbe:
 
     def peak(self) -> tuple[int, MemoryBreakdown]:
         """The most loaded candidate rank and its breakdown: built for the ranks whose total (`rank_total`) is within
-        rounding of the largest only, the first of them in rank order when they tie, as over every rank."""
+        rounding of the largest only, the first of them in rank order when they tie, as over every rank (built once)."""
+        if self._peak is not None:
+            return self._peak
         totals = [(rank, self.rank_total(rank)) for rank in self.ranks]
         top = max(total for _, total in totals) * (1 - 1e-9)
         results = [(rank, rank_memory(self.model, self.stage_layers, self.setup, rank, self.cache, self.parts(rank)))
                    for rank, total in totals if total >= top]
-        return max(results, key=lambda item: item[1].total)
+        self._peak = max(results, key=lambda item: item[1].total)
+        return self._peak

@@ -7,7 +7,7 @@ check is rejected once, not once per micro-batch and AC mode.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from hpctrain.plan.activations import DEFAULT_EXPERT_LOAD_IMBALANCE
@@ -41,11 +41,22 @@ class Layout:
     sequence_parallel: bool
     stage_layers: tuple[tuple[int, int], ...]
     stage_imbalance: float
-    memory: MemoryBreakdown
-    peak_rank: int
+    # Its memory, the breakdown built when first read (`memory`, `peak_rank`): a search keeps thousands of layouts
+    # and a report reads a few breakdowns.
+    probe: MemoryProbe = field(compare=False, repr=False)
     cost: StepCost
     cp: int = 1  # context parallelism: dp x cp x tp x pp == world
     ep: int = 1  # expert parallelism: routed experts over ep of the dp x cp x tp ranks
+
+    @property
+    def memory(self) -> MemoryBreakdown:
+        """The most loaded pipeline rank's memory at its peak phase."""
+        return self.probe.peak()[1]
+
+    @property
+    def peak_rank(self) -> int:
+        """The pipeline rank whose memory `memory` is."""
+        return self.probe.peak()[0]
 
     def label(self) -> str:
         return layout_label(self.tp, self.pp, self.dp, self.cp, self.ep, self.micro_batch, self.schedule,
@@ -187,9 +198,31 @@ def search(model: Any, hw: Hardware, choices: Choices, settings: SearchSettings)
                 continue
             for ep in fitting:
                 evaluated += _search_family(model, hw, choices, settings, tp, pp, dp, stages, found, rejected, cp, ep)
-    layouts = prefer_selective(found, rejected)
-    layouts.sort(key=lambda lay: (-lay.cost.tokens_per_s, AC_ORDER[lay.ac], lay.memory.total))
-    return layouts, rejected, evaluated
+    return ranked(prefer_selective(found, rejected)), rejected, evaluated
+
+
+def ranked(layouts: list[Layout]) -> list[Layout]:
+    """Best first: by tokens/s, then the recomputation mode that recomputes less, then memory (a stable sort, the
+    search's order among equals). Memory by the rank totals (MemoryProbe.peak_total), the breakdowns' totals up to
+    rounding: only where neighbours' totals lie within rounding of each other are their breakdowns built and they
+    ordered by those, so the order is the one the breakdowns give."""
+    def head(lay: Layout) -> tuple[float, int]:
+        return -lay.cost.tokens_per_s, AC_ORDER[lay.ac]
+
+    order = sorted(range(len(layouts)), key=lambda i: (*head(layouts[i]), layouts[i].probe.peak_total()))
+    out: list[Layout] = []
+    start = 0
+    while start < len(order):
+        end = start + 1
+        while end < len(order) and head(layouts[order[end]]) == head(layouts[order[start]]) and \
+                layouts[order[end]].probe.peak_total() <= layouts[order[end - 1]].probe.peak_total() * (1 + 1e-9):
+            end += 1
+        group = order[start:end]
+        if len(group) > 1:
+            group.sort(key=lambda i: (layouts[i].memory.total, i))
+        out.extend(layouts[i] for i in group)
+        start = end
+    return out
 
 
 AC_ORDER = {"none": 0, "selective": 1, "full": 2}  # ties go to the mode that recomputes less
@@ -295,12 +328,14 @@ def _search_family(model: Any, hw: Hardware, choices: Choices, settings: SearchS
                             layouts.append(SetAside(layout_label(tp, pp, dp, cp, ep, mb, schedule, v, ac, zero, offload),
                                                     family))
                             continue
-                        rank, memory = probe.peak()
-                        if memory.total > settings.budget_bytes:
-                            label = f"{tag} mb={mb} {schedule} v={v} ac={ac} zero={zero}{' offload' if offload else ''}"
-                            rejected.add_memory_miss(f"{label}: {memory.total / 2**30:.1f} GiB > "
-                                                     f"{settings.budget_bytes / 2**30:.1f} GiB", family, memory.total)
-                            continue
+                        # The breakdown only where the rank totals leave the budget in doubt, or for a miss's example.
+                        if probe.peak_total() >= settings.budget_bytes * (1 - 1e-9):
+                            memory = probe.peak()[1]
+                            if memory.total > settings.budget_bytes:
+                                label = f"{tag} mb={mb} {schedule} v={v} ac={ac} zero={zero}{' offload' if offload else ''}"
+                                rejected.add_memory_miss(f"{label}: {memory.total / 2**30:.1f} GiB > "
+                                                         f"{settings.budget_bytes / 2**30:.1f} GiB", family, memory.total)
+                                continue
                         cost = step_cost(model, hw, CostSetup(
                             tp=tp, pp=pp, dp=dp * cp, cp=cp, micro_batch=mb, micro_batches=m, virtual_stages=v, ac=ac, zero=zero,
                             offload_optimizer=offload, precision=settings.precision, max_rank_layers=busiest_layers,
@@ -319,7 +354,7 @@ def _search_family(model: Any, hw: Hardware, choices: Choices, settings: SearchS
                             tp_overlap=settings.tp_overlap, dp_once_per_step=settings.dp_once_per_step),
                             settings.global_batch, stages.costs)
                         layouts.append(Layout(tp, pp, dp, mb, schedule, v, ac, zero, offload, sp, tuple(stage_layers),
-                                              imbalance, memory, rank, cost, cp, ep))
+                                              imbalance, probe, cost, cp, ep))
                         if ac == "selective":
                             selective_fits.add((zero, offload))
     return evaluated

@@ -132,3 +132,47 @@ def test_setting_full_recomputation_beside_a_fitting_selective_twin_aside_change
     assert _report(quick) == _report(slow)
     if name != "lora fp32":  # fp32 LoRA: no layout needs recomputation there
         assert set_aside and quick.rejected.counts["selective_recompute_fits"] >= len(set_aside)
+
+
+@pytest.mark.parametrize("name", sorted(JOBS))
+def test_layouts_ranked_by_rank_totals_come_in_the_breakdowns_order(name, monkeypatch):
+    """search.ranked orders by the rank totals and builds breakdowns only where neighbours tie within rounding: the
+    same order as a stable sort by the breakdowns' totals (the search's order among equals)."""
+    seen = []
+    original = search_module.ranked
+
+    def kept(layouts):
+        seen.append(list(layouts))
+        return original(layouts)
+
+    monkeypatch.setattr(search_module, "ranked", kept)
+    result = plan_job(job_from_dict(_spec(name)))
+    exact = sorted(seen[0], key=lambda lay: (-lay.cost.tokens_per_s, search_module.AC_ORDER[lay.ac], lay.memory.total))
+    assert [id(lay) for lay in result.layouts] == [id(lay) for lay in exact]
+    assert len(result.layouts) > 3
+
+
+def test_totals_within_rounding_are_ordered_by_their_breakdowns():
+    """Where two rank totals lie within rounding of each other (none in the searches above), the breakdowns' totals
+    order them, and equal ones keep the search's order."""
+    from dataclasses import replace
+
+    from hpctrain.plan.memory import MemoryBreakdown
+
+    class Totals:  # a probe of given totals: the rank totals and the breakdowns' may differ in the last bits
+        def __init__(self, rank_total, breakdown_total):
+            self.rank_total, self.breakdown = rank_total, MemoryBreakdown(breakdown_total, 0, 0, 0, 0, "loss")
+
+        def peak_total(self):
+            return self.rank_total
+
+        def peak(self):
+            return 0, self.breakdown
+
+    base = plan_job(job_from_dict(_spec("dense pp interleaved"))).layouts[0]
+    gib = 2.0**30
+    probes = [Totals(10 * gib, 10 * gib + 2.0), Totals(10 * gib + 1.0, 10 * gib + 1.0), Totals(9 * gib, 9 * gib),
+              Totals(10 * gib, 10 * gib + 1.0), Totals(11 * gib, 11 * gib)]
+    layouts = [replace(base, probe=probe) for probe in probes]
+    order = [next(i for i, known in enumerate(layouts) if known is lay) for lay in search_module.ranked(layouts)]
+    assert order == [2, 1, 3, 0, 4]  # by the rank totals alone: 2, 0, 3, 1, 4
