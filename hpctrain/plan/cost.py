@@ -361,7 +361,8 @@ def routed_fp8_delta_s(model: Any, hw: Hardware, tp: int, tokens: float, compile
     return f8 + b8 - f16 - b16 + (activations + weights) / (hw.gpu.hbm_bytes_per_s * HBM_EFFICIENCY)
 
 
-def moe_a2a_per_micro_batch_s(model: Any, hw: Hardware, c: CostSetup, tokens_mb: float, act_bytes: int) -> float:
+def moe_a2a_per_micro_batch_s(model: Any, hw: Hardware, c: CostSetup, tokens_mb: float, act_bytes: int,
+                              memo: dict[Any, Any] | None = None) -> float:
     """The busiest rank's dispatch/combine all-to-alls of one micro-batch over its MoE blocks: each moves
     the rank's top_k routed copies of its token share (tokens / tp under tp's sequence sharding) x hidden,
     x imbalance (the busiest rank receives that much more), (ep-1)/ep of it off the rank (comm.all_to_all_s)."""
@@ -370,7 +371,7 @@ def moe_a2a_per_micro_batch_s(model: Any, hw: Hardware, c: CostSetup, tokens_mb:
     from hpctrain.plan.model_stats import moe_layer_count
 
     moe_layers = c.max_rank_layers * moe_layer_count(model) / model.layers
-    one = one_a2a_s(model, hw, c, tokens_mb, act_bytes)
+    one = one_a2a_s(model, hw, c, tokens_mb, act_bytes, memo)
     if c.a2a_overlap:
         return moe_layers * overlapped_a2a_per_block_s(one, moe_block_parts(model, hw, c, tokens_mb),
                                                        comm.overlap_slowdown(hw.gpu.name))
@@ -378,11 +379,12 @@ def moe_a2a_per_micro_batch_s(model: Any, hw: Hardware, c: CostSetup, tokens_mb:
     return moe_layers * count * one
 
 
-def one_a2a_s(model: Any, hw: Hardware, c: CostSetup, tokens_mb: float, act_bytes: int) -> float:
+def one_a2a_s(model: Any, hw: Hardware, c: CostSetup, tokens_mb: float, act_bytes: int,
+              memo: dict[Any, Any] | None = None) -> float:
     """One dispatch (or combine) of one MoE block and micro-batch on the busiest rank: its top_k routed copies of
     the rank's token share (tokens / tp under tp's sequence sharding) x hidden x imbalance (the busiest rank
     receives that much more), over the ep group (comm.all_to_all_s), deduplicated per node by a DEDUP_DISPATCHER."""
-    where = comm.ep_placement(hw, c.tp, c.pp, c.ep)
+    where = _ep_placement(hw, c.tp, c.pp, c.ep, memo)
     top_k = model.moe.top_k
     message = tokens_mb / c.tp * top_k * model.hidden * act_bytes * c.expert_load_imbalance
     if c.dispatcher in comm.DEDUP_DISPATCHERS:
@@ -614,13 +616,13 @@ def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int,
     # more when full recompute re-runs the forward; sequence parallelism swaps each for an
     # all-gather + reduce-scatter pair of the same volume (Korthikanti et al. 2022, section 4.2.2).
     # They sit on the critical path: the next GEMM needs their result.
-    tp_mb = tp_comm_per_micro_batch_s(model, hw, c, tokens_mb, act_bytes)
+    tp_mb = tp_comm_per_micro_batch_s(model, hw, c, tokens_mb, act_bytes, memo)
 
     # PP: one activation forward and one gradient backward per micro-batch and virtual stage,
     # point-to-point between neighbouring stages (one network latency when they sit on two nodes).
     pp_mb = 0.0
     if c.pp > 1:
-        pp_link = group_link(hw, comm.pp_span(c.tp, c.dp, c.ep), c.pp)
+        pp_link = _link(hw, comm.pp_span(c.tp, c.dp, c.ep), c.pp, memo)
         message = tokens_mb * model.hidden * act_bytes / c.tp  # scatter-gather optimisation
         hop = comm.NET_STEP_LATENCY_S if pp_link.nodes > 1 else comm.NVLINK_STEP_LATENCY_S
         pp_mb = 2.0 * c.virtual_stages * (message / pp_link.bandwidth_bytes_per_s + comm.RING_BASE_LATENCY_S + hop)
@@ -634,7 +636,7 @@ def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int,
 
         # cp peers sit as far apart as dp peers: the placement walks dp x cp as one dimension, cp inside dp
         # (plan/placement.py), so tp x pp slots apart for dense layouts, tp with experts (comm.dp_span)
-        cp_link = group_link(hw, comm.dp_span(c.tp, c.pp, c.ep), c.cp)
+        cp_link = _link(hw, comm.dp_span(c.tp, c.pp, c.ep), c.cp, memo)
         message = cp_kv_message_bytes(model, c.micro_batch, c.cp, c.tp, act_bytes)
         if c.cp_rotate == "ring":
             # Point-to-point to the next cp rank, beside one rotation's blocks: a rank's causal attention
@@ -656,7 +658,7 @@ def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int,
                 grads = 4.0 / act_bytes
             cp_mb = c.max_rank_layers * (gathers + grads) * collective_s(c.cp * message, cp_link, all_reduce=False)
     tp_mb += cp_mb  # reported with the model-parallel communication on the critical path
-    a2a_mb = moe_a2a_per_micro_batch_s(model, hw, c, tokens_mb, act_bytes)
+    a2a_mb = moe_a2a_per_micro_batch_s(model, hw, c, tokens_mb, act_bytes, memo)
     if c.pp > 1 and not c.max_rank_has_head and 0 <= c.head_rank_layers and c.max_rank_layers > 0:
         # Every per-layer term above scales with the rank's layers: the head's rank runs head_rank_layers of them
         # and the head and loss; a micro-batch's slot is the slower rank's (the pipeline waits for it).
@@ -671,7 +673,7 @@ def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int,
     bubble_slots = (c.pp - 1) / c.virtual_stages
     pipeline_s = (c.micro_batches + bubble_slots) * slot_s
 
-    dp_exposed, dp_total = _dp_comm_s(hw, c, compute_mb + tp_mb + a2a_mb)
+    dp_exposed, dp_total = _dp_comm_s(hw, c, compute_mb + tp_mb + a2a_mb, memo)
     local_params = c.rank_params / (c.dp if (c.dp > 1 or c.offload_optimizer) else 1)
     if c.offload_optimizer:
         optimizer_s = (OPTIMIZER_BYTES_PER_PARAM * local_params / CPU_OPTIMIZER_BYTES_PER_S
@@ -697,11 +699,34 @@ def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int,
         dp_comm_total_s=dp_total,
         cp_comm_s=c.micro_batches * cp_mb,
         a2a_s=c.micro_batches * a2a_mb,
-        a2a_crosses_nodes=c.ep > 1 and comm.ep_placement(hw, c.tp, c.pp, c.ep).crosses_fabric,
+        a2a_crosses_nodes=c.ep > 1 and _ep_placement(hw, c.tp, c.pp, c.ep, memo).crosses_fabric,
     )
 
 
-def tp_comm_per_micro_batch_s(model: Any, hw: Hardware, c: CostSetup, tokens_mb: float, act_bytes: int) -> float:
+def _link(hw: Hardware, span: int, ranks: int, memo: dict[Any, Any] | None) -> comm.Link:
+    """comm.group_link, memoised in step_cost's `memo` (one hardware per memo)."""
+    if memo is None:
+        return group_link(hw, span, ranks)
+    key = ("link", span, ranks)
+    link = memo.get(key)
+    if link is None:
+        link = memo[key] = group_link(hw, span, ranks)
+    return link
+
+
+def _ep_placement(hw: Hardware, tp: int, pp: int, ep: int, memo: dict[Any, Any] | None) -> Any:
+    """comm.ep_placement, memoised in step_cost's `memo`."""
+    if memo is None:
+        return comm.ep_placement(hw, tp, pp, ep)
+    key = ("ep placement", tp, pp, ep)
+    where = memo.get(key)
+    if where is None:
+        where = memo[key] = comm.ep_placement(hw, tp, pp, ep)
+    return where
+
+
+def tp_comm_per_micro_batch_s(model: Any, hw: Hardware, c: CostSetup, tokens_mb: float, act_bytes: int,
+                              memo: dict[Any, Any] | None = None) -> float:
     """The busiest rank's tensor-parallel collectives of one micro-batch, on the critical path: per block and pass
     (forward, backward, and the recompute's forward under full AC) one all-reduce (or, under sequence parallelism,
     an all-gather + reduce-scatter pair of the same volume) for the attention and one for the FFN; a MoE block's
@@ -717,7 +742,7 @@ def tp_comm_per_micro_batch_s(model: Any, hw: Hardware, c: CostSetup, tokens_mb:
         return 0.0
     from hpctrain.plan.model_stats import moe_layer_count
 
-    link = group_link(hw, 1, c.tp)
+    link = _link(hw, 1, c.tp, memo)
     message = tokens_mb * model.hidden * act_bytes
     passes = 3 if c.ac == "full" else 2
     moe_share = moe_layer_count(model) / model.layers
@@ -747,7 +772,7 @@ def tp_comm_per_micro_batch_s(model: Any, hw: Hardware, c: CostSetup, tokens_mb:
     return c.max_rank_layers * passes * (attention + ffn_regions * ffn)
 
 
-def _dp_comm_s(hw: Hardware, c: CostSetup, slot_s: float) -> tuple[float, float]:
+def _dp_comm_s(hw: Hardware, c: CostSetup, slot_s: float, memo: dict[Any, Any] | None = None) -> tuple[float, float]:
     """(exposed, total) time of FSDP2's parameter all-gathers (16-bit) and gradient reduce-scatters
     (fp32) over dp, per FSDP unit (one per transformer block) on the busiest rank. When each
     happens follows runtime/parallel/fsdp.py: zero 3 without pipelining gathers again for the
@@ -756,7 +781,7 @@ def _dp_comm_s(hw: Hardware, c: CostSetup, slot_s: float) -> tuple[float, float]
     the layers after it; under pipelining the parameters are gathered once per step."""
     if c.dp <= 1 or c.max_rank_layers <= 0:
         return 0.0, 0.0
-    link = group_link(hw, comm.dp_span(c.tp, c.pp, c.ep), c.dp)
+    link = _link(hw, comm.dp_span(c.tp, c.pp, c.ep), c.dp, memo)
     units = c.max_rank_layers
     unit_params = c.rank_params / units
     compute_bytes = 4 if c.precision == "fp32" else HALF_BYTES

@@ -442,7 +442,10 @@ def _rank_parts(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, p
     key = _states_key(s, mode, pp_rank)
     st: _States | None = memo.get(key)
     params_key = ("params", s.pp, s.virtual_stages, pp_rank, s.tp, s.ep)
-    params, layers = _memo(memo, params_key, lambda: _rank_params(model, stage_layers, s, pp_rank))
+    counted = memo.get(params_key)
+    if counted is None:
+        counted = memo[params_key] = _rank_params(model, stage_layers, s, pp_rank)
+    params, layers = counted
     if st is None:
         counts: _ModelCounts = _memo(memo, ("counts", s.tp, s.ep), lambda: _model_counts(model, s.tp, s.ep))
         routed = _memo(memo, ("routed", *params_key), lambda: float(_rank_routed_params(model, stage_layers, s, pp_rank))
@@ -482,7 +485,7 @@ def _phase_peak_total(p: _RankParts, s: RankSetup, embedding_chunk_layers: int) 
     layout's peak rank with it and builds one breakdown (MemoryProbe.peak). tests/plan/test_search_memo.py holds it
     against `_phase_items`."""
     st, act = p.states, p.act
-    layer, head = act.layer, act.head
+    layer = act.layer
     common = st.master + st.rope + st.optimizer + p.copies + p.pipeline
     best = st.master + st.rope + st.optimizer + st.grads_sharded + (
         st.grads_sharded if s.foreach and s.optimizer == "adamw" else 0.0)
@@ -494,15 +497,19 @@ def _phase_peak_total(p: _RankParts, s: RankSetup, embedding_chunk_layers: int) 
             continue
         saved = count * p.per_micro_batch
         base = common + grads + accumulation
-        best = max(best, _loss_total(p, count, grads, accumulation))
+        total = _loss_total(p, count, grads, accumulation)
+        best = total if total > best else best
         # the backward phases' items but "saved activations", "gradients", recompute and gradient buffers
         rest = common + accumulation + st.unsharded_backward + st.reduce_buffer
         backward = base + st.unsharded_backward + act.recompute + act.transient + st.reduce_buffer
-        best = max(best, backward + saved - p.freed)
+        total = backward + saved - p.freed
+        best = total if total > best else best
         if grads and s.ac == "none" and later:
-            best = max(best, rest + grads + act.recompute + act.output_projection_backward + saved)
+            total = rest + grads + act.recompute + act.output_projection_backward + saved
+            best = total if total > best else best
         end_saved = saved - (p.layers - 1) * layer.saved_bytes
-        best = max(best, rest + act.recompute + act.transient + end_saved + (grads if grads else st.grads_fresh_at_end))
+        total = rest + act.recompute + act.transient + end_saved + (grads if grads else st.grads_fresh_at_end)
+        best = total if total > best else best
         if not later:
             continue
         if s.ac in ("none", "full"):
@@ -511,11 +518,13 @@ def _phase_peak_total(p: _RankParts, s: RankSetup, embedding_chunk_layers: int) 
             else:
                 norm_saved = end_saved
                 recompute = max(layer.recompute_peak_bytes - act.ffn_part - layer.saved_bytes, 0.0)
-            best = max(best, rest + norm_saved + recompute + act.norm_backward_transient
-                       + (grads if grads else st.grads_fresh_at_norm))
+            total = rest + norm_saved + recompute + act.norm_backward_transient + (grads if grads else
+                                                                                    st.grads_fresh_at_norm)
+            best = total if total > best else best
         if embedding_chunk_layers and not s.embedding_on_cpu:
-            best = max(best, rest + saved - embedding_chunk_layers * layer.saved_bytes + act.embedding_backward_transient
-                       + (grads if grads else st.grads_fresh_at_embedding))
+            total = (rest + saved - embedding_chunk_layers * layer.saved_bytes + act.embedding_backward_transient
+                     + (grads if grads else st.grads_fresh_at_embedding))
+            best = total if total > best else best
     return best
 
 
