@@ -593,10 +593,7 @@ def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int,
     memo = {} if memo is None else memo
 
     def shared(key: tuple[Any, ...], compute: Any) -> Any:
-        value = memo.get(key)
-        if value is None:
-            value = memo[key] = compute()
-        return value
+        return _memoised(memo, key, compute)
 
     tokens_mb = c.micro_batch * model.seq_len // c.cp
     act_bytes = HALF_BYTES if c.precision != "fp32" else 4
@@ -703,26 +700,26 @@ def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int,
     )
 
 
-def _link(hw: Hardware, span: int, ranks: int, memo: dict[Any, Any] | None) -> comm.Link:
-    """comm.group_link, memoised in step_cost's `memo` (one hardware per memo)."""
+def _memoised(memo: dict[Any, Any] | None, key: tuple[Any, ...], compute: Any) -> Any:
+    """memo[key], computed by `compute()` the first time (every call computes without a memo): step_cost's per-search
+    store, one model and one hardware per memo."""
     if memo is None:
-        return group_link(hw, span, ranks)
-    key = ("link", span, ranks)
-    link = memo.get(key)
-    if link is None:
-        link = memo[key] = group_link(hw, span, ranks)
+        return compute()
+    value = memo.get(key)
+    if value is None:
+        value = memo[key] = compute()
+    return value
+
+
+def _link(hw: Hardware, span: int, ranks: int, memo: dict[Any, Any] | None) -> comm.Link:
+    """comm.group_link, memoised."""
+    link: comm.Link = _memoised(memo, ("link", span, ranks), lambda: group_link(hw, span, ranks))
     return link
 
 
 def _ep_placement(hw: Hardware, tp: int, pp: int, ep: int, memo: dict[Any, Any] | None) -> Any:
-    """comm.ep_placement, memoised in step_cost's `memo`."""
-    if memo is None:
-        return comm.ep_placement(hw, tp, pp, ep)
-    key = ("ep placement", tp, pp, ep)
-    where = memo.get(key)
-    if where is None:
-        where = memo[key] = comm.ep_placement(hw, tp, pp, ep)
-    return where
+    """comm.ep_placement, memoised."""
+    return _memoised(memo, ("ep placement", tp, pp, ep), lambda: comm.ep_placement(hw, tp, pp, ep))
 
 
 def tp_comm_per_micro_batch_s(model: Any, hw: Hardware, c: CostSetup, tokens_mb: float, act_bytes: int,

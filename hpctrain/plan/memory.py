@@ -496,13 +496,11 @@ def _phase_peak_total(p: _RankParts, s: RankSetup, embedding_chunk_layers: int) 
         if count <= 0 or (is_steady and not (s.micro_batches > 1 or s.pp > 1)):
             continue
         saved = count * p.per_micro_batch
-        base = common + grads + accumulation
         total = _loss_total(p, count, grads, accumulation)
         best = total if total > best else best
         # the backward phases' items but "saved activations", "gradients", recompute and gradient buffers
         rest = common + accumulation + st.unsharded_backward + st.reduce_buffer
-        backward = base + st.unsharded_backward + act.recompute + act.transient + st.reduce_buffer
-        total = backward + saved - p.freed
+        total = rest + grads + act.recompute + act.transient + saved - p.freed
         best = total if total > best else best
         if grads and s.ac == "none" and later:
             total = rest + grads + act.recompute + act.output_projection_backward + saved
