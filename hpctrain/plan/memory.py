@@ -708,6 +708,7 @@ class MemoryProbe:
                                       lambda: _candidate_ranks(stage_layers, setup.pp))
         self._parts: dict[int, _RankParts] = {}
         self._totals: dict[int, float] = {}
+        self._peak_total: float | None = None
         self._peak: tuple[int, MemoryBreakdown] | None = None
 
     def parts(self, rank: int) -> _RankParts:
@@ -743,8 +744,10 @@ class MemoryProbe:
         return total
 
     def peak_total(self) -> float:
-        """`peak()`'s total up to rounding, without a breakdown."""
-        return max(self.rank_total(rank) for rank in self.ranks)
+        """`peak()`'s total up to rounding, without a breakdown (computed once)."""
+        if self._peak_total is None:
+            self._peak_total = max(self.rank_total(rank) for rank in self.ranks)
+        return self._peak_total
 
     def peak(self) -> tuple[int, MemoryBreakdown]:
         """The most loaded candidate rank and its breakdown: built for the ranks whose total (`rank_total`) is within

@@ -8,7 +8,7 @@ check is rejected once, not once per micro-batch and AC mode.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from hpctrain.plan.activations import DEFAULT_EXPERT_LOAD_IMBALANCE
 from hpctrain.plan.cost import DEFAULT_EXPERT_STEP_IMBALANCE, CostSetup, StepCost, step_cost
@@ -132,6 +132,7 @@ class _StageCache:
         self._splits: dict[tuple[int, int], tuple[StageLayers, float]] = {}
         self.memory: dict[Any, Any] = {}  # memory.MemoryProbe's memo: one model, one split per (pp, v)
         self.costs: dict[Any, Any] = {}  # cost.step_cost's memo: one model, one hardware
+        self._busiest: dict[tuple[int, int, int, int], tuple[int, bool, float, int]] = {}
 
     def split(self, pp: int, v: int) -> tuple[StageLayers, float]:
         key = (pp, v)
@@ -145,6 +146,16 @@ class _StageCache:
                 layers = balanced_stage_split(self.model, pp, v)
                 self._splits[key] = (layers, stage_imbalance(self.model, layers, pp))
         return self._splits[key]
+
+    def busiest(self, pp: int, v: int, tp: int, ep: int) -> tuple[int, bool, float, int]:
+        """`busiest_rank` of the (pp, v) split, and the layers of the rank that holds the head."""
+        key = (pp, v, tp, ep)
+        if key not in self._busiest:
+            stage_layers = self.split(pp, v)[0]
+            last = (len(stage_layers) - 1) % pp
+            head_layers = sum(b - a for i, (a, b) in enumerate(stage_layers) if i % pp == last)
+            self._busiest[key] = (*busiest_rank(self.model, stage_layers, pp, tp, ep), head_layers)
+        return self._busiest[key]
 
 
 def busiest_rank(model: Any, stage_layers: StageLayers, pp: int, tp: int, ep: int = 1) -> tuple[int, bool, float]:
@@ -206,16 +217,15 @@ def ranked(layouts: list[Layout]) -> list[Layout]:
     search's order among equals). Memory by the rank totals (MemoryProbe.peak_total), the breakdowns' totals up to
     rounding: only where neighbours' totals lie within rounding of each other are their breakdowns built and they
     ordered by those, so the order is the one the breakdowns give."""
-    def head(lay: Layout) -> tuple[float, int]:
-        return -lay.cost.tokens_per_s, AC_ORDER[lay.ac]
-
-    order = sorted(range(len(layouts)), key=lambda i: (*head(layouts[i]), layouts[i].probe.peak_total()))
+    keys = [(-lay.cost.tokens_per_s, AC_ORDER[lay.ac], lay.probe.peak_total()) for lay in layouts]
+    order = sorted(range(len(layouts)), key=keys.__getitem__)
     out: list[Layout] = []
     start = 0
     while start < len(order):
         end = start + 1
-        while end < len(order) and head(layouts[order[end]]) == head(layouts[order[start]]) and \
-                layouts[order[end]].probe.peak_total() <= layouts[order[end - 1]].probe.peak_total() * (1 + 1e-9):
+        head = keys[order[start]][:2]
+        while end < len(order) and keys[order[end]][:2] == head and \
+                keys[order[end]][2] <= keys[order[end - 1]][2] * (1 + 1e-9):
             end += 1
         group = order[start:end]
         if len(group) > 1:
@@ -260,6 +270,20 @@ def prefer_selective(layouts: list[Layout | SetAside], rejected: Rejections) -> 
     return kept
 
 
+_D = TypeVar("_D")
+
+
+def _variant(template: _D, changes: dict[str, Any]) -> _D:
+    """`dataclasses.replace(template, **changes)` without running the frozen dataclass's `__init__` again (RankSetup
+    and CostSetup have no `__post_init__` and no slots): ~0.4 us against ~3-5 us, for each of the up to ~10^5
+    candidates of a search (tests/plan/test_search_memo.py holds it to `replace`)."""
+    new = object.__new__(type(template))
+    fields = new.__dict__
+    fields.update(template.__dict__)
+    fields.update(changes)
+    return new
+
+
 def _search_family(model: Any, hw: Hardware, choices: Choices, settings: SearchSettings, tp: int, pp: int, dp: int,
                    stages: _StageCache, layouts: list[Layout | SetAside], rejected: Rejections, cp: int = 1,
                    ep: int = 1) -> int:
@@ -268,13 +292,35 @@ def _search_family(model: Any, hw: Hardware, choices: Choices, settings: SearchS
     sp = choices.sequence_parallel and tp > 1
     local_batch = settings.global_batch // dp
     evaluated = 0
+    # Every candidate's setups differ from these in the fields of the loops below only (`_variant`).
+    rank_template = RankSetup(tp=tp, pp=pp, dp=dp, micro_batch=1, micro_batches=1, schedule="none", virtual_stages=1,
+                              ac="none", zero=0, offload_optimizer=False, sequence_parallel=sp,
+                              precision=settings.precision, optimizer=settings.optimizer,
+                              overhead_bytes=settings.overhead_bytes, lora=settings.lora, attention=settings.attention,
+                              cp=cp, ep=ep, cpu_attention=hw.gpu.name == "cpu", embedding_on_cpu=settings.embedding_on_cpu,
+                              cp_rotate=settings.cp_rotate, fp8_recipe=settings.memory_fp8_recipe,
+                              fp8_min_width=settings.fp8_min_width,
+                              expert_load_imbalance=DEFAULT_EXPERT_LOAD_IMBALANCE if measured is None else measured)
     for schedule, v in choices.schedules(pp, model.layers):
         stage_layers, imbalance = stages.split(pp, v)
         if imbalance > MAX_STAGE_IMBALANCE:
             rejected.add("stages_imbalanced", f"{tag} v={v}: imbalance {imbalance:.0%}", family)
             continue
-        busiest_layers, busiest_head, busiest_params = busiest_rank(model, stage_layers, pp, tp, ep)
-        head_layers = sum(b - a for i, (a, b) in enumerate(stage_layers) if i % pp == (len(stage_layers) - 1) % pp)
+        busiest_layers, busiest_head, busiest_params, head_layers = stages.busiest(pp, v, tp, ep)
+        stage_tuple = tuple(stage_layers)
+        cost_template = CostSetup(
+            tp=tp, pp=pp, dp=dp * cp, cp=cp, micro_batch=1, micro_batches=1, virtual_stages=v, ac="none", zero=0,
+            offload_optimizer=False, precision=settings.precision, max_rank_layers=busiest_layers,
+            max_rank_has_head=busiest_head, head_rank_layers=head_layers, rank_params=busiest_params,
+            sequence_parallel=sp, attention=settings.attention, embedding_on_cpu=settings.embedding_on_cpu, ep=ep,
+            cp_rotate=settings.cp_rotate, fp8=settings.fp8, fp8_min_width=settings.fp8_min_width,
+            fp8_recipe=settings.fp8_recipe, compile=settings.compile and (tp == 1 or settings.compile_with_tp),
+            expert_load_imbalance=(measured if measured is not None else
+                                   DEFAULT_EXPERT_STEP_IMBALANCE if settings.expert_load_imbalance is None
+                                   else settings.expert_load_imbalance),
+            selective_mm_recompute=settings.selective_mm_recompute, a2a_overlap=settings.a2a_overlap,
+            cp_repeated_kv=settings.cp_repeated_kv, dispatcher=settings.dispatcher, fp8_experts=settings.fp8_experts,
+            tp_overlap=settings.tp_overlap, dp_once_per_step=settings.dp_once_per_step)
         # (ac, zero, offload) whose first micro-batches' loss on rank 0 already put a smaller micro-batch over the
         # budget and past the family's closest miss: that floor does not fall as the micro-batch grows
         # (MemoryProbe.first_loss_floor), so each larger one is a miss that changes nothing but the count.
@@ -299,18 +345,10 @@ def _search_family(model: Any, hw: Hardware, choices: Choices, settings: SearchS
                         if (ac, zero, offload) in over_at_any_larger:
                             rejected.count_memory_miss()
                             continue
-                        setup = RankSetup(tp=tp, pp=pp, dp=dp, micro_batch=mb, micro_batches=m, schedule=schedule,
-                                          virtual_stages=v, ac=ac, zero=zero, offload_optimizer=offload,
-                                          sequence_parallel=sp, precision=settings.precision,
-                                          optimizer=settings.optimizer, overhead_bytes=settings.overhead_bytes,
-                                          lora=settings.lora, attention=settings.attention, cp=cp, ep=ep,
-                                          cpu_attention=hw.gpu.name == "cpu",
-                                          embedding_on_cpu=settings.embedding_on_cpu,
-                                          cp_rotate=settings.cp_rotate,
-                                          fp8_recipe=settings.memory_fp8_recipe, fp8_min_width=settings.fp8_min_width,
-                                          foreach=settings.fp8_all_gather and (dp * cp > 1 or offload),
-                                          expert_load_imbalance=(DEFAULT_EXPERT_LOAD_IMBALANCE if measured is None
-                                                                 else measured))
+                        setup = _variant(rank_template, {
+                            "micro_batch": mb, "micro_batches": m, "schedule": schedule, "virtual_stages": v, "ac": ac,
+                            "zero": zero, "offload_optimizer": offload,
+                            "foreach": settings.fp8_all_gather and (dp * cp > 1 or offload)})
                         # Over the budget on the probe's rank totals (most of a long-sequence search's misses):
                         # counted without building a breakdown where its total would change no example and no
                         # family's closest miss.
@@ -336,24 +374,10 @@ def _search_family(model: Any, hw: Hardware, choices: Choices, settings: SearchS
                                 rejected.add_memory_miss(f"{label}: {memory.total / 2**30:.1f} GiB > "
                                                          f"{settings.budget_bytes / 2**30:.1f} GiB", family, memory.total)
                                 continue
-                        cost = step_cost(model, hw, CostSetup(
-                            tp=tp, pp=pp, dp=dp * cp, cp=cp, micro_batch=mb, micro_batches=m, virtual_stages=v, ac=ac, zero=zero,
-                            offload_optimizer=offload, precision=settings.precision, max_rank_layers=busiest_layers,
-                            max_rank_has_head=busiest_head, head_rank_layers=head_layers, rank_params=busiest_params,
-                            sequence_parallel=sp,
-                            attention=settings.attention, embedding_on_cpu=settings.embedding_on_cpu, ep=ep,
-                            cp_rotate=settings.cp_rotate,
-                            fp8=settings.fp8, fp8_min_width=settings.fp8_min_width, fp8_recipe=settings.fp8_recipe,
-                            compile=settings.compile and (tp == 1 or settings.compile_with_tp),
-                            expert_load_imbalance=(measured if measured is not None else
-                                                   DEFAULT_EXPERT_STEP_IMBALANCE if settings.expert_load_imbalance is None
-                                                   else settings.expert_load_imbalance),
-                            selective_mm_recompute=settings.selective_mm_recompute,
-                            a2a_overlap=settings.a2a_overlap, cp_repeated_kv=settings.cp_repeated_kv,
-                            dispatcher=settings.dispatcher, fp8_experts=settings.fp8_experts,
-                            tp_overlap=settings.tp_overlap, dp_once_per_step=settings.dp_once_per_step),
+                        cost = step_cost(model, hw, _variant(cost_template, {
+                            "micro_batch": mb, "micro_batches": m, "ac": ac, "zero": zero, "offload_optimizer": offload}),
                             settings.global_batch, stages.costs)
-                        layouts.append(Layout(tp, pp, dp, mb, schedule, v, ac, zero, offload, sp, tuple(stage_layers),
+                        layouts.append(Layout(tp, pp, dp, mb, schedule, v, ac, zero, offload, sp, stage_tuple,
                                               imbalance, probe, cost, cp, ep))
                         if ac == "selective":
                             selective_fits.add((zero, offload))

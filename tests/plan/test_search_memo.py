@@ -176,3 +176,42 @@ def test_totals_within_rounding_are_ordered_by_their_breakdowns():
     layouts = [replace(base, probe=probe) for probe in probes]
     order = [next(i for i, known in enumerate(layouts) if known is lay) for lay in search_module.ranked(layouts)]
     assert order == [2, 1, 3, 0, 4]  # by the rank totals alone: 2, 0, 3, 1, 4
+
+
+@pytest.mark.parametrize("name", ["moe long context", "dense pp interleaved"])
+def test_candidates_setups_are_whole_dataclasses_of_their_layout(name, monkeypatch):
+    """The search builds each candidate's RankSetup and CostSetup from a per-family template (search._variant, no
+    __init__): every field set, none added (a misspelt change would add an attribute and leave the field at the
+    template's value), equal to the dataclass built anew, and the fields the loops vary those of the candidate."""
+    from dataclasses import fields, replace
+
+    from hpctrain.plan.cost import CostSetup
+
+    costed = []
+    original = search_module.step_cost
+
+    def recorded(model, hw, setup, global_batch, memo):
+        costed.append(setup)
+        return original(model, hw, setup, global_batch, memo)
+
+    monkeypatch.setattr(search_module, "step_cost", recorded)
+    result = plan_job(job_from_dict(_spec(name)))
+    layouts = result.layouts
+    assert len(costed) >= len(layouts) > 3
+    for setup in costed:
+        assert set(vars(setup)) == {f.name for f in fields(CostSetup)}
+        assert replace(setup) == setup
+    for lay in layouts:
+        setup = lay.probe.setup
+        assert set(vars(setup)) == {f.name for f in fields(type(setup))}
+        assert replace(setup) == setup
+        assert (setup.micro_batch, setup.schedule, setup.virtual_stages, setup.ac, setup.zero,
+                setup.offload_optimizer, setup.tp, setup.pp, setup.dp, setup.cp, setup.ep) == \
+            (lay.micro_batch, lay.schedule, lay.virtual_stages, lay.ac, lay.zero, lay.offload_optimizer, lay.tp,
+             lay.pp, lay.dp, lay.cp, lay.ep)
+        assert setup.micro_batches == _spec(name)["train"]["global_batch"] // lay.dp // lay.micro_batch
+    # each layout was priced on its own micro-batch, recomputation and sharding
+    priced = {(s.tp, s.pp, s.dp // s.cp, s.cp, s.ep, s.micro_batch, s.virtual_stages, s.ac, s.zero, s.offload_optimizer)
+              for s in costed}
+    assert {(lay.tp, lay.pp, lay.dp, lay.cp, lay.ep, lay.micro_batch, lay.virtual_stages, lay.ac, lay.zero,
+             lay.offload_optimizer) for lay in layouts} <= priced
