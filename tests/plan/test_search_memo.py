@@ -215,3 +215,35 @@ def test_candidates_setups_are_whole_dataclasses_of_their_layout(name, monkeypat
               for s in costed}
     assert {(lay.tp, lay.pp, lay.dp, lay.cp, lay.ep, lay.micro_batch, lay.virtual_stages, lay.ac, lay.zero,
              lay.offload_optimizer) for lay in layouts} <= priced
+
+
+def test_search_pauses_the_garbage_collector_and_restores_it():
+    """The search runs with Python's cyclic collector off (search._collector_paused) and leaves it as it found it,
+    on or off, also when the search raises."""
+    import gc
+
+    seen = []
+    original = search_module._search
+
+    def watched(*args):
+        seen.append(gc.isenabled())
+        return original(*args)
+
+    job = job_from_dict(_spec("lora fp32"))
+    try:
+        search_module._search = watched
+        assert gc.isenabled()
+        plan_job(job)
+        assert gc.isenabled()
+        gc.disable()
+        plan_job(job)
+        assert not gc.isenabled()
+        gc.enable()
+        search_module._search = lambda *args: 1 / 0
+        with pytest.raises(ZeroDivisionError):
+            plan_job(job)
+        assert gc.isenabled()
+    finally:
+        search_module._search = original
+        gc.enable()
+    assert seen == [False, False]
