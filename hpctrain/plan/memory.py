@@ -465,6 +465,12 @@ def _rank_parts(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, p
     return _RankParts(st, act, in_flight, copies, per_micro_batch, pipeline, layers, first, last, freed)
 
 
+def activation_terms(model: Any, s: RankSetup, memo: dict[Any, Any]) -> _ActivationTerms:
+    """One micro-batch's activation terms of `s` (`_activation_terms`, memoised in `memo`): what MemoryProbe takes as
+    `act`; the same for every setup that differs from `s` only in fields `_activation_key` leaves out."""
+    return _activation_terms_of(model, s, precision_mode(s.precision, s.fsdp), memo)
+
+
 def _activation_terms_of(model: Any, s: RankSetup, mode: str, memo: dict[Any, Any]) -> _ActivationTerms:
     """`_activation_terms`, memoised in `memo` under the fields it reads."""
     terms: _ActivationTerms = _memo(memo, _activation_key(s, mode), lambda: _activation_terms(model, s, mode))
@@ -701,9 +707,11 @@ class MemoryProbe:
     in `cache` as `_phase_items`' are): `over(...)` for a fraction of the work, `peak()` the whole breakdown."""
 
     def __init__(self, model: Any, stage_layers: list[tuple[int, int]], setup: RankSetup,
-                 cache: dict[Any, Any]) -> None:
+                 cache: dict[Any, Any], act: _ActivationTerms | None = None) -> None:
+        """`act`: `activation_terms(model, setup, cache)`, when the caller has them (a search's candidates share them
+        across their sharding choices)."""
         self.model, self.stage_layers, self.setup, self.cache = model, stage_layers, setup, cache
-        self.act = _activation_terms_of(model, setup, precision_mode(setup.precision, setup.fsdp), cache)
+        self.act = act if act is not None else activation_terms(model, setup, cache)
         self.ranks: list[int] = _memo(cache, ("ranks", setup.pp, setup.virtual_stages),
                                       lambda: _candidate_ranks(stage_layers, setup.pp))
         self._parts: dict[int, _RankParts] = {}

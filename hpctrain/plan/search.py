@@ -17,7 +17,7 @@ from hpctrain.plan.activations import DEFAULT_EXPERT_LOAD_IMBALANCE
 from hpctrain.plan.cost import DEFAULT_EXPERT_STEP_IMBALANCE, CostSetup, StepCost, step_cost
 from hpctrain.plan.hardware import Hardware
 from hpctrain.plan.lora import LoraShape
-from hpctrain.plan.memory import MemoryBreakdown, MemoryProbe, RankSetup
+from hpctrain.plan.memory import MemoryBreakdown, MemoryProbe, RankSetup, activation_terms
 from hpctrain.plan.model_stats import stage_param_count
 from hpctrain.plan.space import MAX_STAGE_IMBALANCE, Choices, Rejections, ep_layout_problem
 from hpctrain.plan.stages import balanced_stage_split, megatron_unit_split, stage_imbalance
@@ -357,6 +357,7 @@ def _search_family(model: Any, hw: Hardware, choices: Choices, settings: SearchS
                 continue
             m = local_batch // mb
             selective_fits: set[tuple[int, bool]] = set()  # this micro-batch's fitting selective layouts
+            acts: dict[tuple[str, bool], Any] = {}  # its activation terms per (ac, fsdp): the same at every zero
             if pp > 1 and (m < pp or (schedule == "interleaved-1f1b" and m % pp)):
                 rejected.add("too_few_micro_batches", f"{tag} mb={mb} {schedule}: {m} micro-batches", family)
                 continue
@@ -374,7 +375,11 @@ def _search_family(model: Any, hw: Hardware, choices: Choices, settings: SearchS
                         # Over the budget on the probe's rank totals (most of a long-sequence search's misses):
                         # counted without building a breakdown where its total would change no example and no
                         # family's closest miss.
-                        probe = MemoryProbe(model, stage_layers, setup, stages.memory)
+                        fsdp = dp * cp > 1 or offload  # the activations' precision mode reads it (RankSetup.fsdp)
+                        act = acts.get((ac, fsdp))
+                        if act is None:
+                            act = acts[(ac, fsdp)] = activation_terms(model, setup, stages.memory)
+                        probe = MemoryProbe(model, stage_layers, setup, stages.memory, act)
                         bar = rejected.memory_miss_bar(family)
                         if bar is not None and probe.over(settings.budget_bytes, bar):
                             rejected.count_memory_miss()
