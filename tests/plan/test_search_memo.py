@@ -51,8 +51,10 @@ def test_memoised_memory_equals_a_fresh_evaluation(name, monkeypatch):
     everything: dict = {}
 
     class Checked(MemoryProbe):
-        def __init__(self, model, stage_layers, setup, cache):
-            super().__init__(model, stage_layers, setup, cache)
+        def __init__(self, model, stage_layers, setup, cache, act=None):
+            super().__init__(model, stage_layers, setup, cache, act)
+            if act is not None:  # the search's shared terms are the setup's own
+                assert act == MemoryProbe(model, stage_layers, setup, {}).act, setup
             everything[setup] = (model, stage_layers, setup, {})
 
         def rank_total(self, rank: int) -> float:
