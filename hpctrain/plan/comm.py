@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from hpctrain.plan.hardware import Hardware
 
@@ -174,9 +175,9 @@ def overlapped_s(units: int, comm_per_unit_s: float, compute_per_unit_s: float, 
     return first_s + (units - 1) * max(comm_per_unit_s - compute_per_unit_s, hidden_cost)
 
 
-@dataclass(frozen=True)
-class FsdpStep:
-    """What FSDP does in one step on the busiest rank (runtime/parallel/fsdp.py's table)."""
+class FsdpStep(NamedTuple):
+    """What FSDP does in one step on the busiest rank (runtime/parallel/fsdp.py's table). A named tuple: one is built
+    for each layout a search costs, ~5x faster than a frozen dataclass."""
 
     units: int  # FSDP units (transformer blocks) on the rank
     gather_s: float  # one unit's parameter all-gather

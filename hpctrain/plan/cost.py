@@ -384,12 +384,18 @@ def one_a2a_s(model: Any, hw: Hardware, c: CostSetup, tokens_mb: float, act_byte
     """One dispatch (or combine) of one MoE block and micro-batch on the busiest rank: its top_k routed copies of
     the rank's token share (tokens / tp under tp's sequence sharding) x hidden x imbalance (the busiest rank
     receives that much more), over the ep group (comm.all_to_all_s), deduplicated per node by a DEDUP_DISPATCHER."""
-    where = _ep_placement(hw, c.tp, c.pp, c.ep, memo)
-    top_k = model.moe.top_k
-    message = tokens_mb / c.tp * top_k * model.hidden * act_bytes * c.expert_load_imbalance
-    if c.dispatcher in comm.DEDUP_DISPATCHERS:
-        return comm.all_to_all_s(message, hw, where, comm.dedup_fabric_copies(model.moe.experts, top_k, where), top_k)
-    return comm.all_to_all_s(message, hw, where)
+    def compute() -> float:
+        where = _ep_placement(hw, c.tp, c.pp, c.ep, memo)
+        top_k = model.moe.top_k
+        message = tokens_mb / c.tp * top_k * model.hidden * act_bytes * c.expert_load_imbalance
+        if c.dispatcher in comm.DEDUP_DISPATCHERS:
+            return comm.all_to_all_s(message, hw, where, comm.dedup_fabric_copies(model.moe.experts, top_k, where),
+                                     top_k)
+        return comm.all_to_all_s(message, hw, where)
+
+    seconds: float = _memoised(memo, ("a2a", c.tp, c.pp, c.ep, tokens_mb, act_bytes, c.expert_load_imbalance,
+                                      c.dispatcher), compute)
+    return seconds
 
 
 @dataclass(frozen=True)

@@ -496,13 +496,14 @@ def _phase_peak_total(p: _RankParts, s: RankSetup, embedding_chunk_layers: int) 
     best = st.master + st.rope + st.optimizer + st.grads_sharded + (
         st.grads_sharded if s.foreach and s.optimizer == "adamw" else 0.0)
     later = s.lora is None
+    head = act.head.saved_bytes + act.head.loss_transient_bytes if p.last else 0.0
     steady = p.in_flight if (s.schedule != "gpipe" and s.micro_batches > p.in_flight) else p.in_flight - 1
     for count, grads, accumulation, is_steady in ((p.in_flight, 0.0, 0.0, False),
                                                   (steady, st.grads_held, st.accumulation, True)):
         if count <= 0 or (is_steady and not (s.micro_batches > 1 or s.pp > 1)):
             continue
         saved = count * p.per_micro_batch
-        total = _loss_total(p, count, grads, accumulation)
+        total = common + grads + accumulation + st.unsharded_forward + saved + head  # _loss_total, term for term
         best = total if total > best else best
         # the backward phases' items but "saved activations", "gradients", recompute and gradient buffers
         rest = common + accumulation + st.unsharded_backward + st.reduce_buffer
@@ -655,15 +656,14 @@ def pipeline_buffer_bytes(model: Any, s: RankSetup, pp_rank: int, tokens: int, i
     if s.pp == 1:
         return 0.0
     d = dtypes(mode)
-    stages = s.pp * s.virtual_stages
     hidden_bytes = tokens * d.stream * model.hidden / (s.tp if s.sequence_parallel else 1)
     logits_bytes = tokens * d.matmul * model.vocab / s.tp
-    total = 0.0
-    for stage in range(pp_rank, stages, s.pp):
-        total += in_flight * (logits_bytes if stage == stages - 1 else hidden_bytes)
-        if stage > 0:
-            total += 3 * hidden_bytes
-    return total
+    # The rank's v chunks (stages pp_rank, pp_rank + pp, ...): the model's last stage is the last rank's last chunk,
+    # the first stage rank 0's first.
+    chunks = s.virtual_stages
+    cached = in_flight * ((chunks - 1) * hidden_bytes + logits_bytes) if pp_rank == s.pp - 1 else \
+        in_flight * chunks * hidden_bytes
+    return cached + 3 * hidden_bytes * (chunks - 1 if pp_rank == 0 else chunks)
 
 
 def stage_layers_on_rank(stage_layers: list[tuple[int, int]], pp: int, pp_rank: int) -> int:
