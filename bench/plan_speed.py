@@ -3,8 +3,9 @@
     python bench/plan_speed.py [--runs 5] [--only NAME ...]
 
 For each case: the median wall time of the whole command (interpreter start, imports, job loading, the
-search over every layout, the report), the median of the search alone (plan_job's elapsed_s, in process),
-the candidates evaluated, and the wall time over `python -c pass` (the machine may be shared: the ratio and
+search over every layout, the report) as `hpctrain plan` runs it (a large search split over the CPUs this
+process may use, plan/split_search.py) and with --workers 1, the median of the search alone in one process
+(plan_job's elapsed_s, in process), the candidates evaluated, and the wall time over `python -c pass` (the machine may be shared: the ratio and
 the search-only time say what the planner itself costs). Then the slowest case. Goals (issue 26 item 1):
 a dense case under 0.5 s, the MoE cases (every dimension free, parallel.ep auto; at 32K tokens cp too) under
 1.0 s, whole process.
@@ -92,9 +93,14 @@ def main(argv: list[str] | None = None) -> int:
     from hpctrain.config import load_job
     from hpctrain.plan import plan_job
 
+    from hpctrain.plan.split_search import MIN_SPLIT_CANDIDATES, search_workers
+
     cases = [c for c in CASES if not args.only or c[0] in args.only]
     baseline = _median_wall_s([sys.executable, "-c", "pass"], args.runs)
-    print(f"python -c pass: median {baseline:.3f} s over {args.runs} runs")
+    workers = search_workers()
+    print(f"python -c pass: median {baseline:.3f} s over {args.runs} runs; `hpctrain plan` may use {workers} "
+          f"process(es) (the CPUs this one may run on) for searches of more than {MIN_SPLIT_CANDIDATES:,} candidates; "
+          "'1 process' is --workers 1")
     rows = []
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
@@ -102,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
             path = Path(tmp) / f"{name}.yaml"
             path.write_text(text)
             wall = _median_wall_s([sys.executable, "-m", "hpctrain", "plan", str(path)], args.runs)
+            one_wall = _median_wall_s([sys.executable, "-m", "hpctrain", "plan", "--workers", "1", str(path)],
+                                      args.runs)
             job = load_job(str(path))
             searches = []
             for _ in range(args.runs):
@@ -112,8 +120,8 @@ def main(argv: list[str] | None = None) -> int:
             met = wall < goal
             ok &= met
             rows.append((wall, name))
-            print(f"{name:<22} {kind:<5} wall {wall:.3f} s ({wall / baseline:.1f}x python -c pass), search "
-                  f"{search_s * 1000:.0f} ms, {result.evaluated} candidates ({result.evaluated / search_s:,.0f}/s), "
+            print(f"{name:<22} {kind:<5} wall {wall:.3f} s ({wall / baseline:.1f}x python -c pass; 1 process "
+                  f"{one_wall:.3f} s), search in 1 process {search_s * 1000:.0f} ms, {result.evaluated} candidates ({result.evaluated / search_s:,.0f}/s), "
                   f"{len(result.layouts)} fit; goal < {goal} s {'met' if met else 'MISSED'}; "
                   f"best: {result.best.label()}")
     wall, name = max(rows)

@@ -22,6 +22,9 @@ def add_plan_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentPar
                       help="a MoE job: price each layout's busiest expert-parallel rank with the load a run of this "
                            "model measured (its metrics.jsonl's expert_load_ep<N>, the newest 50 lines) instead of "
                            "the stated default")
+    plan.add_argument("--workers", type=int, default=0, metavar="N",
+                      help="processes a large search may use (default 0: one per CPU this process may run on; "
+                           "1: one process). The result is the same")
     add_set_option(plan)
     plan.set_defaults(handler=run_plan)
 
@@ -52,6 +55,8 @@ def run_plan(args: argparse.Namespace) -> int:
 
     if args.top < 1:
         raise ConfigError(f"--top: must be >= 1 (got {args.top})")
+    if args.workers < 0:
+        raise ConfigError(f"--workers: must be >= 0, 0 for one per CPU (got {args.workers})")
     job = load_job(args.job, args.overrides)
     if job.model is None:  # an entrypoint without a model: its degrees are the fixed ones, nothing to search
         from hpctrain.config.entrypoint import layout_without_model
@@ -70,7 +75,13 @@ def run_plan(args: argparse.Namespace) -> int:
 
         run = Path(args.expert_load)
         measured = read_expert_load(args.expert_load, job, run / METRICS_FILE, records_backwards(run, KEY))
-    result = plan_job(job, measured)
+    if args.workers:
+        workers = args.workers
+    else:
+        from hpctrain.plan.split_search import search_workers
+
+        workers = search_workers()
+    result = plan_job(job, measured, workers)
     if args.json:
         print(json.dumps(result.to_json(args.top), indent=2))
     else:

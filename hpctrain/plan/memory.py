@@ -711,13 +711,33 @@ class MemoryProbe:
         """`act`: `activation_terms(model, setup, cache)`, when the caller has them (a search's candidates share them
         across their sharding choices)."""
         self.model, self.stage_layers, self.setup, self.cache = model, stage_layers, setup, cache
-        self.act = act if act is not None else activation_terms(model, setup, cache)
+        self._act = act
         self.ranks: list[int] = _memo(cache, ("ranks", setup.pp, setup.virtual_stages),
                                       lambda: _candidate_ranks(stage_layers, setup.pp))
         self._parts: dict[int, _RankParts] = {}
         self._totals: dict[int, float] = {}
         self._peak_total: float | None = None
         self._peak: tuple[int, MemoryBreakdown] | None = None
+
+    @classmethod
+    def with_totals(cls, model: Any, stage_layers: list[tuple[int, int]], setup: RankSetup, cache: dict[Any, Any],
+                    totals: dict[int, float]) -> MemoryProbe:
+        """A probe whose rank totals (`rank_totals`) another probe of the same layout computed (another process's,
+        plan/split_search.py): its parts and breakdown computed again where read."""
+        probe = cls(model, stage_layers, setup, cache)
+        probe._totals = dict(totals)
+        return probe
+
+    @property
+    def act(self) -> _ActivationTerms:
+        """The layout's activation terms (`activation_terms`), computed when first needed."""
+        if self._act is None:
+            self._act = activation_terms(self.model, self.setup, self.cache)
+        return self._act
+
+    def rank_totals(self) -> dict[int, float]:
+        """The rank totals computed so far (`rank_total`), by rank."""
+        return dict(self._totals)
 
     def parts(self, rank: int) -> _RankParts:
         if rank not in self._parts:

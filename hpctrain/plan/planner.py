@@ -126,9 +126,10 @@ def planned_attention(job: Job) -> str:
     return "materialized" if job.train.attention_kernel == "math" else "flash"
 
 
-def plan_job(job: Job, measured: Optional[ExpertLoad] = None) -> PlanResult:
+def plan_job(job: Job, measured: Optional[ExpertLoad] = None, workers: int = 1) -> PlanResult:
     """Search every layout the job allows; PlanError with the reasons when none fits. `measured`: a run's expert
-    load (plan/expert_load.py `read_expert_load`), which prices the busiest ep rank instead of the default."""
+    load (plan/expert_load.py `read_expert_load`), which prices the busiest ep rank instead of the default.
+    `workers`: the processes a large search may use (search.search), the same result."""
     start = time.perf_counter()
     problems = check_catalog_names(job) or precision_problems(job)
     if problems:
@@ -154,7 +155,7 @@ def plan_job(job: Job, measured: Optional[ExpertLoad] = None) -> PlanResult:
                               memory_fp8_recipe=job.train.fp8.recipe if job.train.precision == "fp8" else None,
                               compile=bool(job.train.compile),
                               expert_load_by_ep=measured.by_ep if measured is not None else ())
-    layouts, rejected, evaluated = search(job.model, hw, Choices.from_job(job), settings)
+    layouts, rejected, evaluated = search(job.model, hw, Choices.from_job(job), settings, workers)
     result = PlanResult(job.name, job.model, hw, layouts, rejected, evaluated, time.perf_counter() - start,
                         settings.budget_bytes, gpu_topology, switch_tree)
     result.notes += fine_tune_notes(job, measured is not None)

@@ -126,7 +126,7 @@ def _model_divisible(model: Any, tp: int) -> bool:
     return model.heads % tp == 0 and model.kv_heads % tp == 0 and model.ffn_hidden % tp == 0
 
 
-class _StageCache:
+class StageCache:
     """Stage splits and per-rank figures per (pp, v, ac): computed once, reused by every candidate."""
 
     def __init__(self, model: Any, kind: str = "balanced") -> None:
@@ -187,51 +187,79 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def search(model: Any, hw: Hardware, choices: Choices, settings: SearchSettings) -> tuple[list[Layout], Rejections, int]:
-    """All feasible layouts, best first, the rejections, and the number of candidates evaluated."""
+def search(model: Any, hw: Hardware, choices: Choices, settings: SearchSettings,
+           workers: int = 1) -> tuple[list[Layout], Rejections, int]:
+    """All feasible layouts, best first, the rejections, and the number of candidates evaluated. `workers` > 1: a
+    large search split over that many processes (plan/split_search.py), with the same result."""
     with _collector_paused():
-        return _search(model, hw, choices, settings)
+        triples = family_triples(choices)
+        if workers > 1:
+            from hpctrain.plan.split_search import split_search
+
+            found, rejected, evaluated = split_search(model, hw, choices, settings, triples, workers)
+        else:
+            found, rejected = [], Rejections()
+            evaluated = search_part(model, hw, choices, settings, triples, StageCache(model, settings.stage_split),
+                                    found, rejected)
+        return ranked(prefer_selective(found, rejected)), rejected, evaluated
 
 
-def _search(model: Any, hw: Hardware, choices: Choices, settings: SearchSettings) -> tuple[list[Layout], Rejections, int]:
-    rejected = Rejections()
-    found: list[Layout | SetAside] = []
-    evaluated = 0
+Triple = tuple[int, int, int]  # (tp, pp, cp), the search's outer loops
+
+
+def family_triples(choices: Choices) -> list[Triple]:
+    """Every (tp, pp, cp) in the search's order: a (tp, pp) family's triples next to each other."""
+    return [(tp, pp, cp) for tp in choices.tp for pp in choices.pp for cp in choices.cp]
+
+
+def family_check(model: Any, hw: Hardware, choices: Choices, settings: SearchSettings,
+                 triple: Triple) -> tuple[int, list[int]] | tuple[str, str] | None:
+    """What the structural checks say of one (tp, pp, cp): None when the world does not split so (or dp is fixed to
+    another), (reason, example) when a check rejects it, else (dp, the ep degrees that fit)."""
+    tp, pp, cp = triple
     world = hw.world_size
-    stages = _StageCache(model, settings.stage_split)
-    for tp, pp, cp in ((tp, pp, cp) for tp in choices.tp for pp in choices.pp for cp in choices.cp):
-            if world % (tp * pp * cp):
-                continue
-            family = (tp, pp)
-            dp = world // (tp * pp * cp)
-            if choices.dp is not None and dp != choices.dp:
-                continue
-            tag = f"tp={tp} pp={pp} dp={dp}" + (f" cp={cp}" if cp > 1 else "")
-            if cp > 1 and choices.sequence_parallel and tp > 1 and (model.seq_len // cp) % tp:
-                rejected.add("cp_does_not_split_sequence", f"{tag}: seq_len={model.seq_len}", family)
-                continue
-            if tp > hw.nvlink_island_gpus or hw.nvlink_island_gpus % tp:
-                rejected.add("tp_exceeds_nvlink_island", f"{tag}: NVLink islands of {hw.nvlink_island_gpus} GPU(s)", family)
-                continue
-            if not _model_divisible(model, tp):
-                rejected.add("tp_does_not_divide_model", f"{tag}: heads={model.heads} kv_heads={model.kv_heads} "
-                             f"ffn_hidden={model.ffn_hidden}", family)
-                continue
-            if pp > model.layers:
-                rejected.add("pp_exceeds_layers", f"{tag}: {model.layers} layers", family)
-                continue
-            problems = [ep_layout_problem(ep, dp, tp, choices.sequence_parallel and tp > 1, model.moe is not None, cp)
-                        for ep in choices.ep]
-            fitting = [ep for ep, problem in zip(choices.ep, problems) if problem is None]
-            if not fitting:
-                rejected.add("ep_does_not_divide_dp", f"{tag}: {problems[0]}", family)
-                continue
-            if settings.global_batch % dp:
-                rejected.add("global_batch_not_divisible", f"{tag}: global_batch={settings.global_batch}", family)
-                continue
-            for ep in fitting:
-                evaluated += _search_family(model, hw, choices, settings, tp, pp, dp, stages, found, rejected, cp, ep)
-    return ranked(prefer_selective(found, rejected)), rejected, evaluated
+    if world % (tp * pp * cp):
+        return None
+    dp = world // (tp * pp * cp)
+    if choices.dp is not None and dp != choices.dp:
+        return None
+    tag = f"tp={tp} pp={pp} dp={dp}" + (f" cp={cp}" if cp > 1 else "")
+    if cp > 1 and choices.sequence_parallel and tp > 1 and (model.seq_len // cp) % tp:
+        return "cp_does_not_split_sequence", f"{tag}: seq_len={model.seq_len}"
+    if tp > hw.nvlink_island_gpus or hw.nvlink_island_gpus % tp:
+        return "tp_exceeds_nvlink_island", f"{tag}: NVLink islands of {hw.nvlink_island_gpus} GPU(s)"
+    if not _model_divisible(model, tp):
+        return "tp_does_not_divide_model", f"{tag}: heads={model.heads} kv_heads={model.kv_heads} " \
+            f"ffn_hidden={model.ffn_hidden}"
+    if pp > model.layers:
+        return "pp_exceeds_layers", f"{tag}: {model.layers} layers"
+    problems = [ep_layout_problem(ep, dp, tp, choices.sequence_parallel and tp > 1, model.moe is not None, cp)
+                for ep in choices.ep]
+    fitting = [ep for ep, problem in zip(choices.ep, problems) if problem is None]
+    if not fitting:
+        return "ep_does_not_divide_dp", f"{tag}: {problems[0]}"
+    if settings.global_batch % dp:
+        return "global_batch_not_divisible", f"{tag}: global_batch={settings.global_batch}"
+    return dp, fitting
+
+
+def search_part(model: Any, hw: Hardware, choices: Choices, settings: SearchSettings, triples: list[Triple],
+                stages: StageCache, found: list[Layout | SetAside], rejected: Rejections) -> int:
+    """Search `triples` in order, appending to `found` and `rejected`; the candidates evaluated."""
+    evaluated = 0
+    for triple in triples:
+        checked = family_check(model, hw, choices, settings, triple)
+        if checked is None:
+            continue
+        tp, pp, cp = triple
+        if isinstance(checked[0], str):
+            reason, example = checked
+            rejected.add(str(reason), str(example), (tp, pp))
+            continue
+        dp, fitting = checked
+        for ep in fitting:
+            evaluated += _search_family(model, hw, choices, settings, tp, pp, int(dp), stages, found, rejected, cp, ep)
+    return evaluated
 
 
 def ranked(layouts: list[Layout]) -> list[Layout]:
@@ -307,7 +335,7 @@ def _variant(template: _D, changes: dict[str, Any]) -> _D:
 
 
 def _search_family(model: Any, hw: Hardware, choices: Choices, settings: SearchSettings, tp: int, pp: int, dp: int,
-                   stages: _StageCache, layouts: list[Layout | SetAside], rejected: Rejections, cp: int = 1,
+                   stages: StageCache, layouts: list[Layout | SetAside], rejected: Rejections, cp: int = 1,
                    ep: int = 1) -> int:
     family, tag = (tp, pp), f"tp={tp} pp={pp} dp={dp}" + (f" cp={cp}" if cp > 1 else "") + (f" ep={ep}" if ep > 1 else "")
     measured = settings.measured_load(ep) if settings.expert_load_by_ep else None

@@ -205,6 +205,25 @@ class Rejections:
             return None
         return self._closest_miss_bytes[family]
 
+    def extend(self, later: Rejections) -> None:
+        """Add the rejections of a search of what comes after everything here in the search's order
+        (plan/split_search.py): what one search of both in order records (the counts summed, each reason's first
+        examples, each family's first reason or its closest miss, as `add` and `add_memory_miss` keep them)."""
+        for reason, count in later.counts.items():
+            self.counts[reason] = self.counts.get(reason, 0) + count
+        for reason, examples in later.examples.items():
+            mine = self.examples.setdefault(reason, [])
+            mine.extend(examples[:max(0, self.MAX_EXAMPLES - len(mine))])
+        for family, (reason, example) in later.family_reasons.items():
+            if reason != "memory_over_budget":
+                self.family_reasons.setdefault(family, (reason, example))
+                continue
+            total = later._closest_miss_bytes[family]  # its smallest miss: add_memory_miss's rule for it
+            known = self.family_reasons.get(family)
+            if known is None or known[0] != "memory_over_budget" or total < self._closest_miss_bytes[family]:
+                self.family_reasons[family] = (reason, example)
+                self._closest_miss_bytes[family] = total
+
     def count_memory_miss(self) -> None:
         """One more layout over the memory budget, whose total `memory_miss_bar` said could change nothing else."""
         self.counts["memory_over_budget"] += 1

@@ -116,6 +116,23 @@ def test_top_must_be_positive(bad, capsys):
     assert code == 2 and "--top" in err
 
 
+def test_workers_must_not_be_negative_and_do_not_change_the_plan(capsys, monkeypatch):
+    import hpctrain.plan.split_search as split_module
+
+    code, _, err = run(["plan", str(ROOT / "examples" / "quickstart.yaml"), "--workers", "-1"], capsys)
+    assert code == 2 and "--workers" in err and "Traceback" not in err
+    monkeypatch.setattr(split_module, "MIN_SPLIT_CANDIDATES", 0)  # split even this small search
+    outs = []
+    for workers in ("1", "2", "0"):
+        code, out, _ = run(["plan", str(ROOT / "examples" / "gpt3-175b.yaml"), "--json", "--top", "50",
+                            "--workers", workers], capsys)
+        assert code == 0
+        data = json.loads(out)
+        data.pop("search_time_s")
+        outs.append(data)
+    assert outs[0] == outs[1] == outs[2] and len(outs[0]["layouts"]) == 50
+
+
 def test_plan_explains_the_runner_up_and_labels_what_it_counts(capsys):
     """issue 29: the report says why #1 beats #2 (the step-time parts that differ) and #2's memory, says
     that TFLOP/s counts recomputation, and abbreviates a many-stage placement."""

@@ -219,21 +219,21 @@ def test_candidates_setups_are_whole_dataclasses_of_their_layout(name, monkeypat
              lay.offload_optimizer) for lay in layouts} <= priced
 
 
-def test_search_pauses_the_garbage_collector_and_restores_it():
+def test_search_pauses_the_garbage_collector_and_restores_it(monkeypatch):
     """The search runs with Python's cyclic collector off (search._collector_paused) and leaves it as it found it,
     on or off, also when the search raises."""
     import gc
 
     seen = []
-    original = search_module._search
+    original = search_module.search_part
 
     def watched(*args):
         seen.append(gc.isenabled())
         return original(*args)
 
     job = job_from_dict(_spec("lora fp32"))
+    monkeypatch.setattr(search_module, "search_part", watched)
     try:
-        search_module._search = watched
         assert gc.isenabled()
         plan_job(job)
         assert gc.isenabled()
@@ -241,11 +241,10 @@ def test_search_pauses_the_garbage_collector_and_restores_it():
         plan_job(job)
         assert not gc.isenabled()
         gc.enable()
-        search_module._search = lambda *args: 1 / 0
+        monkeypatch.setattr(search_module, "search_part", lambda *args: 1 / 0)
         with pytest.raises(ZeroDivisionError):
             plan_job(job)
         assert gc.isenabled()
     finally:
-        search_module._search = original
         gc.enable()
     assert seen == [False, False]
