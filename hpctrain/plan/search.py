@@ -11,7 +11,7 @@ import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from hpctrain.plan.activations import DEFAULT_EXPERT_LOAD_IMBALANCE
 from hpctrain.plan.cost import DEFAULT_EXPERT_STEP_IMBALANCE, CostSetup, StepCost, step_cost
@@ -212,10 +212,24 @@ def family_triples(choices: Choices) -> list[Triple]:
     return [(tp, pp, cp) for tp in choices.tp for pp in choices.pp for cp in choices.cp]
 
 
+class FamilyRejected(NamedTuple):
+    """A (tp, pp, cp) that a structural check rejects: the reason (space.REASONS) and its example."""
+
+    reason: str
+    example: str
+
+
+class FamilyOpen(NamedTuple):
+    """A (tp, pp, cp) that passes the structural checks: its dp and the ep degrees that fit."""
+
+    dp: int
+    eps: list[int]
+
+
 def family_check(model: Any, hw: Hardware, choices: Choices, settings: SearchSettings,
-                 triple: Triple) -> tuple[int, list[int]] | tuple[str, str] | None:
-    """What the structural checks say of one (tp, pp, cp): None when the world does not split so (or dp is fixed to
-    another), (reason, example) when a check rejects it, else (dp, the ep degrees that fit)."""
+                 triple: Triple) -> FamilyOpen | FamilyRejected | None:
+    """What the structural checks say of one (tp, pp, cp), cheapest first: None when the world does not split so
+    (or dp is fixed to another)."""
     tp, pp, cp = triple
     world = hw.world_size
     if world % (tp * pp * cp):
@@ -225,22 +239,22 @@ def family_check(model: Any, hw: Hardware, choices: Choices, settings: SearchSet
         return None
     tag = f"tp={tp} pp={pp} dp={dp}" + (f" cp={cp}" if cp > 1 else "")
     if cp > 1 and choices.sequence_parallel and tp > 1 and (model.seq_len // cp) % tp:
-        return "cp_does_not_split_sequence", f"{tag}: seq_len={model.seq_len}"
+        return FamilyRejected("cp_does_not_split_sequence", f"{tag}: seq_len={model.seq_len}")
     if tp > hw.nvlink_island_gpus or hw.nvlink_island_gpus % tp:
-        return "tp_exceeds_nvlink_island", f"{tag}: NVLink islands of {hw.nvlink_island_gpus} GPU(s)"
+        return FamilyRejected("tp_exceeds_nvlink_island", f"{tag}: NVLink islands of {hw.nvlink_island_gpus} GPU(s)")
     if not _model_divisible(model, tp):
-        return "tp_does_not_divide_model", f"{tag}: heads={model.heads} kv_heads={model.kv_heads} " \
-            f"ffn_hidden={model.ffn_hidden}"
+        return FamilyRejected("tp_does_not_divide_model", f"{tag}: heads={model.heads} kv_heads={model.kv_heads} "
+                              f"ffn_hidden={model.ffn_hidden}")
     if pp > model.layers:
-        return "pp_exceeds_layers", f"{tag}: {model.layers} layers"
+        return FamilyRejected("pp_exceeds_layers", f"{tag}: {model.layers} layers")
     problems = [ep_layout_problem(ep, dp, tp, choices.sequence_parallel and tp > 1, model.moe is not None, cp)
                 for ep in choices.ep]
     fitting = [ep for ep, problem in zip(choices.ep, problems) if problem is None]
     if not fitting:
-        return "ep_does_not_divide_dp", f"{tag}: {problems[0]}"
+        return FamilyRejected("ep_does_not_divide_dp", f"{tag}: {problems[0]}")
     if settings.global_batch % dp:
-        return "global_batch_not_divisible", f"{tag}: global_batch={settings.global_batch}"
-    return dp, fitting
+        return FamilyRejected("global_batch_not_divisible", f"{tag}: global_batch={settings.global_batch}")
+    return FamilyOpen(dp, fitting)
 
 
 def search_part(model: Any, hw: Hardware, choices: Choices, settings: SearchSettings, triples: list[Triple],
@@ -252,13 +266,12 @@ def search_part(model: Any, hw: Hardware, choices: Choices, settings: SearchSett
         if checked is None:
             continue
         tp, pp, cp = triple
-        if isinstance(checked[0], str):
-            reason, example = checked
-            rejected.add(str(reason), str(example), (tp, pp))
+        if isinstance(checked, FamilyRejected):
+            rejected.add(checked.reason, checked.example, (tp, pp))
             continue
-        dp, fitting = checked
-        for ep in fitting:
-            evaluated += _search_family(model, hw, choices, settings, tp, pp, int(dp), stages, found, rejected, cp, ep)
+        for ep in checked.eps:
+            evaluated += _search_family(model, hw, choices, settings, tp, pp, checked.dp, stages, found, rejected, cp,
+                                        ep)
     return evaluated
 
 

@@ -27,6 +27,7 @@ from hpctrain.plan.cost import StepCost
 from hpctrain.plan.hardware import Hardware
 from hpctrain.plan.memory import MemoryProbe, RankSetup
 from hpctrain.plan.search import (
+    FamilyOpen,
     Layout,
     SearchSettings,
     SetAside,
@@ -53,14 +54,12 @@ def work(model: Any, hw: Hardware, choices: Choices, settings: SearchSettings, t
     """The candidates a triple's families would evaluate, from the structural checks alone (0 when they reject it):
     the split's measure of work."""
     checked = family_check(model, hw, choices, settings, triple)
-    if checked is None or isinstance(checked[0], str):
+    if not isinstance(checked, FamilyOpen):
         return 0
-    tp, pp, _ = triple
-    dp, eps = checked
-    local_batch = settings.global_batch // int(dp)
-    per_schedule = len(choices.micro_batches(local_batch)) * len(choices.ac) * len(choices.zeros(int(dp), pp)) \
-        * len(choices.offload)
-    return len(eps) * len(choices.schedules(pp, model.layers)) * per_schedule
+    pp = triple[1]
+    per_schedule = (len(choices.micro_batches(settings.global_batch // checked.dp)) * len(choices.ac)
+                    * len(choices.zeros(checked.dp, pp)) * len(choices.offload))
+    return len(checked.eps) * len(choices.schedules(pp, model.layers)) * per_schedule
 
 
 def split_search(model: Any, hw: Hardware, choices: Choices, settings: SearchSettings, triples: list[Triple],
