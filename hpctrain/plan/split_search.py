@@ -67,7 +67,8 @@ def split_search(model: Any, hw: Hardware, choices: Choices, settings: SearchSet
     """search.search_part over `triples`, split over up to `workers` processes where the search is large enough."""
     stages = StageCache(model, settings.stage_split)
     weights = [work(model, hw, choices, settings, triple) for triple in triples]
-    if workers <= 1 or sum(weights) <= MIN_SPLIT_CANDIDATES or threading.active_count() > 1:
+    if workers <= 1 or sum(weights) <= MIN_SPLIT_CANDIDATES or threading.active_count() > 1 \
+            or len(triples) * _TOKEN > _QUEUE_BYTES:
         # (a process with other threads is not forked: a child could inherit a lock one of them holds)
         found: list[Layout | SetAside] = []
         rejected = Rejections()
@@ -101,6 +102,7 @@ def split_search(model: Any, hw: Hardware, choices: Choices, settings: SearchSet
 
 
 _TOKEN = 4  # bytes of one triple index in the queue (a pipe's reads of whole tokens are atomic)
+_QUEUE_BYTES = 65536  # Linux's default pipe capacity (pipe(7)): the whole queue is written before any process reads
 
 
 def _search_queue(model: Any, hw: Hardware, choices: Choices, settings: SearchSettings, triples: list[Triple],
