@@ -130,17 +130,19 @@ sys.exit(rc)
 """
 
 
-@pytest.mark.parametrize("setting", [None, "some_plugin"])
-def test_validate_loads_no_plugin_finder_nor_error_helpers(setting: str | None) -> None:
+@pytest.mark.parametrize(("setting", "example"), [(None, "quickstart.yaml"), ("some_plugin", "quickstart.yaml"),
+                                                   (None, "mixtral-8x7b.yaml")])
+def test_validate_loads_no_plugin_finder_nor_error_helpers(setting: str | None, example: str) -> None:
     """What issue 23 item 8 took off validate's path stays off for a valid job: pydantic's plugin finder
-    (importlib.metadata, email, ...; config/plugins_off.py), difflib and json. PYDANTIC_DISABLE_PLUGINS is
-    left as the user set it, and a model built afterwards gets pydantic's own finder."""
+    (importlib.metadata, email, ...; config/plugins_off.py), difflib and json; a lazy section's models (the MoE
+    job's model.moe, config/lazy.py) are built the same way. PYDANTIC_DISABLE_PLUGINS is left as the user set it,
+    and a model built afterwards gets pydantic's own finder."""
     import os
 
     env = {k: v for k, v in os.environ.items() if k != "PYDANTIC_DISABLE_PLUGINS"}
     if setting is not None:
         env["PYDANTIC_DISABLE_PLUGINS"] = setting
-    proc = subprocess.run([sys.executable, "-c", VALIDATE_MODULES_PROBE, str(data_dir("examples") / "quickstart.yaml")],
+    proc = subprocess.run([sys.executable, "-c", VALIDATE_MODULES_PROBE, str(data_dir("examples") / example)],
                           capture_output=True, text=True, timeout=60, env=env)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[1:] == ["[]", str(setting), "module True"], proc.stdout

@@ -13,12 +13,15 @@ serialises a value of an unknown type by its own type). `hpctrain schema` writes
 mypy sees the model class (each field's type is an alias that names the class under TYPE_CHECKING).
 """
 
+import sys
 from importlib import import_module
 from typing import Any, Optional
 
 from pydantic import BaseModel, GetCoreSchemaHandler
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import CoreSchema, core_schema
+
+from hpctrain.config.plugins_off import collector_paused, pydantic_plugins_off
 
 _KEY = "hpctrain_lazy_section"  # where a lazy field's core schema keeps its LazySection (the schema's metadata)
 
@@ -30,7 +33,11 @@ class LazySection:
         self.module, self.name = module, name
 
     def model(self) -> type[BaseModel]:
-        model: type[BaseModel] = getattr(import_module(self.module), self.name)
+        module = sys.modules.get(self.module)
+        if module is None:  # built as the schema's other models are (config/__init__.py, config/plugins_off.py)
+            with pydantic_plugins_off(), collector_paused():
+                module = import_module(self.module)
+        model: type[BaseModel] = getattr(module, self.name)
         return model
 
     def validate(self, value: Any) -> Any:
