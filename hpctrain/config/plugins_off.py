@@ -108,8 +108,10 @@ def collector_paused() -> Iterator[None]:
 
     Importing pydantic and building the ~30 models allocates ~30k objects that all stay alive, so the
     young-generation collections the allocations trigger on the way (~70) find next to nothing to free
-    (~1 ms of `hpctrain validate`, issue 23 item 8). The collector is put back as it was afterwards; garbage
-    made meanwhile is collected at its next run."""
+    (~1 ms of `hpctrain validate`, issue 23 item 8). The planner's search pauses it too (plan/search.py): its
+    ~10^5 objects form no cycles, and the collector's passes over them cost ~3 % of a long search. The collector
+    is put back as it was afterwards, also when the block raises; garbage made meanwhile is collected at its next
+    run."""
     import gc
 
     was_enabled = gc.isenabled()

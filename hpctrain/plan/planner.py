@@ -14,7 +14,8 @@ from hpctrain.plan.lora import fine_tune_notes, lora_shape
 from hpctrain.plan.memory import CPU_RUNTIME_OVERHEAD_BYTES, DEFAULT_RUNTIME_OVERHEAD_BYTES, GIB
 from hpctrain.plan.model_stats import flops_per_token, model_flops_per_token, param_count
 from hpctrain.plan.placement import PlacementPlan, local_gpu_order, rank_order, switches_request
-from hpctrain.plan.search import Layout, SearchSettings, optimizer_kind, search
+from hpctrain.plan.search import Layout, SearchSettings, optimizer_kind
+from hpctrain.plan.split_search import search_with_workers
 from hpctrain.plan.space import REASON_UNITS, REASONS, Choices, Rejections
 from hpctrain.plan.topology import (
     GpuTopology,
@@ -129,7 +130,7 @@ def planned_attention(job: Job) -> str:
 def plan_job(job: Job, measured: Optional[ExpertLoad] = None, workers: int = 1) -> PlanResult:
     """Search every layout the job allows; PlanError with the reasons when none fits. `measured`: a run's expert
     load (plan/expert_load.py `read_expert_load`), which prices the busiest ep rank instead of the default.
-    `workers`: the processes a large search may use (search.search), the same result."""
+    `workers`: the processes a large search may use (split_search.search_with_workers), the same result."""
     start = time.perf_counter()
     problems = check_catalog_names(job) or precision_problems(job)
     if problems:
@@ -155,7 +156,7 @@ def plan_job(job: Job, measured: Optional[ExpertLoad] = None, workers: int = 1) 
                               memory_fp8_recipe=job.train.fp8.recipe if job.train.precision == "fp8" else None,
                               compile=bool(job.train.compile),
                               expert_load_by_ep=measured.by_ep if measured is not None else ())
-    layouts, rejected, evaluated = search(job.model, hw, Choices.from_job(job), settings, workers)
+    layouts, rejected, evaluated = search_with_workers(job.model, hw, Choices.from_job(job), settings, workers)
     result = PlanResult(job.name, job.model, hw, layouts, rejected, evaluated, time.perf_counter() - start,
                         settings.budget_bytes, gpu_topology, switch_tree)
     result.notes += fine_tune_notes(job, measured is not None)

@@ -7,12 +7,10 @@ check is rejected once, not once per micro-batch and AC mode.
 
 from __future__ import annotations
 
-import gc
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
+from hpctrain.config.plugins_off import collector_paused
 from hpctrain.plan.activations import DEFAULT_EXPERT_LOAD_IMBALANCE
 from hpctrain.plan.cost import DEFAULT_EXPERT_STEP_IMBALANCE, CostSetup, StepCost, step_cost
 from hpctrain.plan.hardware import Hardware
@@ -173,34 +171,14 @@ def busiest_rank(model: Any, stage_layers: StageLayers, pp: int, tp: int, ep: in
     return sizes[rank], rank == (last % pp), float(params)
 
 
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off for the block (as it was after): a search allocates some 10^5 objects
-    that form no cycles, and the collector's passes over them cost time for nothing. Reference counting frees them
-    as before."""
-    was_on = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_on:
-            gc.enable()
-
-
-def search(model: Any, hw: Hardware, choices: Choices, settings: SearchSettings,
-           workers: int = 1) -> tuple[list[Layout], Rejections, int]:
-    """All feasible layouts, best first, the rejections, and the number of candidates evaluated. `workers` > 1: a
-    large search split over that many processes (plan/split_search.py), with the same result."""
-    with _collector_paused():
-        triples = family_triples(choices)
-        if workers > 1:
-            from hpctrain.plan.split_search import split_search
-
-            found, rejected, evaluated = split_search(model, hw, choices, settings, triples, workers)
-        else:
-            found, rejected = [], Rejections()
-            evaluated = search_part(model, hw, choices, settings, triples, StageCache(model, settings.stage_split),
-                                    found, rejected)
+def search(model: Any, hw: Hardware, choices: Choices, settings: SearchSettings) -> tuple[list[Layout], Rejections, int]:
+    """All feasible layouts, best first, the rejections, and the number of candidates evaluated (in this process;
+    plan/split_search.py's `search_with_workers` may split a large search over several, with the same result)."""
+    with collector_paused():  # a search makes ~10^5 objects and no cycles (config/plugins_off.py)
+        found: list[Layout | SetAside] = []
+        rejected = Rejections()
+        evaluated = search_part(model, hw, choices, settings, family_triples(choices),
+                                StageCache(model, settings.stage_split), found, rejected)
         return ranked(prefer_selective(found, rejected)), rejected, evaluated
 
 

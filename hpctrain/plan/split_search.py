@@ -26,14 +26,19 @@ from typing import Any, TypeVar
 from hpctrain.plan.cost import StepCost
 from hpctrain.plan.hardware import Hardware
 from hpctrain.plan.memory import MemoryProbe, RankSetup
+from hpctrain.config.plugins_off import collector_paused
 from hpctrain.plan.search import (
     FamilyOpen,
     Layout,
     SearchSettings,
     SetAside,
-    Triple,
     StageCache,
+    Triple,
     family_check,
+    family_triples,
+    prefer_selective,
+    ranked,
+    search,
     search_part,
 )
 from hpctrain.plan.space import Choices, Rejections
@@ -62,17 +67,27 @@ def work(model: Any, hw: Hardware, choices: Choices, settings: SearchSettings, t
     return len(checked.eps) * len(choices.schedules(pp, model.layers)) * per_schedule
 
 
-def split_search(model: Any, hw: Hardware, choices: Choices, settings: SearchSettings, triples: list[Triple],
-                 workers: int) -> tuple[list[Layout | SetAside], Rejections, int]:
-    """search.search_part over `triples`, split over up to `workers` processes where the search is large enough."""
-    stages = StageCache(model, settings.stage_split)
-    weights = [work(model, hw, choices, settings, triple) for triple in triples]
-    if workers <= 1 or sum(weights) <= MIN_SPLIT_CANDIDATES or threading.active_count() > 1 \
-            or len(triples) * _TOKEN > _QUEUE_BYTES:
+def search_with_workers(model: Any, hw: Hardware, choices: Choices, settings: SearchSettings,
+                        workers: int) -> tuple[list[Layout], Rejections, int]:
+    """search.search's result, the search split over up to `workers` processes where that pays and is safe (the
+    module docstring), else in this one."""
+    triples = family_triples(choices)
+    if workers <= 1 or threading.active_count() > 1 or len(triples) * _TOKEN > _QUEUE_BYTES:
         # (a process with other threads is not forked: a child could inherit a lock one of them holds)
-        found: list[Layout | SetAside] = []
-        rejected = Rejections()
-        return found, rejected, search_part(model, hw, choices, settings, triples, stages, found, rejected)
+        return search(model, hw, choices, settings)
+    weights = [work(model, hw, choices, settings, triple) for triple in triples]
+    if sum(weights) <= MIN_SPLIT_CANDIDATES:
+        return search(model, hw, choices, settings)
+    with collector_paused():  # as search.search (config/plugins_off.py)
+        found, rejected, evaluated = split_search(model, hw, choices, settings, triples, weights, workers)
+        return ranked(prefer_selective(found, rejected)), rejected, evaluated
+
+
+def split_search(model: Any, hw: Hardware, choices: Choices, settings: SearchSettings, triples: list[Triple],
+                 weights: list[int], workers: int) -> tuple[list[Layout | SetAside], Rejections, int]:
+    """search.search_part over `triples` (each of estimated `weights`), split over `workers` processes: the layouts
+    found and set aside in the search's order, the rejections and the candidates evaluated."""
+    stages = StageCache(model, settings.stage_split)
     # The triples as a queue of indices, the heaviest first (each process takes the next when done with one, so the
     # work evens out); every process searches each of its triples with rejections of their own.
     read, write = os.pipe()
