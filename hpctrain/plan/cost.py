@@ -14,7 +14,7 @@ run (comm.fsdp_exposed_s); the pipeline bubble is (p-1)/v micro-batch slots (Nar
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from hpctrain.plan.activations import FP8_TILE, HALF_BYTES, MX_BLOCK, layer_saved_bytes_per_token_no_ac
 from hpctrain.plan import comm
@@ -211,8 +211,10 @@ class CostSetup:
     cp_repeated_kv: bool = False
 
 
-@dataclass(frozen=True)
-class StepCost:
+class StepCost(NamedTuple):
+    """One layout's step time and its terms (a named tuple: a search builds one per fitting layout, ~4x faster than
+    a frozen dataclass)."""
+
     step_time_s: float
     compute_s: float
     tp_comm_s: float

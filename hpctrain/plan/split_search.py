@@ -182,7 +182,7 @@ def _row(lay: Layout | SetAside) -> tuple[Any, ...]:
     return ("layout", lay.tp, lay.pp, lay.dp, lay.micro_batch, lay.schedule, lay.virtual_stages, lay.ac, lay.zero,
             lay.offload_optimizer, lay.sequence_parallel, lay.stage_imbalance, lay.cp, lay.ep,
             tuple(getattr(probe.setup, name) for name in _field_names(RankSetup)),
-            tuple(getattr(lay.cost, name) for name in _field_names(StepCost)), probe.rank_totals())
+            tuple(lay.cost), probe.rank_totals())
 
 
 def _restored(model: Any, stages: StageCache, row: tuple[Any, ...]) -> Layout | SetAside:
@@ -193,7 +193,7 @@ def _restored(model: Any, stages: StageCache, row: tuple[Any, ...]) -> Layout | 
     stage_layers = stages.split(pp, v)[0]
     probe = MemoryProbe.with_totals(model, stage_layers, _rebuilt(RankSetup, setup_values), stages.memory, totals)
     return Layout(tp, pp, dp, mb, schedule, v, ac, zero, offload, sp, tuple(stage_layers), imbalance, probe,
-                  _rebuilt(StepCost, cost_values), cp, ep)
+                  StepCost(*cost_values), cp, ep)
 
 
 _D = TypeVar("_D")
