@@ -1,7 +1,7 @@
 """A run's measured expert load, for `hpctrain plan --expert-load RUN_DIR`.
 
 The busiest expert-parallel rank sets a MoE block's time (its expert GEMMs and the all-to-alls wait for it) and its
-activation memory. Without a run the planner prices it at a stated default (cost.DEFAULT_EXPERT_STEP_IMBALANCE for
+activation memory. Without a run the planner prices it at a stated default (kernels.DEFAULT_EXPERT_STEP_IMBALANCE for
 the step, activations.DEFAULT_EXPERT_LOAD_IMBALANCE for memory). A MoE run of hpctrain logs, on every metrics line,
 `expert_load_ep<N>` for each N > 1 dividing its experts (runtime/model/moe.py `expert_rank_loads`): the busiest of N
 ranks' routed tokens over the mean, the experts placed as the runtime places them, mean over the MoE layers. This

@@ -32,7 +32,7 @@ GIB = 2**30
 # "Matrix Multiplication Background" user guide, section 2.3, tile sizes and performance). Re-fit
 # when the cost model changes (A100: 0.66 before the pre-FlashAttention runs' score traffic had a
 # term of its own, cost.SCORE_BYTES_*; 0.70 with it; 0.69 once each GEMM's reduction width sets
-# its efficiency, cost.linear_gemm_times; 0.70 again once a flash backward costs 2.5x its forward,
+# its efficiency, kernels.linear_gemm_times; 0.70 again once a flash backward costs 2.5x its forward,
 # cost.FLASH_BACKWARD_WORK; 0.71 once the pipeline rank holding the head paces the step when it is the slower one,
 # cost.CostSetup.head_rank_layers). H200 has no run in the corpus: it shares H100's SMs, clocks and 700 W limit
 # (H200 datasheet) and takes H100's figure.

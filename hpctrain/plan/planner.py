@@ -116,7 +116,7 @@ def planned_precision(job: Job) -> str:
     """The precision the memory model prices (and the cost model's 16-bit base). fp8 is priced as its high
     precision (bf16 or fp32): the converted linears save their high-precision inputs for backward (torchao's
     Float8Linear recasts them); the fp8 GEMMs and their casts are the cost model's (SearchSettings.fp8,
-    cost.fp8_linears_s)."""
+    kernels.fp8_linears_s)."""
     train = job.train
     return train.fp8.high_precision if train.precision == "fp8" else train.precision
 
@@ -164,7 +164,7 @@ def plan_job(job: Job, measured: Optional[ExpertLoad] = None, workers: int = 1) 
         result.notes.append(measured.note())
         result.expert_load = measured.to_json()
     elif moe is not None:
-        from hpctrain.plan.cost import DEFAULT_EXPERT_STEP_IMBALANCE
+        from hpctrain.plan.kernels import DEFAULT_EXPERT_STEP_IMBALANCE
         from hpctrain.plan.expert_load import default_note
 
         result.notes.append(default_note(DEFAULT_EXPERT_STEP_IMBALANCE))

@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from hpctrain.config.plugins_off import collector_paused
 from hpctrain.plan.activations import DEFAULT_EXPERT_LOAD_IMBALANCE
-from hpctrain.plan.cost import DEFAULT_EXPERT_STEP_IMBALANCE, CostSetup, StepCost, step_cost
+from hpctrain.plan.cost import CostSetup, StepCost, step_cost
 from hpctrain.plan.hardware import Hardware
+from hpctrain.plan.kernels import DEFAULT_EXPERT_STEP_IMBALANCE
 from hpctrain.plan.lora import LoraShape
 from hpctrain.plan.memory import MemoryBreakdown, MemoryProbe, RankSetup, activation_terms
 from hpctrain.plan.model_stats import stage_param_count
@@ -87,14 +88,14 @@ class SearchSettings:
     cp_rotate: str = "allgather"  # parallel.cp_rotate (plan/context.py)
     fp8: bool = False  # train.precision fp8 (memory is priced in `precision`, its high precision)
     fp8_min_width: int = 1024
-    fp8_recipe: str = "tensorwise"  # train.fp8.recipe (cost.FP8_RECIPES)
+    fp8_recipe: str = "tensorwise"  # train.fp8.recipe (kernels.FP8_RECIPES)
     fp8_all_gather: bool = False  # fp8 tensorwise: under FSDP the weights are torchao wrappers (RankSetup.foreach)
     # train.precision fp8, emulated or not: the recipe whose converted linears the memory model prices
     # (RankSetup.fp8_recipe; `fp8` above is the cost model's, off under emulation)
     memory_fp8_recipe: str | None = None
     compile: bool = False  # train.compile: the runtime compiles the blocks of tp == 1 layouts
     compile_with_tp: bool = False  # a published run's software fuses element-wise work under TP too (bench only)
-    expert_load_imbalance: float | None = None  # the busiest ep rank's load; None: cost.DEFAULT_EXPERT_STEP_IMBALANCE
+    expert_load_imbalance: float | None = None  # the busiest ep rank's load; None: kernels.DEFAULT_EXPERT_STEP_IMBALANCE
     # A run's measured load per ep ((ep, busiest rank / mean), plan/expert_load.py): prices the step and the busiest
     # rank's memory of each layout at its own ep; an ep it lacks falls back as above.
     expert_load_by_ep: tuple[tuple[int, float], ...] = ()

@@ -6,6 +6,7 @@ import pytest
 
 from hpctrain.config import job_from_dict
 from hpctrain.plan import plan_job
+from hpctrain.plan import kernels
 from hpctrain.plan.comm import Link, collective_s, ring_latency_s
 from hpctrain.plan.cost import CostSetup, step_cost
 from hpctrain.plan.hardware import resolve_hardware
@@ -89,7 +90,7 @@ def test_a_materialising_attention_kernel_streams_the_score_matrix(tp, ac):
     core = attention_core_forward_flops_per_token(model) / tp
     replays = 1 if ac != "none" else 0  # full, and Korthikanti's selective, replay the attention core
     passes = 3 + replays
-    scores = model.heads / tp * model.seq_len * (13 + 19 + 13 * replays) / (hw.gpu.hbm_bytes_per_s * cost.HBM_EFFICIENCY)
+    scores = model.heads / tp * model.seq_len * (13 + 19 + 13 * replays) / (hw.gpu.hbm_bytes_per_s * kernels.HBM_EFFICIENCY)
     expected = (passes * core / gemm_rate + scores
                 - (1 + cost.FLASH_BACKWARD_WORK + (1 if ac == "full" else 0)) * cost.CAUSAL_ATTENTION_WORK * core
                 / (peak * hw.gpu.attention_efficiency))
@@ -117,14 +118,12 @@ def test_a_materialising_attention_kernel_keeps_the_scores_without_checkpointing
 def test_gemm_efficiency_follows_each_gemms_reduction_width():
     # Every linear runs forward (K = input width), input-gradient (K = output width) and
     # weight-gradient (K = tokens) GEMMs of equal FLOPs, each at K / (K + 128) of the GEMM rate.
-    from hpctrain.plan import cost
-
     model, hw = _gpt()
     rate = 1e15
-    linears = cost.layer_linears(model, 8)
+    linears = kernels.layer_linears(model, 8)
     h, ffn = 2304.0, 4 * 2304.0 / 8
     assert linears == [(h, h / 8), (h, h / 8), (h, h / 8), (h / 8, h), (h, ffn), (ffn, h)]
-    forward, backward = cost.linear_gemm_times(model, 8, 4096, rate)
+    forward, backward = kernels.linear_gemm_times(model, 8, 4096, rate)
 
     def slow(k):
         return (k + 128.0) / k
@@ -135,4 +134,4 @@ def test_gemm_efficiency_follows_each_gemms_reduction_width():
     flops = 3 * sum(2 * i * o for i, o in linears) / rate
     assert flops * slow(h / 8) > forward + backward > flops
     # more tokens per micro-batch: cheaper weight gradients
-    assert cost.linear_gemm_times(model, 8, 16384, rate)[1] < backward
+    assert kernels.linear_gemm_times(model, 8, 16384, rate)[1] < backward

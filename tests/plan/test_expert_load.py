@@ -13,7 +13,7 @@ from hpctrain.cli import main as cli_main
 from hpctrain.config import job_from_dict
 from hpctrain.errors import ConfigError
 from hpctrain.plan import plan_job
-from hpctrain.plan.cost import DEFAULT_EXPERT_STEP_IMBALANCE
+from hpctrain.plan.kernels import DEFAULT_EXPERT_STEP_IMBALANCE
 from hpctrain.plan.expert_load import KEY, RECENT_LINES, read_expert_load
 from hpctrain.plan.hardware import resolve_hardware
 from hpctrain.plan.planner import planned_precision

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from hpctrain.config import job_from_dict
-from hpctrain.plan import cost, plan_job
+from hpctrain.plan import kernels, plan_job
 from hpctrain.plan.hardware import resolve_hardware
 
 
@@ -17,11 +17,11 @@ def _hw():
 
 def _linear_speedup(m: int, k: int, n: int) -> float:
     hw = _hw()
-    hbm = hw.gpu.hbm_bytes_per_s * cost.HBM_EFFICIENCY
+    hbm = hw.gpu.hbm_bytes_per_s * kernels.HBM_EFFICIENCY
     bf16 = hw.gpu.bf16_flops_per_s * hw.gpu.gemm_efficiency
-    fp8 = hw.gpu.fp8_flops_per_s * hw.gpu.gemm_efficiency * cost.FP8_GEMM_EFFICIENCY_RATIO
-    casts = cost.FP8_CAST_BYTES_COMPILED * (k + n + k * n / m) / hbm
-    return sum(cost._gemm_times([(k, n)], m, bf16)) / (sum(cost._gemm_times([(k, n)], m, fp8)) + casts)
+    fp8 = hw.gpu.fp8_flops_per_s * hw.gpu.gemm_efficiency * kernels.FP8_GEMM_EFFICIENCY_RATIO
+    casts = kernels.FP8_CAST_BYTES_COMPILED * (k + n + k * n / m) / hbm
+    return sum(kernels.gemm_times([(k, n)], m, bf16)) / (sum(kernels.gemm_times([(k, n)], m, fp8)) + casts)
 
 
 @pytest.mark.parametrize("m,k,n,published", [(4096, 8192, 16384, 1.39), (1024, 2048, 1024, 0.80)])
@@ -55,8 +55,8 @@ def test_fp8_speeds_up_wide_linears_and_not_narrow_ones():
 def test_fp8_casts_cost_more_unfused():
     hw = _hw()
     job = _job("fp8")
-    eager = cost.fp8_linears_s(job.model, hw, 1, 8192, 1024, compiled=False)
-    compiled = cost.fp8_linears_s(job.model, hw, 1, 8192, 1024, compiled=True)
+    eager = kernels.fp8_linears_s(job.model, hw, 1, 8192, 1024, compiled=False)
+    compiled = kernels.fp8_linears_s(job.model, hw, 1, 8192, 1024, compiled=True)
     assert eager > compiled
     assert compiled < 0  # fp8 saves time on Llama 3 8B's linears
 
@@ -64,9 +64,9 @@ def test_fp8_casts_cost_more_unfused():
 def test_fp8_leaves_routed_experts_in_16_bits():
     hw = _hw()
     moe = job_from_dict({"name": "m", "model": {"preset": "qwen3-30b-a3b", "seq_len": 4096}}).model
-    attention_only = cost.fp8_linears_s(moe, hw, 1, 4096, 1024, compiled=True)
+    attention_only = kernels.fp8_linears_s(moe, hw, 1, 4096, 1024, compiled=True)
     dense = job_from_dict({"name": "d", "model": {"preset": "qwen3-30b-a3b", "seq_len": 4096, "moe": None}}).model
-    with_ffn = cost.fp8_linears_s(dense, hw, 1, 4096, 1024, compiled=True)
+    with_ffn = kernels.fp8_linears_s(dense, hw, 1, 4096, 1024, compiled=True)
     assert attention_only < 0 and with_ffn < attention_only  # the dense FFN converts, the experts do not
 
 

@@ -9,7 +9,7 @@ import pytest
 from hpctrain.config import job_from_dict
 from hpctrain.config.job import cross_field_problems
 from hpctrain.errors import ConfigError, PlanError
-from hpctrain.plan import cost, plan_job
+from hpctrain.plan import kernels, plan_job
 from hpctrain.plan.hardware import precision_problems, resolve_hardware
 
 B200 = {"nodes": 1, "gpus_per_node": 8, "gpu": "b200-180gb", "node": "dgx-b200", "fabric": "ib-ndr400"}
@@ -59,17 +59,17 @@ def test_mxfp8_needs_whole_blocks_of_tokens_per_rank():
 
 
 def test_mx_casts_fuse_the_amax_and_add_a_scale_byte_per_block():
-    assert cost.FP8_MX_CAST_BYTES == pytest.approx(2 * (2 + 1 + 1 / 32))  # 6.0625: two layouts, no amax pass
+    assert kernels.FP8_MX_CAST_BYTES == pytest.approx(2 * (2 + 1 + 1 / 32))  # 6.0625: two layouts, no amax pass
     job = _job()
     hw = resolve_hardware(job)
     model, tokens = job.model, 8192
-    mx = cost.fp8_linears_s(model, hw, 1, tokens, 1024, compiled=False, recipe="mxfp8")
-    tensorwise = cost.fp8_linears_s(model, hw, 1, tokens, 1024, compiled=True)
+    mx = kernels.fp8_linears_s(model, hw, 1, tokens, 1024, compiled=False, recipe="mxfp8")
+    tensorwise = kernels.fp8_linears_s(model, hw, 1, tokens, 1024, compiled=True)
     # the same GEMMs at the FP8 peak; only the casts differ: 6.0625 bytes per element against 8 compiled
-    linears = cost.layer_linears(model, 1)
-    hbm = hw.gpu.hbm_bytes_per_s * cost.HBM_EFFICIENCY
+    linears = kernels.layer_linears(model, 1)
+    hbm = hw.gpu.hbm_bytes_per_s * kernels.HBM_EFFICIENCY
     elements = sum(i + o + i * o / tokens for i, o in linears)
-    assert tensorwise - mx == pytest.approx((8.0 - cost.FP8_MX_CAST_BYTES) * elements / hbm)
+    assert tensorwise - mx == pytest.approx((8.0 - kernels.FP8_MX_CAST_BYTES) * elements / hbm)
     assert mx < 0  # a net saving on Llama 3 8B's linears
 
 
@@ -78,7 +78,7 @@ def test_mx_blocks_stay_inside_a_tp_shard():
 
     def mx(ffn: int, tp: int) -> float:
         model = job_from_dict({"name": "m", "model": {"preset": "llama3-8b", "ffn_hidden": ffn}}).model
-        return cost.fp8_linears_s(model, hw, tp, 8192, 1024, compiled=True, recipe="mxfp8")
+        return kernels.fp8_linears_s(model, hw, tp, 8192, 1024, compiled=True, recipe="mxfp8")
 
     # 14352 = 16 x 897: no whole MX blocks, attention alone converts; 14368 = 32 x 449: whole blocks on one rank,
     # not on each of two (a block would straddle the tp shards); 14336 = 64 x 224: on each of two as well
@@ -97,8 +97,8 @@ def test_plan_prices_mxfp8_on_b200():
     assert plain.tokens_per_s < tensorwise.tokens_per_s < mx.tokens_per_s
     model, hw = _job().model, resolve_hardware(_job())
     tokens = model.seq_len
-    elements = sum(i + o + i * o / tokens for i, o in cost.layer_linears(model, 1))
+    elements = sum(i + o + i * o / tokens for i, o in kernels.layer_linears(model, 1))
     assert tensorwise.compute_s - mx.compute_s == pytest.approx(
-        tokens * model.layers * (cost.FP8_CAST_BYTES_EAGER - cost.FP8_MX_CAST_BYTES) * elements
-        / (hw.gpu.hbm_bytes_per_s * cost.HBM_EFFICIENCY), rel=1e-9)
+        tokens * model.layers * (kernels.FP8_CAST_BYTES_EAGER - kernels.FP8_MX_CAST_BYTES) * elements
+        / (hw.gpu.hbm_bytes_per_s * kernels.HBM_EFFICIENCY), rel=1e-9)
     assert plan_job(_job(emulate=True)).best.cost.tokens_per_s == pytest.approx(plain.tokens_per_s)
