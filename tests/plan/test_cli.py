@@ -102,6 +102,19 @@ def test_topo_bad_file_exit_2(tmp_path, capsys):
     assert code == 2 and "neither Nodes=" in err and "cannot read" in err
 
 
+def test_plan_as_a_command_line_ends_at_once_with_all_its_output(capsys):
+    """`hpctrain plan` ends without the interpreter's teardown (cli/main.py's exit_now, its collector off to the
+    end): everything it prints is out, as from main() called in process, and the exit code is 0."""
+    argv = ["plan", str(ROOT / "examples" / "gpt3-175b.yaml"), "--json", "--top", "40"]
+    code, out, _ = run(argv, capsys)
+    assert code == 0
+    done = subprocess.run([sys.executable, "-m", "hpctrain", *argv], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    here, there = json.loads(out), json.loads(done.stdout)
+    here.pop("search_time_s"), there.pop("search_time_s")
+    assert here == there and len(there["layouts"]) == 40
+
+
 def test_planner_never_imports_torch():
     code = ("import sys; from hpctrain.config import load_job; from hpctrain.plan import resolve_job; "
             f"resolve_job(load_job({str(ROOT / 'examples' / 'gpt3-175b.yaml')!r})); "
