@@ -755,8 +755,16 @@ class MemoryProbe:
 
     def over(self, budget: float, bar: float) -> bool:
         """Whether `peak()`'s total is known, from the ranks' totals alone (`rank_total`), to be over `budget` and at
-        least `bar` (rank by rank, stopping at the first that shows it; the factor keeps rounding from deciding)."""
+        least `bar` (rank by rank, stopping at the first that shows it; the factor keeps rounding from deciding). A
+        rank's first micro-batches' loss phase, one of the phases its total is the largest of, shows it first where
+        it can, without the other phases."""
         for rank in self.ranks:
+            if rank not in self._totals:
+                p = self.parts(rank)
+                if p.in_flight > 0:
+                    floor = (_loss_total(p, p.in_flight, 0.0, 0.0) + self.setup.overhead_bytes) * (1 - 1e-9)
+                    if floor > budget and floor >= bar:
+                        return True
             total = self.rank_total(rank) * (1 - 1e-9)
             if total > budget and total >= bar:
                 return True
