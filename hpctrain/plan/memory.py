@@ -750,7 +750,12 @@ class MemoryProbe:
         do not fall: 1F1B's min(pp, m) x mb, GPipe's m x mb = the local batch; its parameter-sized buffers do not
         depend on the micro-batch; test_search_memo.py checks it over whole searches). A search sets the larger
         micro-batches of a layout aside once this floor has put it over the budget."""
-        p = self.parts(0)
+        return self._loss_floor(0)
+
+    def _loss_floor(self, rank: int) -> float:
+        """`rank`'s first micro-batches' loss phase with the runtime's overhead, one of the phases its total
+        (`rank_total`) is the largest of; 0 without micro-batches in flight."""
+        p = self.parts(rank)
         return _loss_total(p, p.in_flight, 0.0, 0.0) + self.setup.overhead_bytes if p.in_flight > 0 else 0.0
 
     def over(self, budget: float, bar: float) -> bool:
@@ -760,11 +765,9 @@ class MemoryProbe:
         it can, without the other phases."""
         for rank in self.ranks:
             if rank not in self._totals:
-                p = self.parts(rank)
-                if p.in_flight > 0:
-                    floor = (_loss_total(p, p.in_flight, 0.0, 0.0) + self.setup.overhead_bytes) * (1 - 1e-9)
-                    if floor > budget and floor >= bar:
-                        return True
+                floor = self._loss_floor(rank) * (1 - 1e-9)
+                if floor > budget and floor >= bar:
+                    return True
             total = self.rank_total(rank) * (1 - 1e-9)
             if total > budget and total >= bar:
                 return True

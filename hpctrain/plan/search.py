@@ -7,6 +7,7 @@ check is rejected once, not once per micro-batch and AC mode.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
@@ -315,15 +316,19 @@ def prefer_selective(layouts: list[Layout | SetAside], rejected: Rejections) -> 
 _D = TypeVar("_D")
 
 
-def _variant(template: _D, changes: dict[str, Any]) -> _D:
-    """`dataclasses.replace(template, **changes)` without running the frozen dataclass's `__init__` again (RankSetup
-    and CostSetup have no `__post_init__` and no slots): ~0.4 us against ~3-5 us, for each of the up to ~10^5
-    candidates of a search (tests/plan/test_search_memo.py holds it to `replace`)."""
-    new = object.__new__(type(template))
-    fields = new.__dict__
-    fields.update(template.__dict__)
-    fields.update(changes)
+def frozen_with(cls: type[_D], *fields: Mapping[str, Any]) -> _D:
+    """The frozen dataclass `cls` holding `fields` (later mappings win), built without running its `__init__`
+    (RankSetup and CostSetup have no `__post_init__` and no slots): ~0.4 us against ~3-5 us, for each of the up to
+    ~10^5 candidates of a search (tests/plan/test_search_memo.py holds the result to `dataclasses.replace`'s)."""
+    new = object.__new__(cls)
+    for part in fields:
+        new.__dict__.update(part)
     return new
+
+
+def _variant(template: _D, changes: dict[str, Any]) -> _D:
+    """`dataclasses.replace(template, **changes)`, through `frozen_with`."""
+    return frozen_with(type(template), vars(template), changes)
 
 
 def _search_family(model: Any, hw: Hardware, choices: Choices, settings: SearchSettings, tp: int, pp: int, dp: int,

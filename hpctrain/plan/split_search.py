@@ -20,8 +20,7 @@ import os
 import pickle
 import sys
 import threading
-from dataclasses import fields
-from typing import Any, TypeVar
+from typing import Any
 
 from hpctrain.plan.cost import StepCost
 from hpctrain.plan.hardware import Hardware
@@ -36,6 +35,7 @@ from hpctrain.plan.search import (
     Triple,
     family_check,
     family_triples,
+    frozen_with,
     prefer_selective,
     ranked,
     search,
@@ -180,38 +180,16 @@ def _row(lay: Layout | SetAside) -> tuple[Any, ...]:
         return ("set aside", lay.label, lay.family)
     probe = lay.probe
     return ("layout", lay.tp, lay.pp, lay.dp, lay.micro_batch, lay.schedule, lay.virtual_stages, lay.ac, lay.zero,
-            lay.offload_optimizer, lay.sequence_parallel, lay.stage_imbalance, lay.cp, lay.ep,
-            tuple(getattr(probe.setup, name) for name in _field_names(RankSetup)),
+            lay.offload_optimizer, lay.sequence_parallel, lay.stage_imbalance, lay.cp, lay.ep, vars(probe.setup),
             tuple(lay.cost), probe.rank_totals())
 
 
 def _restored(model: Any, stages: StageCache, row: tuple[Any, ...]) -> Layout | SetAside:
     if row[0] == "set aside":
         return SetAside(row[1], row[2])
-    (_, tp, pp, dp, mb, schedule, v, ac, zero, offload, sp, imbalance, cp, ep, setup_values, cost_values,
+    (_, tp, pp, dp, mb, schedule, v, ac, zero, offload, sp, imbalance, cp, ep, setup_fields, cost_values,
      totals) = row
     stage_layers = stages.split(pp, v)[0]
-    probe = MemoryProbe.with_totals(model, stage_layers, _rebuilt(RankSetup, setup_values), stages.memory, totals)
+    probe = MemoryProbe.with_totals(model, stage_layers, frozen_with(RankSetup, setup_fields), stages.memory, totals)
     return Layout(tp, pp, dp, mb, schedule, v, ac, zero, offload, sp, tuple(stage_layers), imbalance, probe,
                   StepCost(*cost_values), cp, ep)
-
-
-_D = TypeVar("_D")
-
-
-def _rebuilt(cls: type[_D], values: tuple[Any, ...]) -> _D:
-    """The frozen dataclass `cls` whose fields (in their order) hold `values`, as `cls(*values)` without its
-    `__init__` (as search._variant: none of these has a __post_init__ or slots)."""
-    new = object.__new__(cls)
-    new.__dict__.update(zip(_field_names(cls), values))
-    return new
-
-
-_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
-
-
-def _field_names(cls: type) -> tuple[str, ...]:
-    names = _FIELD_NAMES.get(cls)
-    if names is None:
-        names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cls))
-    return names
