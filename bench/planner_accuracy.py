@@ -30,8 +30,10 @@ context_parallel around a model that repeats K/V to the query heads before SDPA:
 (allgather, the default, or ring: Megatron-Core / Transformer Engine's point-to-point context parallelism, K/V chunks
 passed around the cp ring beside the attention blocks; parallel.cp_rotate, plan/context.py), `stack` (torch,
 the default, or megatron-te: Megatron-Core with Transformer Engine; hardware.STACKS) and `dispatcher` (alltoall,
-deepep, hybridep; cost.CostSetup); recorded but not read by the cost model yet: `token_drop` (capacity-factor
-dropping with expert inputs padded to capacity). The publisher's FLOP formulas (`metric.flops`): megatron_hfu,
+deepep, hybridep; cost.CostSetup), `token_drop` (capacity-factor dropping with expert inputs padded to capacity)
+and `cuda_graph` (full_iteration: the whole step replayed from a CUDA graph, the MoE blocks sync-free): with
+either, a MoE block never waits for its routing sizes on the host, else Megatron-Core's dropless MoE always does
+(cost.MOE_SYNC_HOST_S; `moe_sync`). The publisher's FLOP formulas (`metric.flops`): megatron_hfu,
 megatron_mfu, palm, megatron (Megatron-LM's of 2025, for GQA and MoE: causal halving of the scores) and megatron_2024
 (the same function as Megatron-LM had it from 2024-04 to 2025-03: the full s x s score matrix counted). `--fit` fits
 the GEMM efficiency per (GPU, stack) on the calibration set only (hardware.py cites the result) and reports both sets
@@ -176,6 +178,7 @@ def _search(job: Any, hw: Any, budget_bytes: Optional[float] = None, run: Option
                               stage_split=_stage_split(run) if run else "balanced",
                               # Megatron-Core's distributed optimizer: gradients and parameters once per step
                               dp_once_per_step=bool(run and _stack(run) == "megatron-te"),
+                              moe_sync=_moe_sync(run) if run else "ep",
                               # Transformer Engine's grouped linear runs the routed experts in FP8 too
                               fp8_experts=bool(run and _stack(run) == "megatron-te" and job.train.precision == "fp8"))
     choices = Choices.from_job(job)
@@ -280,6 +283,21 @@ def _dispatcher(run: dict[str, Any]) -> str:
     if dispatcher not in known:
         raise SystemExit(f"run {run['name']!r}: dispatcher must be one of {', '.join(known)} (got {dispatcher!r})")
     return str(dispatcher)
+
+
+CUDA_GRAPHS = ("none", "full_iteration")
+
+
+def _moe_sync(run: dict[str, Any]) -> str:
+    """When the publisher's MoE blocks wait for their routing sizes on the host (cost.MOE_SYNCS): never with token
+    dropping padded to capacity (`token_drop`) or under a full-iteration CUDA graph (`cuda_graph`, whose MoE is
+    sync-free); always with Megatron-Core's dropless MoE (the tokens per expert); else as hpctrain's runtime (ep > 1)."""
+    graph = run.get("cuda_graph", "none")
+    if graph not in CUDA_GRAPHS:
+        raise SystemExit(f"run {run['name']!r}: cuda_graph must be one of {', '.join(CUDA_GRAPHS)} (got {graph!r})")
+    if run.get("token_drop") or graph == "full_iteration":
+        return "none"
+    return "always" if _stack(run) == "megatron-te" else "ep"
 
 
 CP_ROTATIONS = ("allgather", "ring")

@@ -92,6 +92,23 @@ OPTIMIZER_BYTES_PER_PARAM = 32.0
 # per node (AMD EPYC 7742 datasheet, NVIDIA DGX A100 user guide), 51 GB/s per GPU; torch's unfused
 # CPU AdamW is taken to reach ~40 % of that share: an assumption, no offloaded run is in the corpus.
 CPU_OPTIMIZER_BYTES_PER_S = 20e9
+# A dropless MoE block's host sync. The host must know how many rows each rank or expert gets before it can launch
+# the block's next kernels: hpctrain's runtime reads the all-to-all's split sizes (runtime/parallel/expert.py,
+# `.tolist()`) under ep > 1; Megatron-Core's dropless MoE reads the tokens per expert at any ep. Each such read
+# drains the GPU's queue, so the host's time to launch the block (Python, PyTorch's dispatch, CUDA launches) stops
+# hiding behind queued GPU work, and no CUDA graph can cover the routed experts (Megatron-LM, "Optimizing
+# DeepSeek-V3 Training Performance on NVIDIA GB200 NVL72", docs/discussions/deepseek-v3-gb200-optimization,
+# commit eb0783b6d3, sections 2 and 2.3). MOE_SYNC_HOST_S is that exposed host time per MoE block and micro-batch,
+# forward and backward, derived from the same guide's section 3.1: removing the sync (so that CUDA graphs cover the
+# whole model) is estimated at "at least a 10% additional performance gain" on its final configuration, DeepSeek-V3
+# at 970 TFLOP/s per GPU on 256 GB200 (TP 1, PP 8, VPP 4, EP 32, MBS 1, GBS 2048, seq 4096). That step is
+# 2048 x 4096 tokens x 2.61e11 FLOP (6 x 38.2 B active matmul parameters with the MTP layer and both heads, plus
+# causal MLA attention) / (256 x 970e12 FLOP/s) = 8.8 s, of which >= 1 - 1/1.1 = 9.1 % (0.80 s) is this host time,
+# over 64 micro-batches x 59 / 8 MoE blocks per rank (58 MoE layers and the MTP layer): 1.7 ms. A lower bound, on
+# Grace hosts with NUMA binding; taken for every host. A run without the sync (token dropping padded to capacity, or
+# a sync-free MoE under a full-iteration CUDA graph: a published run's software) has none (MOE_SYNCS "none").
+MOE_SYNC_HOST_S = 1.7e-3
+MOE_SYNCS = ("ep", "always", "none")  # when a MoE block syncs: under ep > 1 (hpctrain's runtime), always, never
 
 
 @dataclass(frozen=True)
@@ -161,6 +178,10 @@ class CostSetup:
     # default True). hpctrain's runtime gathers the kv heads in the compute dtype: a published run's software
     # (bench only).
     cp_repeated_kv: bool = False
+    # When a MoE block waits for its routing sizes on the host (MOE_SYNCS, MOE_SYNC_HOST_S): "ep" for hpctrain's
+    # runtime (the all-to-all's split sizes); a published run's software: "always" (Megatron-Core's dropless MoE),
+    # "none" (token dropping padded to capacity; a sync-free MoE under a full-iteration CUDA graph) (bench only).
+    moe_sync: str = "ep"
 
 
 class StepCost(NamedTuple):
@@ -181,6 +202,7 @@ class StepCost(NamedTuple):
     cp_comm_s: float = 0.0  # of tp_comm_s: context parallelism's K/V exchanges (on the critical path too)
     a2a_s: float = 0.0  # expert parallelism's dispatch/combine all-to-alls (on the critical path, not in tp_comm_s)
     a2a_crosses_nodes: bool = False  # the ep group leaves NVLink (its node, or its NVLink domain): all-to-all over the fabric
+    host_s: float = 0.0  # the MoE blocks' host syncs (MOE_SYNC_HOST_S), on the critical path
 
     @property
     def comm_exposed_s(self) -> float:
@@ -387,6 +409,16 @@ def embedding_transfer_s(model: Any, hw: Hardware, tokens: int, act_bytes: int) 
     return 2.0 * tokens * model.hidden * act_bytes / hw.gpu.pcie_bytes_per_s
 
 
+def moe_sync_host_per_micro_batch_s(model: Any, c: CostSetup) -> float:
+    """The busiest rank's MoE blocks' host syncs in one micro-batch, forward and backward (MOE_SYNC_HOST_S): its
+    layers' share of MoE blocks (dense_layers lead the model, counted as spread over the ranks)."""
+    if c.moe_sync == "none" or (c.moe_sync == "ep" and c.ep <= 1) or getattr(model, "moe", None) is None:
+        return 0.0
+    from hpctrain.plan.model_stats import moe_layer_count
+
+    return c.max_rank_layers * moe_layer_count(model) / model.layers * MOE_SYNC_HOST_S
+
+
 def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int,
               memo: dict[Any, Any] | None = None) -> StepCost:
     """Step time and throughput of one layout (see the module docstring for each term). `memo`: one search's store
@@ -457,21 +489,23 @@ def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int,
             cp_mb = c.max_rank_layers * (gathers + grads) * collective_s(c.cp * message, cp_link, all_reduce=False)
     tp_mb += cp_mb  # reported with the model-parallel communication on the critical path
     a2a_mb = moe_a2a_per_micro_batch_s(model, hw, c, tokens_mb, act_bytes, memo)
+    host_mb = moe_sync_host_per_micro_batch_s(model, c)
     if c.pp > 1 and not c.max_rank_has_head and 0 <= c.head_rank_layers and c.max_rank_layers > 0:
         # Every per-layer term above scales with the rank's layers: the head's rank runs head_rank_layers of them
         # and the head and loss; a micro-batch's slot is the slower rank's (the pipeline waits for it).
         share = c.head_rank_layers / c.max_rank_layers
         head_mb = tokens_mb * head_s
-        if share * (compute_mb + tp_mb + a2a_mb) + head_mb > compute_mb + tp_mb + a2a_mb:
+        if share * (compute_mb + tp_mb + a2a_mb + host_mb) + head_mb > compute_mb + tp_mb + a2a_mb + host_mb:
             compute_mb, tp_mb, cp_mb, a2a_mb = share * compute_mb + head_mb, share * tp_mb, share * cp_mb, share * a2a_mb
-    slot_s = compute_mb + tp_mb + pp_mb + a2a_mb + (embedding_transfer_s(model, hw, tokens_mb, act_bytes)
-                                           if c.embedding_on_cpu else 0.0)
+            host_mb *= share
+    slot_s = compute_mb + tp_mb + pp_mb + a2a_mb + host_mb + (embedding_transfer_s(model, hw, tokens_mb, act_bytes)
+                                                     if c.embedding_on_cpu else 0.0)
     # Bubble: (p-1)/v micro-batch slots for GPipe, 1F1B and interleaved 1F1B alike (Narayanan et
     # al. 2021, sections 2.2.1-2.2.2; v = 1 but for the interleaved schedule).
     bubble_slots = (c.pp - 1) / c.virtual_stages
     pipeline_s = (c.micro_batches + bubble_slots) * slot_s
 
-    dp_exposed, dp_total = _dp_comm_s(hw, c, compute_mb + tp_mb + a2a_mb, memo)
+    dp_exposed, dp_total = _dp_comm_s(hw, c, compute_mb + tp_mb + a2a_mb + host_mb, memo)
     local_params = c.rank_params / (c.dp if (c.dp > 1 or c.offload_optimizer) else 1)
     if c.offload_optimizer:
         optimizer_s = (OPTIMIZER_BYTES_PER_PARAM * local_params / CPU_OPTIMIZER_BYTES_PER_S
@@ -498,6 +532,7 @@ def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int,
         cp_comm_s=c.micro_batches * cp_mb,
         a2a_s=c.micro_batches * a2a_mb,
         a2a_crosses_nodes=c.ep > 1 and _ep_placement(hw, c.tp, c.pp, c.ep, memo).crosses_fabric,
+        host_s=c.micro_batches * host_mb,
     )
 
 

@@ -30,7 +30,7 @@ def layout_json(lay: Layout, model: Any) -> dict[str, Any]:
                    "pp_comm": round(c.pp_comm_s, 6), "dp_comm_exposed": round(c.dp_comm_exposed_s, 6),
                    "bubble": round(c.bubble_s, 6), "optimizer": round(c.optimizer_s, 6),
                    "dp_comm_total": round(c.dp_comm_total_s, 6), "cp_comm": round(c.cp_comm_s, 6),
-                   "all_to_all": round(c.a2a_s, 6)},
+                   "all_to_all": round(c.a2a_s, 6), "moe_host_sync": round(c.host_s, 6)},
         "all_to_all_crosses_nodes": c.a2a_crosses_nodes,
         "stage_layers": [list(r) for r in lay.stage_layers], "stage_imbalance": round(lay.stage_imbalance, 4),
     }
@@ -115,7 +115,8 @@ def runner_up(result: PlanResult) -> list[str]:
     a, b = result.layouts[0], result.layouts[1]
     parts = {"compute": lambda c: c.compute_s, "TP communication": lambda c: c.tp_comm_s,
              "PP communication": lambda c: c.pp_comm_s, "pipeline bubble": lambda c: c.bubble_s,
-             "exposed DP communication": lambda c: c.dp_comm_exposed_s, "optimizer step": lambda c: c.optimizer_s}
+             "exposed DP communication": lambda c: c.dp_comm_exposed_s, "optimizer step": lambda c: c.optimizer_s,
+             "all-to-all": lambda c: c.a2a_s, "MoE host syncs": lambda c: c.host_s}
     changes = sorted(((part(b.cost) - part(a.cost), name) for name, part in parts.items()), key=lambda x: -abs(x[0]))
     shown = [f"{name} {delta:+.3f} s" for delta, name in changes[:3] if abs(delta) >= 0.0005]
     memory = (f"#2 needs {b.memory.total / GIB:.1f} GiB on pp rank {b.peak_rank} (#1 {a.memory.total / GIB:.1f} GiB "
@@ -129,8 +130,10 @@ def runner_up(result: PlanResult) -> list[str]:
 
 
 # What can bound a layout's step (issue 26 item 4): each a share of the step time. "dense collectives" are
-# TP's and PP's on the critical path and FSDP's exposed part; CP's K/V exchanges and EP's all-to-alls apart.
-BOUND_PARTS = ("compute", "dense collectives", "all-to-all", "CP ring/gather", "pipeline bubble", "optimizer step")
+# TP's and PP's on the critical path and FSDP's exposed part; CP's K/V exchanges and EP's all-to-alls apart; "MoE host
+# syncs" the GPU's waits while the host launches each MoE block after reading its routing sizes (cost.MOE_SYNC_HOST_S).
+BOUND_PARTS = ("compute", "dense collectives", "all-to-all", "CP ring/gather", "pipeline bubble", "optimizer step",
+               "MoE host syncs")
 MEMORY_BOUND_SHARE = 0.90  # a best layout at >= 90 % of the budget is said to be memory-bound: its faster twins miss
 
 
@@ -141,7 +144,8 @@ def step_shares(lay: Layout) -> dict[str, float]:
     return {"compute": c.compute_s / step,
             "dense collectives": (c.tp_comm_s - c.cp_comm_s + c.pp_comm_s + c.dp_comm_exposed_s) / step,
             "all-to-all": c.a2a_s / step, "CP ring/gather": c.cp_comm_s / step,
-            "pipeline bubble": c.bubble_s / step, "optimizer step": c.optimizer_s / step}
+            "pipeline bubble": c.bubble_s / step, "optimizer step": c.optimizer_s / step,
+            "MoE host syncs": c.host_s / step}
 
 
 def shape(lay: Layout) -> tuple[int, int, int, int]:
@@ -223,7 +227,9 @@ def three_walls(result: PlanResult, lay: Layout) -> list[str]:
               f"{lay.peak_rank}; {dominant} dominate ({parts[dominant] / m.total:.0%})")
     compute = (f"compute wall: {c.tflops_per_gpu:.0f} TFLOP/s per GPU{_RECOMPUTE[lay.ac]}, MFU {c.mfu:.1%}; compute is "
                f"{c.compute_s / c.step_time_s:.0%} of the {c.step_time_s:.3f} s step, pipeline bubble "
-               f"{c.bubble_share:.1%}")
+               f"{c.bubble_share:.1%}"
+               + (f", MoE host syncs {c.host_s / c.step_time_s:.1%} ({c.host_s:.3f} s: each MoE block waits for its "
+                  f"routing sizes on the host)" if c.host_s > 0 else ""))
     comms = {"TP": c.tp_comm_s - c.cp_comm_s, "CP (K/V all-gathers)": c.cp_comm_s, "PP": c.pp_comm_s,
              "DP (exposed)": c.dp_comm_exposed_s}
     worst = max(comms, key=lambda key: comms[key])

@@ -10,6 +10,7 @@ from hpctrain.plan import comm
 from hpctrain.plan.cost import (
     A2A_BACKWARD,
     A2A_FORWARD,
+    MOE_SYNC_HOST_S,
     CostSetup,
     moe_ffn_gemm_times,
     step_cost,
@@ -32,14 +33,14 @@ def _qwen(**moe):
                                                  "moe": {**base, **moe}}}).model
 
 
-def _cost(model, hw, tp=1, pp=1, dp=32, ep=8, ac="selective", imbalance=1.1):
+def _cost(model, hw, tp=1, pp=1, dp=32, ep=8, ac="selective", imbalance=1.1, moe_sync="ep", micro_batches=4):
     split = balanced_stage_split(model, pp, 1)
     layers, head, params = busiest_rank(model, split, pp, tp, ep)
     return step_cost(model, hw, CostSetup(
-        tp=tp, pp=pp, dp=dp, micro_batch=1, micro_batches=4, virtual_stages=1, ac=ac, zero=1,
+        tp=tp, pp=pp, dp=dp, micro_batch=1, micro_batches=micro_batches, virtual_stages=1, ac=ac, zero=1,
         offload_optimizer=False, precision="bf16", max_rank_layers=layers, max_rank_has_head=head,
-        rank_params=params, sequence_parallel=tp > 1, ep=ep, expert_load_imbalance=imbalance),
-        global_batch=4 * dp)
+        rank_params=params, sequence_parallel=tp > 1, ep=ep, expert_load_imbalance=imbalance, moe_sync=moe_sync),
+        global_batch=micro_batches * dp)
 
 
 def test_ep_placement_follows_the_rank_grid():
@@ -146,3 +147,44 @@ def test_dense_models_have_no_all_to_all():
         offload_optimizer=False, precision="bf16", max_rank_layers=layers, max_rank_has_head=head,
         rank_params=params), global_batch=8)
     assert cost.a2a_s == 0.0
+
+
+def test_each_moe_block_waits_for_its_routing_sizes_on_the_host():
+    """cost.MOE_SYNC_HOST_S per MoE block and micro-batch on the busiest rank, on the critical path: hpctrain's
+    runtime syncs under ep > 1 only (the all-to-all's split sizes); Megatron-Core's dropless MoE always; a sync-free
+    run never. Dense blocks (moe.dense_layers) do not."""
+    hw = _hw()
+    model = _qwen()  # 94 MoE blocks
+    synced = _cost(model, hw, pp=2, dp=16, micro_batches=8)
+    free = _cost(model, hw, pp=2, dp=16, micro_batches=8, moe_sync="none")
+    busiest = busiest_rank(model, balanced_stage_split(model, 2, 1), 2, 1, 8)[0]
+    assert busiest == 48  # the head's rank holds 46
+    assert synced.host_s == pytest.approx(8 * 48 * MOE_SYNC_HOST_S, rel=1e-12)
+    assert free.host_s == 0.0
+    # the pipeline runs micro-batches + (pp - 1) slots: each slot is longer by the rank's syncs (and FSDP's
+    # collectives have that much longer to hide behind)
+    pipeline = [c.step_time_s - c.dp_comm_exposed_s for c in (synced, free)]
+    assert pipeline[0] - pipeline[1] == pytest.approx((8 + 1) * 48 * MOE_SYNC_HOST_S, rel=1e-6)
+    assert synced.dp_comm_exposed_s <= free.dp_comm_exposed_s
+    assert synced.compute_s == free.compute_s and synced.a2a_s == free.a2a_s
+    # ep 1: the runtime's experts need no sizes on the host; Megatron-Core's dropless MoE still reads them
+    assert _cost(model, hw, ep=1).host_s == 0.0
+    assert _cost(model, hw, ep=1, moe_sync="always").host_s == pytest.approx(4 * 94 * MOE_SYNC_HOST_S, rel=1e-12)
+    # only the MoE blocks sync: 4 dense blocks lead the model
+    mixed = _qwen(dense_layers=4)
+    assert _cost(mixed, hw).host_s == pytest.approx(4 * 90 * MOE_SYNC_HOST_S, rel=1e-12)
+    # twice the micro-batches per step: twice the syncs
+    assert _cost(model, hw, micro_batches=8).host_s == pytest.approx(2 * _cost(model, hw).host_s, rel=1e-12)
+
+
+def test_a_dense_model_has_no_host_sync():
+    job = job_from_dict({"name": "d", "model": {"preset": "llama3-8b"}})
+    hw = _hw(1)
+    split = balanced_stage_split(job.model, 1, 1)
+    layers, head, params = busiest_rank(job.model, split, 1, 1)
+    for sync in ("ep", "always"):
+        cost = step_cost(job.model, hw, CostSetup(
+            tp=1, pp=1, dp=8, micro_batch=1, micro_batches=2, virtual_stages=1, ac="none", zero=1,
+            offload_optimizer=False, precision="bf16", max_rank_layers=layers, max_rank_has_head=head,
+            rank_params=params, moe_sync=sync), global_batch=16)
+        assert cost.host_s == 0.0

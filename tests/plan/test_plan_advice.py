@@ -56,6 +56,10 @@ def test_the_report_prints_both(result):
     alt = result.to_json(top=5)["advice"]["alternative"]
     assert f"{alt['step_time_delta']:+.0%}" in text
     assert alt["label"] in text
+    # the best layout runs ep > 1 on hpctrain's runtime: each MoE block's host sync is costed and shown
+    c = result.best.cost
+    assert c.host_s > 0 and result.to_json(top=1)["layouts"][0]["time_s"]["moe_host_sync"] == round(c.host_s, 6)
+    assert f"MoE host syncs {c.host_s / c.step_time_s:.1%} ({c.host_s:.3f} s" in text
 
 
 def test_the_placement_of_an_expert_parallel_layout_keeps_its_ep_groups_inside_nodes(result):

@@ -336,3 +336,24 @@ def test_a_gb200_mxfp8_row_costs_with_its_recipe_and_its_nvlink_domain() -> None
     outcome = bench.evaluate(GB200_MXFP8)
     assert math.isfinite(outcome.error) and outcome.rank is not None
     assert bench.categories(GB200_MXFP8) == ["MoE", "FP8"]
+
+
+def test_token_drop_and_full_iteration_graphs_take_the_moe_host_sync_away(corpus: list[dict]) -> None:
+    """A run's `token_drop` or `cuda_graph: full_iteration` means its MoE blocks never wait for routing sizes on the
+    host (cost.MOE_SYNC_HOST_S); Megatron-Core's dropless MoE always does; a torch run as hpctrain's runtime (ep > 1).
+    The rows that name a full-iteration graph in their recipe carry the field."""
+    runs = {run["name"]: run for run in corpus}
+    graphed = runs["mb2606-gb200-qwen3-30b-mxfp8"]
+    assert graphed["cuda_graph"] == "full_iteration" and "cuda_graph_impl full_iteration" in graphed["verified"]
+    assert "cuda_graph" not in runs["mb2604-gb200-qwen3-30b-mxfp8"]  # 26.04's recipe: no graph
+    assert bench._moe_sync(graphed) == "none"
+    assert bench._moe_sync(runs["mb2509-qwen3-30b-fp8-tokendrop"]) == "none"
+    assert bench._moe_sync(runs["mb2604-qwen3-30b-fp8"]) == "always"
+    assert bench._moe_sync({"name": "t", "stack": "torch"}) == "ep"
+    with pytest.raises(SystemExit, match="cuda_graph must be one of none, full_iteration"):
+        bench._moe_sync({**graphed, "cuda_graph": "partial"})
+    # the same row without its graph: slower by its syncs, on the same layout
+    _, with_graph, _ = bench.predict(graphed)
+    _, without, _ = bench.predict({k: v for k, v in graphed.items() if k != "cuda_graph"})
+    assert with_graph.label() == without.label() and with_graph.cost.host_s == 0.0
+    assert without.cost.host_s > 0 and without.cost.step_time_s > with_graph.cost.step_time_s

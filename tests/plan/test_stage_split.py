@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain.config import job_from_dict
-from hpctrain.plan.cost import CostSetup, head_time_per_token_s, step_cost
+from hpctrain.plan.cost import MOE_SYNC_HOST_S, CostSetup, head_time_per_token_s, step_cost
 from hpctrain.plan.hardware import resolve_hardware
 from hpctrain.plan.stages import balanced_stage_split, megatron_unit_split
 
@@ -50,15 +50,22 @@ def test_the_heads_rank_paces_the_pipeline_when_it_is_slower():
     job = job_from_dict(QWEN)
     hw = resolve_hardware(job)
     model = job.model
-    unknown = step_cost(model, hw, _setup(), 2048)
-    lighter = step_cost(model, hw, _setup(head_rank_layers=0), 2048)  # the head alone: lighter than 3 MoE blocks
-    heavier = step_cost(model, hw, _setup(head_rank_layers=2), 2048)  # 2 blocks + the head: heavier than 3
+    # without the MoE blocks' host syncs (cost.MOE_SYNC_HOST_S; their own test below)
+    unknown = step_cost(model, hw, _setup(moe_sync="none"), 2048)
+    lighter = step_cost(model, hw, _setup(head_rank_layers=0, moe_sync="none"), 2048)  # the head alone: lighter
+    heavier = step_cost(model, hw, _setup(head_rank_layers=2, moe_sync="none"), 2048)  # 2 blocks + the head: heavier
     assert lighter.step_time_s == pytest.approx(unknown.step_time_s, rel=1e-12)
     assert heavier.step_time_s > unknown.step_time_s
     # the slot is the head rank's: two thirds of every per-layer term, plus the head
     head_mb = 4096 * head_time_per_token_s(model, hw, 2, "bf16")
     assert heavier.compute_s / 512 == pytest.approx(unknown.compute_s / 512 * 2 / 3 + head_mb, rel=1e-9)
     assert heavier.a2a_s == pytest.approx(unknown.a2a_s * 2 / 3, rel=1e-9)
+    # a block's host sync is a per-layer term too: 1.7 ms x 3 blocks per micro-batch on the busiest rank; with it
+    # the three blocks outweigh two and the head, and the busiest rank paces the pipeline again
+    synced = step_cost(model, hw, _setup(), 2048)
+    assert synced.host_s == pytest.approx(512 * 3 * MOE_SYNC_HOST_S, rel=1e-12)
+    assert synced.step_time_s == pytest.approx(step_cost(model, hw, _setup(head_rank_layers=2), 2048).step_time_s,
+                                               rel=1e-12)
     # a rank that holds the head and is the busiest already counts it once
     both = step_cost(model, hw, _setup(max_rank_has_head=True, head_rank_layers=3), 2048)
     assert both.step_time_s == pytest.approx(step_cost(model, hw, _setup(max_rank_has_head=True), 2048).step_time_s)
