@@ -168,8 +168,9 @@ class CostSetup:
     # grad_reduce_in_fp32=False, megatron/core/distributed/distributed_data_parallel_config.py; Megatron-Bridge's
     # performance recipes keep it, perf_recipes/_common.py) during the last micro-batch's backward
     # (overlap_grad_reduce), and the updated shards all-gathered once per step during the first forward
-    # (overlap_param_gather). hpctrain's FSDP2 gathers every micro-batch and reduces in fp32 (_dp_comm_s): a
-    # published run's software (bench only).
+    # (overlap_param_gather). Under zero 2/3 (Megatron-Core's custom FSDP, --data-parallel-sharding-strategy) it
+    # gathers and reduces as FSDP does, the gradients still in 16 bits (the same DDP config field). hpctrain's FSDP2
+    # gathers every micro-batch and reduces in fp32 (_dp_comm_s): a published run's software (bench only).
     dp_once_per_step: bool = False
     # Context parallelism through torch's context_parallel around a model that repeats K/V to the query heads
     # before SDPA (torchtitan's Llama of 2024-12: `keys = repeat_kv(xk, self.n_rep)` ahead of
@@ -624,7 +625,9 @@ def _dp_comm_s(hw: Hardware, c: CostSetup, slot_s: float, memo: dict[Any, Any] |
     return fsdp_exposed_s(FsdpStep(
         units=units,
         gather_s=collective_s(compute_bytes * unit_params, link, all_reduce=False),
-        reduce_s=collective_s((compute_bytes if per_step else 4.0) * unit_params, link, all_reduce=False),
+        # Megatron-Core reduces gradients in 16 bits at any zero (its DDP config's grad_reduce_in_fp32=False, also
+        # read by its custom FSDP): CostSetup.dp_once_per_step's software; FSDP2 (hpctrain) in fp32
+        reduce_s=collective_s((compute_bytes if c.dp_once_per_step else 4.0) * unit_params, link, all_reduce=False),
         forward_per_unit_s=forward, backward_per_unit_s=per_unit - forward,
         micro_batches=c.micro_batches,
         gathers_in_backward=c.zero >= 3 and c.pp == 1,
