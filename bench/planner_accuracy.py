@@ -33,7 +33,8 @@ the default, or megatron-te: Megatron-Core with Transformer Engine; hardware.STA
 deepep, hybridep; cost.CostSetup), `token_drop` (capacity-factor dropping with expert inputs padded to capacity)
 and `cuda_graph` (full_iteration: the whole step replayed from a CUDA graph, the MoE blocks sync-free): with
 either, a MoE block never waits for its routing sizes on the host, else Megatron-Core's dropless MoE always does
-(cost.MOE_SYNC_HOST_S; `moe_sync`). The publisher's FLOP formulas (`metric.flops`): megatron_hfu,
+(cost.MOE_SYNC_HOST_S; `moe_sync`), and `moe_recompute` (Megatron-Core's "moe" recompute module beside ac selective:
+the whole MoE block's forward, all-to-alls included, replayed in the backward). The publisher's FLOP formulas (`metric.flops`): megatron_hfu,
 megatron_mfu, palm, megatron (Megatron-LM's of 2025, for GQA and MoE: causal halving of the scores) and megatron_2024
 (the same function as Megatron-LM had it from 2024-04 to 2025-03: the full s x s score matrix counted). `--fit` fits
 the GEMM efficiency per (GPU, stack) on the calibration set only (hardware.py cites the result) and reports both sets
@@ -179,6 +180,7 @@ def _search(job: Any, hw: Any, budget_bytes: Optional[float] = None, run: Option
                               # Megatron-Core's distributed optimizer: gradients and parameters once per step
                               dp_once_per_step=bool(run and _stack(run) == "megatron-te"),
                               moe_sync=_moe_sync(run) if run else "ep",
+                              moe_recompute=bool(run.get("moe_recompute", False)) if run else False,
                               # Transformer Engine's grouped linear runs the routed experts in FP8 too
                               fp8_experts=bool(run and _stack(run) == "megatron-te" and job.train.precision == "fp8"))
     choices = Choices.from_job(job)

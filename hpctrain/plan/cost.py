@@ -183,6 +183,10 @@ class CostSetup:
     # runtime (the all-to-all's split sizes); a published run's software: "always" (Megatron-Core's dropless MoE),
     # "none" (token dropping padded to capacity; a sync-free MoE under a full-iteration CUDA graph) (bench only).
     moe_sync: str = "ep"
+    # Megatron-Core's "moe" recompute module (--recompute-modules moe): under ac selective the whole MoE block's forward
+    # (router, dispatch, experts, combine: megatron/core/transformer/moe/moe_layer.py checkpoints its custom_forward)
+    # replays in the backward, its all-to-alls included; hpctrain's selective saves the matmul outputs (bench only).
+    moe_recompute: bool = False
 
 
 class StepCost(NamedTuple):
@@ -242,7 +246,8 @@ def moe_a2a_per_micro_batch_s(model: Any, hw: Hardware, c: CostSetup, tokens_mb:
     if c.a2a_overlap:
         return moe_layers * overlapped_a2a_per_block_s(one, moe_block_parts(model, hw, c, tokens_mb),
                                                        comm.overlap_slowdown(hw.gpu.name))
-    count = A2A_FORWARD + A2A_BACKWARD + (A2A_FORWARD if c.ac == "full" else 0)
+    replayed = c.ac == "full" or (c.ac == "selective" and c.moe_recompute)
+    count = A2A_FORWARD + A2A_BACKWARD + (A2A_FORWARD if replayed else 0)
     return moe_layers * count * one
 
 
@@ -316,7 +321,7 @@ def moe_block_parts(model: Any, hw: Hardware, c: CostSetup, tokens_mb: float) ->
         a_b, m_b = a_b + a_f, m_b + m_f
     elif c.ac == "selective":
         a_b += forward_passes * ew_attn + c.selective_mm_recompute * (attn_f + dense_delta / 3.0)
-        m_b += forward_passes * ew_mlp + c.selective_mm_recompute * (mlp_f + routed / 3.0)
+        m_b += forward_passes * ew_mlp + (1.0 if c.moe_recompute else c.selective_mm_recompute) * (mlp_f + routed / 3.0)
     return BlockParts(a_f * tokens_mb, a_b * tokens_mb, m_f * tokens_mb, m_b * tokens_mb)
 
 
@@ -348,7 +353,7 @@ def layer_time_per_token_s(model: Any, hw: Hardware, tp: int, ac: str, precision
                            imbalance: float = DEFAULT_EXPERT_STEP_IMBALANCE, fp8: bool = False,
                            fp8_min_width: int = 1024, compiled: bool = False,
                            selective_mm_recompute: float = 0.0, fp8_experts: bool = False,
-                           fp8_recipe: str = "tensorwise") -> float:
+                           fp8_recipe: str = "tensorwise", moe_recompute: bool = False) -> float:
     """Forward + backward (+ recompute) time of one layer per token on one TP rank; `tokens` is the
     micro-batch's token count (the weight gradients' K; default one sequence); `selective_mm_recompute` the
     share of the forward linear GEMMs that ac: selective replays (CostSetup)."""
@@ -383,6 +388,14 @@ def layer_time_per_token_s(model: Any, hw: Hardware, tp: int, ac: str, precision
         total += matmul_fwd + fp8_delta / 3.0 + attention_replay + forward_passes * elementwise_fwd
     elif ac == "selective":  # the runtime's op policy saves matmul/SDPA outputs, recomputes the rest
         total += forward_passes * elementwise_fwd + selective_mm_recompute * (matmul_fwd + fp8_delta / 3.0)
+        if moe_recompute and getattr(model, "moe", None) is not None:  # CostSetup.moe_recompute: the MoE FFNs' forward
+            from hpctrain.plan.model_stats import moe_layer_count
+
+            mb_tokens = tokens if tokens else model.seq_len
+            moe_fwd = moe_ffn_gemm_times(model, tp, mb_tokens, gemm_rate, ep, imbalance)[0]
+            if fp8 and fp8_experts:
+                moe_fwd += routed_fp8_delta_s(model, hw, tp, mb_tokens, compiled, ep, imbalance, fp8_recipe) / 3.0
+            total += (1.0 - selective_mm_recompute) * moe_layer_count(model) / model.layers * moe_fwd
         if attention == "materialized":  # Korthikanti's selective: the attention core is replayed
             total += attention_replay
     return total
@@ -433,13 +446,14 @@ def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int,
     act_bytes = HALF_BYTES if c.precision != "fp32" else 4
     layer_s = shared(("layer", c.tp, c.ac, c.precision, c.sequence_parallel, c.attention, tokens_mb, c.ep,
                       c.expert_load_imbalance, c.fp8, c.fp8_min_width, c.compile, c.selective_mm_recompute,
-                      c.fp8_experts, c.fp8_recipe),
+                      c.fp8_experts, c.fp8_recipe, c.moe_recompute),
                      lambda: layer_time_per_token_s(model, hw, c.tp, c.ac, c.precision, c.sequence_parallel,
                                                     c.attention, tokens=tokens_mb, ep=c.ep,
                                                     imbalance=c.expert_load_imbalance, fp8=c.fp8,
                                                     fp8_min_width=c.fp8_min_width, compiled=c.compile,
                                                     selective_mm_recompute=c.selective_mm_recompute,
-                                                    fp8_experts=c.fp8_experts, fp8_recipe=c.fp8_recipe))
+                                                    fp8_experts=c.fp8_experts, fp8_recipe=c.fp8_recipe,
+                                                    moe_recompute=c.moe_recompute))
     head_s = shared(("head", c.tp, c.precision), lambda: head_time_per_token_s(model, hw, c.tp, c.precision))
     compute_mb = tokens_mb * (c.max_rank_layers * layer_s + (head_s if c.max_rank_has_head else 0.0))
 

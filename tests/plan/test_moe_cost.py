@@ -188,3 +188,28 @@ def test_a_dense_model_has_no_host_sync():
             offload_optimizer=False, precision="bf16", max_rank_layers=layers, max_rank_has_head=head,
             rank_params=params, moe_sync=sync), global_batch=16)
         assert cost.host_s == 0.0
+
+
+def test_megatrons_moe_recompute_replays_the_moe_blocks_forward_and_its_all_to_alls():
+    """CostSetup.moe_recompute (Megatron-Core's "moe" recompute module, beside ac selective): the backward replays each
+    MoE block's forward, its routed, shared and router GEMMs and its dispatch and combine, but not attention."""
+    hw, model = _hw(), _qwen()
+    split = balanced_stage_split(model, 1, 1)
+    layers, head, params = busiest_rank(model, split, 1, 1, 8)
+
+    def cost(ac: str, moe_recompute: bool):
+        return step_cost(model, hw, CostSetup(
+            tp=1, pp=1, dp=32, micro_batch=1, micro_batches=4, virtual_stages=1, ac=ac, zero=1,
+            offload_optimizer=False, precision="bf16", max_rank_layers=layers, max_rank_has_head=head,
+            rank_params=params, ep=8, moe_recompute=moe_recompute), global_batch=128)
+
+    selective, replayed, full = cost("selective", False), cost("selective", True), cost("full", False)
+    rate = hw.gpu.bf16_flops_per_s * hw.gpu.gemm_efficiency
+    moe_forward = moe_ffn_gemm_times(model, 1, 4096, rate, 8, 1.1)[0] * 4096  # per micro-batch and block
+    assert replayed.compute_s - selective.compute_s == pytest.approx(4 * layers * moe_forward, rel=1e-6)
+    # one more dispatch and combine per block, as full recomputation has
+    assert replayed.a2a_s == pytest.approx(full.a2a_s, rel=1e-12) and replayed.a2a_s == pytest.approx(
+        selective.a2a_s * 6 / 4, rel=1e-12)
+    # attention is not replayed: cheaper than full recomputation
+    assert selective.compute_s < replayed.compute_s < full.compute_s
+    assert cost("none", True).step_time_s == cost("none", False).step_time_s  # only beside selective

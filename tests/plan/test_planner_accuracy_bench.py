@@ -357,3 +357,14 @@ def test_token_drop_and_full_iteration_graphs_take_the_moe_host_sync_away(corpus
     _, without, _ = bench.predict({k: v for k, v in graphed.items() if k != "cuda_graph"})
     assert with_graph.label() == without.label() and with_graph.cost.host_s == 0.0
     assert without.cost.host_s > 0 and without.cost.step_time_s > with_graph.cost.step_time_s
+
+
+def test_the_moe_recompute_field_reaches_the_cost(corpus: list[dict]) -> None:
+    """The ModelZoo long-context rows ran --recompute-modules layernorm moe: ac selective with `moe_recompute`, which
+    replays the MoE blocks' forward (cost.CostSetup.moe_recompute); without the field the same layout is faster."""
+    run = next(r for r in corpus if r["name"] == "mz-lc-qwen3-235b-64k-dropless")
+    assert run["moe_recompute"] is True and run["layout"]["ac"] == "selective"
+    _, with_replay, _ = bench.predict(run)
+    _, without, _ = bench.predict({k: v for k, v in run.items() if k != "moe_recompute"})
+    assert with_replay.label() == without.label() and with_replay.ac == "selective"
+    assert with_replay.cost.compute_s > without.cost.compute_s and with_replay.cost.a2a_s > without.cost.a2a_s
