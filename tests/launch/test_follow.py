@@ -38,6 +38,16 @@ def _finish(proc: subprocess.Popen[str], timeout_s: float = 120) -> int:
         raise AssertionError(f"{proc.args} did not end in {timeout_s:g} s") from None
 
 
+def _wait_for_line(path: Path, pattern: re.Pattern[str], timeout_s: float) -> None:
+    """Until a follower has written a line matching `pattern` to `path`."""
+    deadline = time.monotonic() + timeout_s
+    while not (path.exists() and pattern.search(path.read_text())):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no line matching {pattern.pattern!r} in {path} after {timeout_s:g} s: "
+                                 f"{path.read_text() if path.exists() else ''}")
+        time.sleep(0.1)
+
+
 PROGRESS = re.compile(r"^step (\d+)/20 running loss \d+\.\d{4} [\d,]+ tok/s ETA \d+:\d\d:\d\d$", re.M)
 
 
@@ -92,6 +102,9 @@ def test_sweep_wait_times_out_with_exit_4_and_follow_reports_each_task(tmp_path:
         follow, follow_out, follow_err = _start(["follow", str(run_dir), "--progress-every", "1"], tmp_path, env,
                                                 "follow")
         wait_status(run_dir, env, lambda s: s["tasks"][0]["state"] == "COMPLETED", 120, "task 0 to complete")
+        # follow's first summary while task 1 still runs: its start is slow on a busy machine, so wait for it before
+        # the cancel below, or its first summary is already the end (1 CANCELLED, 1 COMPLETED)
+        _wait_for_line(follow_err, re.compile(r"^sweep: .* of 2 tasks$", re.M), 60)
         assert follow.poll() is None  # task 1 goes on
     finally:
         cancel = run_cli(["cancel", str(run_dir)], cwd=tmp_path, env=env, timeout_s=60)
