@@ -106,7 +106,8 @@ def test_expert_parallel_degree_limits_dp_and_passes_through():
 
 def test_a_dense_plan_loads_neither_the_moe_section_nor_pydantics_plugin_finder(tmp_path) -> None:
     """The MoE section's module is built on first use (config/lazy.py); a dense job's plan must not import it:
-    loaded after the schema's models, it makes pydantic read every distribution's entry points (~25 ms of `plan`)."""
+    loaded after the schema's models, it makes pydantic read every distribution's entry points (~25 ms of `plan`).
+    Nor tabulate: the report's tables are plan.report.simple_table (its import reads importlib.metadata, ~20 ms)."""
     import subprocess
     import sys
 
@@ -114,8 +115,10 @@ def test_a_dense_plan_loads_neither_the_moe_section_nor_pydantics_plugin_finder(
     job.write_text("name: dense\nmodel: {preset: gpt3-175b}\ntrain: {global_batch: 1536}\n"
                    "cluster: {nodes: 48, gpus_per_node: 8, gpu: a100-80gb, node: dgx-a100, fabric: ib-hdr200}\n")
     probe = ("import sys\nfrom hpctrain.cli import main\nrc = main(['plan', sys.argv[1]])\n"
-             "print(sorted(m for m in ('hpctrain.config.moe', 'pydantic.plugin._loader', 'torch') if m in sys.modules))\n"
+             "print(sorted(m for m in ('hpctrain.config.moe', 'pydantic.plugin._loader', 'torch', 'tabulate')\n"
+             "             if m in sys.modules))\n"
              "sys.exit(rc)\n")
     proc = subprocess.run([sys.executable, "-c", probe, str(job)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "[]"
+    assert "mem GiB" in proc.stdout and "memory of pp rank" in proc.stdout  # both tables printed

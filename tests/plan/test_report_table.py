@@ -1,12 +1,10 @@
 """`plan`'s tables (plan/report.py `simple_table`): tabulate's "simple" format without number parsing, character for
-character, without importing tabulate on `plan`'s path. Torch-free."""
+character (that `plan` does not import tabulate: tests/plan/test_planner.py). Torch-free."""
 
 from __future__ import annotations
 
 import random
 import string
-import subprocess
-import sys
 
 from tabulate import tabulate
 
@@ -32,15 +30,3 @@ def test_simple_table_is_tabulates_simple_format_on_random_tables() -> None:
         expected = tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
         assert simple_table(rows, headers) == expected, (headers, rows)
 
-
-def test_plan_prints_its_tables_without_importing_tabulate(tmp_path) -> None:
-    job = tmp_path / "job.yaml"
-    job.write_text("name: t\nmodel: {preset: llama3-8b}\ntrain: {global_batch: 64}\n"
-                   "cluster: {nodes: 2, gpus_per_node: 8, gpu: h100-80gb}\n")
-    probe = ("import sys; from hpctrain.cli import main\n"
-             "try:\n    main(['plan', sys.argv[1]])\nexcept SystemExit:\n    pass\n"
-             "print('tabulate loaded' if 'tabulate' in sys.modules else 'tabulate not loaded')")
-    done = subprocess.run([sys.executable, "-c", probe, str(job)], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert "mem GiB" in done.stdout and "memory of pp rank" in done.stdout
-    assert done.stdout.rstrip().endswith("tabulate not loaded"), done.stdout[-500:]
