@@ -239,9 +239,7 @@ def moe_a2a_per_micro_batch_s(model: Any, hw: Hardware, c: CostSetup, tokens_mb:
     x imbalance (the busiest rank receives that much more), (ep-1)/ep of it off the rank (comm.all_to_all_s)."""
     if c.ep <= 1 or getattr(model, "moe", None) is None:
         return 0.0
-    from hpctrain.plan.model_stats import moe_layer_count
-
-    moe_layers = c.max_rank_layers * moe_layer_count(model) / model.layers
+    moe_layers = rank_moe_blocks(model, c)
     one = one_a2a_s(model, hw, c, tokens_mb, act_bytes, memo)
     if c.a2a_overlap:
         return moe_layers * overlapped_a2a_per_block_s(one, moe_block_parts(model, hw, c, tokens_mb),
@@ -423,14 +421,19 @@ def embedding_transfer_s(model: Any, hw: Hardware, tokens: int, act_bytes: int) 
     return 2.0 * tokens * model.hidden * act_bytes / hw.gpu.pcie_bytes_per_s
 
 
-def moe_sync_host_per_micro_batch_s(model: Any, c: CostSetup) -> float:
-    """The busiest rank's MoE blocks' host syncs in one micro-batch, forward and backward (MOE_SYNC_HOST_S): its
-    layers' share of MoE blocks (dense_layers lead the model, counted as spread over the ranks)."""
-    if c.moe_sync == "none" or (c.moe_sync == "ep" and c.ep <= 1) or getattr(model, "moe", None) is None:
-        return 0.0
+def rank_moe_blocks(model: Any, c: CostSetup) -> float:
+    """The busiest rank's MoE blocks: its layers' share of them (dense_layers lead the model, counted as spread over
+    the ranks)."""
     from hpctrain.plan.model_stats import moe_layer_count
 
-    return c.max_rank_layers * moe_layer_count(model) / model.layers * MOE_SYNC_HOST_S
+    return c.max_rank_layers * moe_layer_count(model) / model.layers
+
+
+def moe_sync_host_per_micro_batch_s(model: Any, c: CostSetup) -> float:
+    """The busiest rank's MoE blocks' host syncs in one micro-batch, forward and backward (MOE_SYNC_HOST_S)."""
+    if c.moe_sync == "none" or (c.moe_sync == "ep" and c.ep <= 1) or getattr(model, "moe", None) is None:
+        return 0.0
+    return rank_moe_blocks(model, c) * MOE_SYNC_HOST_S
 
 
 def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int,
