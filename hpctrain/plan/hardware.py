@@ -67,6 +67,14 @@ BLACKWELL_GPUS = ("b200-180gb", "b300-288gb", "gb200-186gb", "gb300-288gb")
 # figures do.
 MEGATRON_TE_GEMM_EFFICIENCY: dict[str, float] = {"h100-80gb": 0.83}
 
+# The power rule: one GPU's sustained tensor throughput at another power limit. Dense GEMMs run a GPU at its power
+# limit; dynamic power goes as f x V^2 with the voltage tracking the clock, so the sustained clock scales as the cube
+# root of the limit. Checked on Hopper: from H100 SXM's 989 TFLOPS at 700 W it gives 822 at the H100 NVL's 400 W,
+# whose datasheet says 835 (1,671 with sparsity). A catalog GPU's peak is the smaller of its datasheet figure and the
+# rule's figure from the same GPU at the lowest power it ships at (its datasheet peak there): h100-96gb-500w from H100
+# SXM, gb200-186gb from B200; the GPU's own note gives the figures.
+POWER_SCALED_FROM = {"h100-96gb-500w": ("h100-80gb", 700, 500), "gb200-186gb": ("b200-180gb", 1000, 1200)}
+
 # L40S (Ada, sm_89) has Ampere-style tensor cores driven by mma.sync; Hopper's wgmma and TMA, which
 # the H100 figures reflect, are sm_90 only (PTX ISA, wgmma: "requires sm_90a"). No L40S training run
 # is in the corpus, so it takes the A100 figures (FlashAttention-2 supports Ampere, Ada and Hopper,
@@ -146,7 +154,8 @@ GPUS: dict[str, Gpu] = {
     "h200-141gb": Gpu("h200-141gb", 143771 * MIB, 989 * TERA, 989 * TERA, 67 * TERA, 4800 * GB, 450 * GB, 64 * GB,
                        gemm_efficiency=H100_GEMM_EFFICIENCY, attention_efficiency=H100_ATTENTION_EFFICIENCY,
                        fp8_flops_per_s=1979 * TERA),
-    # Blackwell (compute capability 10.x), two dies as one GPU. Peaks are the vendors' sparse figures halved
+    # Blackwell (compute capability 10.x), two dies as one GPU. Peaks are the vendors' sparse figures halved,
+    # capped by the power rule below where one GPU ships at several power limits
     # (NVIDIA's footnote on each table: "dense is one-half sparse"); FP8 runs at twice bf16, and MX block-scaled
     # FP8 (mxfp8) at the FP8 rate (Blackwell architecture technical brief: block scaling in the tensor core).
     # NVLink 5: 18 links, 1.8 TB/s per GPU bidirectional, 900 GB/s per direction (DGX B200 datasheet: "14.4 TB/s
@@ -174,13 +183,21 @@ GPUS: dict[str, Gpu] = {
     # dense, 80 TFLOPS FP32, 186 GB at 8 TB/s, 1.8 TB/s NVLink. nvidia-smi ("NVIDIA GB200"): 189471 MiB. Host link:
     # NVLink-C2C, 900 GB/s bidirectional between one Grace CPU and its two GPUs (same page), taken as shared
     # evenly: 450 GB/s per direction over two GPUs, 225 GB/s each.
-    "gb200-186gb": Gpu("gb200-186gb", 189471 * MIB, 2500 * TERA, 2500 * TERA, 80 * TERA, 8000 * GB, 900 * GB,
+    # Peaks: the power rule's (POWER_SCALED_FROM), below the page's. The GPU is B200's (the same two Blackwell dies,
+    # 148 SMs) at 1,200 W, against B200's 1,000 W (MLPerf Inference v6.0 B200 system descriptions: "B200 TGP
+    # 1000W"): 2,250 x (1,200 / 1,000)^(1/3) = 2,390 TFLOPS bf16, 4,780 FP8, 79.7 FP32. The page's 2,500 / 5,000
+    # would take (5,000 / 4,500)^3 x 1,000 W = 1,372 W under the rule: a clock the 1,200 W limit does not sustain
+    # through dense GEMMs.
+    "gb200-186gb": Gpu("gb200-186gb", 189471 * MIB, 2390 * TERA, 2390 * TERA, 79.7 * TERA, 8000 * GB, 900 * GB,
                         225 * GB, gemm_efficiency=H100_GEMM_EFFICIENCY, attention_efficiency=H100_ATTENTION_EFFICIENCY,
-                        fp8_flops_per_s=5000 * TERA, mxfp8=True),
+                        fp8_flops_per_s=4780 * TERA, mxfp8=True),
     # The Blackwell Ultra GPU of a GB300 superchip (1,400 W): GB300 NVL72 page, 72 GPUs: FP16/BF16 360 PFLOPS and
     # FP8/FP6 720 PFLOPS (sparse), FP32 6 PFLOPS, up to 576 TB/s HBM3e, NVLink 130 TB/s -> per GPU 2,500 / 5,000
     # dense, 83 TFLOPS FP32, 8 TB/s, 1.8 TB/s NVLink; 288 GB (Blackwell Ultra datasheet); nvidia-smi ("NVIDIA
     # GB300"): 284208 MiB. Host link: NVLink-C2C from a Grace CPU to two GPUs as in GB200, 225 GB/s each.
+    # Peaks: the page's, not capped by the power rule (POWER_SCALED_FROM): no source found fixes the power limit of
+    # B300, the same Blackwell Ultra GPU at 4,500 FP8, in HGX systems (figures seen: B200's 1,000 W to 1,100 W), and
+    # from those the rule gives 5,030 to 4,880 at 1,400 W, within 2.5 % of the page's 5,000.
     "gb300-288gb": Gpu("gb300-288gb", 284208 * MIB, 2500 * TERA, 2500 * TERA, 83 * TERA, 8000 * GB, 900 * GB,
                         225 * GB, gemm_efficiency=H100_GEMM_EFFICIENCY, attention_efficiency=H100_ATTENTION_EFFICIENCY,
                         fp8_flops_per_s=5000 * TERA, mxfp8=True),

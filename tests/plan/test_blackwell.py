@@ -9,7 +9,7 @@ import pytest
 from hpctrain.config import job_from_dict
 from hpctrain.plan import comm
 from hpctrain.plan.comm import collective_s, group_link
-from hpctrain.plan.hardware import FABRICS, GPUS, NODES, check_catalog_names, resolve_hardware
+from hpctrain.plan.hardware import FABRICS, GPUS, NODES, POWER_SCALED_FROM, check_catalog_names, resolve_hardware
 from hpctrain.plan.placement import rank_order
 
 MIB = 2**20
@@ -31,10 +31,10 @@ def dgx_b200(nodes: int):
 @pytest.mark.parametrize("name, mib, bf16, fp8, hbm, host", [
     ("b200-180gb", 183359, 2250, 4500, 7672, 64),
     ("b300-288gb", 275040, 2250, 4500, 8000, 64),
-    ("gb200-186gb", 189471, 2500, 5000, 8000, 225),  # NVLink-C2C, not PCIe
+    ("gb200-186gb", 189471, 2390, 4780, 8000, 225),  # NVLink-C2C, not PCIe; peaks by the power rule (below)
     ("gb300-288gb", 284208, 2500, 5000, 8000, 225),
 ])
-def test_blackwell_gpus_carry_their_datasheet_figures(name, mib, bf16, fp8, hbm, host):
+def test_blackwell_gpus_carry_their_catalog_figures(name, mib, bf16, fp8, hbm, host):
     gpu = GPUS[name]
     assert gpu.memory_bytes == mib * MIB
     assert (gpu.bf16_flops_per_s, gpu.fp16_flops_per_s, gpu.fp8_flops_per_s) == (bf16 * 1e12, bf16 * 1e12, fp8 * 1e12)
@@ -42,6 +42,20 @@ def test_blackwell_gpus_carry_their_datasheet_figures(name, mib, bf16, fp8, hbm,
     assert gpu.nvlink_bytes_per_s == 900e9  # NVLink 5: 1.8 TB/s both directions
     assert gpu.mxfp8 and gpu.peak_flops_per_s("fp8") == gpu.bf16_flops_per_s  # MFU stays quoted against bf16
     assert not any(GPUS[old].mxfp8 for old in ("h100-80gb", "h200-141gb", "a100-80gb", "l40s"))
+
+
+@pytest.mark.parametrize("name", sorted(POWER_SCALED_FROM))
+def test_a_gpu_at_another_power_limit_takes_the_cube_root_of_the_power_ratio(name):
+    # The power rule (hardware.POWER_SCALED_FROM): the same GPU's sustained tensor peaks scale as (watts / watts of the
+    # reference)^(1/3); the catalog rounds them to whole TFLOPS (GB200's FP32 to a tenth).
+    reference, reference_watts, watts = POWER_SCALED_FROM[name]
+    scale = (watts / reference_watts) ** (1 / 3)
+    gpu, ref = GPUS[name], GPUS[reference]
+    for field in ("bf16_flops_per_s", "fp16_flops_per_s", "fp8_flops_per_s", "fp32_flops_per_s"):
+        assert getattr(gpu, field) == pytest.approx(getattr(ref, field) * scale, rel=2e-3), field
+    # the rule lowers a GB200 to what its 1,200 W sustain: under the NVL72 page's 2,500 TFLOPS bf16, over B200's
+    if name == "gb200-186gb":
+        assert ref.bf16_flops_per_s < gpu.bf16_flops_per_s < 2500e12
 
 
 def test_blackwell_node_profiles():
