@@ -233,7 +233,7 @@ def test_the_new_sources_fields() -> None:
     runs = {run["name"]: run for run in corpus}
     for run in corpus:
         if run["name"].split("-")[0] in ("nemo2407", "mz", "mbridge", "mbridge2602", "mb2509", "mb260201", "mb2604",
-                                         "mb260401", "mb2606", "mb260601", "mb2608", "nemo2403ls"):
+                                         "mb260401", "mb2606", "mb260601", "mb2608", "nemo2403ls", "nemo2504ls"):
             assert run.get("stack") == "megatron-te" and run.get("fused") is True, run["name"]
         assert run.get("stack", "torch") in ("torch", "megatron-te"), run["name"]
         assert run.get("dispatcher") in (None, "alltoall", "deepep", "hybridep"), run["name"]
@@ -254,12 +254,17 @@ def test_the_new_sources_fields() -> None:
     from hpctrain.plan.hardware import NODES
 
     blackwell = [run for run in corpus if run["hardware"]["gpu"].startswith(("b200", "b300", "gb200", "gb300"))]
-    assert len(blackwell) == 106  # 102 Megatron-Bridge, 4 ModelZoo (the GB200 128K CP x EP row among them)
+    # 102 Megatron-Bridge, 4 ModelZoo (the GB200 128K CP x EP row among them), 8 of NeMo 25.04's B200 long-sequence table
+    assert len(blackwell) == 114
     assert all(NODES[run["hardware"]["node"]].gpu == run["hardware"]["gpu"] for run in blackwell)
-    long_seq = [run for run in corpus if run["name"].startswith("nemo2403ls-")]
-    assert len(long_seq) == 9 and all(run["set"] == "validation" for run in long_seq)
-    assert all(run["metric"]["flops"] == "megatron_2024" for run in long_seq)
-    assert all(run.get("cp_rotate") == "ring" for run in long_seq if run["layout"].get("cp", 1) > 1)
+    for prefix, rows in (("nemo2403ls-", 9), ("nemo2504ls-", 8)):
+        long_seq = [run for run in corpus if run["name"].startswith(prefix)]
+        assert len(long_seq) == rows and all(run["set"] == "validation" for run in long_seq)
+        assert all(run["metric"]["flops"] == "megatron_2024" for run in long_seq)
+        assert all(run.get("cp_rotate") == "ring" for run in long_seq if run["layout"].get("cp", 1) > 1)
+        # the GPUs are the layout's (the B200 table's later version lists four times as many: `assumed`)
+        assert all(run["hardware"]["gpus"] == run["layout"]["tp"] * run["layout"].get("pp", 1) * run["layout"]["dp"]
+                   * run["layout"].get("cp", 1) for run in long_seq)
 
 
 def test_megatron_2024_flop_formula_by_hand_and_against_nemo_2407() -> None:
