@@ -289,7 +289,7 @@ def moe_block_parts(model: Any, hw: Hardware, c: CostSetup, tokens_mb: float) ->
     from hpctrain.plan.activations import moe_attention_side_saved_bytes_per_token
 
     precision = c.precision
-    peak = hw.gpu.peak_flops_per_s(precision)
+    peak = hw.gpu.rate_flops_per_s(precision)
     gemm_rate = peak * hw.gpu.gemm_efficiency
     attention_rate = peak * hw.gpu.attention_efficiency
     hbm = hw.gpu.hbm_bytes_per_s * HBM_EFFICIENCY
@@ -355,7 +355,7 @@ def layer_time_per_token_s(model: Any, hw: Hardware, tp: int, ac: str, precision
     """Forward + backward (+ recompute) time of one layer per token on one TP rank; `tokens` is the
     micro-batch's token count (the weight gradients' K; default one sequence); `selective_mm_recompute` the
     share of the forward linear GEMMs that ac: selective replays (CostSetup)."""
-    peak = hw.gpu.peak_flops_per_s(precision)
+    peak = hw.gpu.rate_flops_per_s(precision)
     gemm_rate = peak * hw.gpu.gemm_efficiency
     attention_rate = peak * hw.gpu.attention_efficiency
     matmul_fwd, matmul_bwd = linear_gemm_times(model, tp, tokens if tokens else model.seq_len, gemm_rate, ep,
@@ -401,7 +401,7 @@ def layer_time_per_token_s(model: Any, hw: Hardware, tp: int, ac: str, precision
 
 def head_time_per_token_s(model: Any, hw: Hardware, tp: int, precision: str) -> float:
     """Head matmul forward + backward and the fp32 loss over the vocabulary, per token."""
-    peak = hw.gpu.peak_flops_per_s(precision)
+    peak = hw.gpu.rate_flops_per_s(precision)
     gemm = 3.0 * head_forward_flops_per_token(model) / tp / (peak * hw.gpu.gemm_efficiency)
     loss_bytes = 8 * 4.0 * model.vocab / tp  # fp32 upcast, log-softmax (max, exp, sum), NLL, grads in/out
     return gemm + loss_bytes / (hw.gpu.hbm_bytes_per_s * HBM_EFFICIENCY)
@@ -494,7 +494,7 @@ def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int,
             hop = comm.NET_STEP_LATENCY_S if cp_link.nodes > 1 else comm.NVLINK_STEP_LATENCY_S
             kv_s = message / cp_link.bandwidth_bytes_per_s + comm.RING_BASE_LATENCY_S + hop
             grad_s = message * 4 / act_bytes / cp_link.bandwidth_bytes_per_s + comm.RING_BASE_LATENCY_S + hop
-            attention_rate = hw.gpu.peak_flops_per_s(c.precision) * hw.gpu.attention_efficiency
+            attention_rate = hw.gpu.rate_flops_per_s(c.precision) * hw.gpu.attention_efficiency
             block_s = (tokens_mb * CAUSAL_ATTENTION_WORK * attention_core_forward_flops_per_token(model) / c.tp
                        / attention_rate / c.cp)
             cp_mb = c.max_rank_layers * cp_ring_exposed_s(c.cp, kv_s, grad_s, block_s, c.ac == "full")
@@ -605,8 +605,8 @@ def tp_comm_per_micro_batch_s(model: Any, hw: Hardware, c: CostSetup, tokens_mb:
     ffn_regions = (1 - moe_share) + (moe_share if has_shared else 0.0)
     if not c.tp_overlap:
         return c.max_rank_layers * (1 + ffn_regions) * passes * collective_s(message, link, all_reduce=True)
-    rate = (hw.gpu.fp8_flops_per_s * hw.gpu.gemm_efficiency * FP8_GEMM_EFFICIENCY_RATIO if c.fp8
-            else hw.gpu.peak_flops_per_s(c.precision) * hw.gpu.gemm_efficiency)
+    rate = (hw.gpu.fp8_rate_flops_per_s * hw.gpu.gemm_efficiency * FP8_GEMM_EFFICIENCY_RATIO if c.fp8
+            else hw.gpu.rate_flops_per_s(c.precision) * hw.gpu.gemm_efficiency)
     linears = layer_linears(model, c.tp)
 
     def gemm_s(group: list[tuple[float, float]]) -> float:

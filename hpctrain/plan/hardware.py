@@ -70,9 +70,10 @@ MEGATRON_TE_GEMM_EFFICIENCY: dict[str, float] = {"h100-80gb": 0.83}
 # The power rule: one GPU's sustained tensor throughput at another power limit. Dense GEMMs run a GPU at its power
 # limit; dynamic power goes as f x V^2 with the voltage tracking the clock, so the sustained clock scales as the cube
 # root of the limit. Checked on Hopper: from H100 SXM's 989 TFLOPS at 700 W it gives 822 at the H100 NVL's 400 W,
-# whose datasheet says 835 (1,671 with sparsity). A catalog GPU's peak is the smaller of its datasheet figure and the
+# whose datasheet says 835 (1,671 with sparsity). A catalog GPU computes at the smaller of its datasheet figure and the
 # rule's figure from the same GPU at the lowest power it ships at (its datasheet peak there): h100-96gb-500w from H100
-# SXM, gb200-186gb from B200; the GPU's own note gives the figures.
+# SXM (no datasheet for that power cap: the rule's figures are its peaks), gb200-186gb from B200 (its datasheet peaks
+# kept for MFU, the rule's share of them in `Gpu.power_sustained`); the GPU's own note gives the figures.
 POWER_SCALED_FROM = {"h100-96gb-500w": ("h100-80gb", 700, 500), "gb200-186gb": ("b200-180gb", 1000, 1200)}
 
 # L40S (Ada, sm_89) has Ampere-style tensor cores driven by mma.sync; Hopper's wgmma and TMA, which
@@ -109,6 +110,20 @@ class Gpu:
     # Block-scaled (MX) FP8 tensor cores: the MMA reads one E8M0 scale per 32 elements of K itself (train.fp8.recipe
     # mxfp8); Blackwell's fifth-generation tensor cores (sm_100, PTX ISA "tcgen05.mma ... block_scale"), none before.
     mxfp8: bool = False
+    # The share of the datasheet's tensor peaks the GPU sustains through dense GEMMs at its power limit, where the
+    # power rule (POWER_SCALED_FROM) puts it below the datasheet: the cost model's compute runs at `rate_flops_per_s`;
+    # MFU stays quoted against the datasheet's `peak_flops_per_s`, as publishers quote it.
+    power_sustained: float = 1.0
+
+    def rate_flops_per_s(self, precision: str) -> float:
+        """The dense peak the cost model computes at: `peak_flops_per_s` under the power limit (`power_sustained`, for
+        the tensor cores; plain FP32 as the datasheet gives it)."""
+        return self.peak_flops_per_s(precision) * (1.0 if precision == "fp32" else self.power_sustained)
+
+    @property
+    def fp8_rate_flops_per_s(self) -> float:
+        """`fp8_flops_per_s` under the power limit (`power_sustained`)."""
+        return self.fp8_flops_per_s * self.power_sustained
 
     def peak_flops_per_s(self, precision: str) -> float:
         """Dense peak for the job's compute precision.
@@ -183,14 +198,15 @@ GPUS: dict[str, Gpu] = {
     # dense, 80 TFLOPS FP32, 186 GB at 8 TB/s, 1.8 TB/s NVLink. nvidia-smi ("NVIDIA GB200"): 189471 MiB. Host link:
     # NVLink-C2C, 900 GB/s bidirectional between one Grace CPU and its two GPUs (same page), taken as shared
     # evenly: 450 GB/s per direction over two GPUs, 225 GB/s each.
-    # Peaks: the power rule's (POWER_SCALED_FROM), below the page's. The GPU is B200's (the same two Blackwell dies,
-    # 148 SMs) at 1,200 W, against B200's 1,000 W (MLPerf Inference v6.0 B200 system descriptions: "B200 TGP
-    # 1000W"): 2,250 x (1,200 / 1,000)^(1/3) = 2,390 TFLOPS bf16, 4,780 FP8, 79.7 FP32. The page's 2,500 / 5,000
-    # would take (5,000 / 4,500)^3 x 1,000 W = 1,372 W under the rule: a clock the 1,200 W limit does not sustain
-    # through dense GEMMs.
-    "gb200-186gb": Gpu("gb200-186gb", 189471 * MIB, 2390 * TERA, 2390 * TERA, 79.7 * TERA, 8000 * GB, 900 * GB,
+    # Sustained: the power rule's (POWER_SCALED_FROM), below the page's peaks. The GPU is B200's (the same two
+    # Blackwell dies, 148 SMs) at 1,200 W, against B200's 1,000 W (MLPerf Inference v6.0 B200 system descriptions:
+    # "B200 TGP 1000W"): 2,250 x (1,200 / 1,000)^(1/3) = 2,391 TFLOPS bf16 and 4,782 FP8, 0.9563 of the page's
+    # 2,500 / 5,000 (`power_sustained`; MFU stays quoted against the page). Those would take (5,000 / 4,500)^3 x 1,000 W
+    # = 1,372 W under the rule: a clock the 1,200 W limit does not sustain through dense GEMMs. The page's plain FP32
+    # already sits on the rule (75 x 1.063 = 79.7 against its 80) and is kept.
+    "gb200-186gb": Gpu("gb200-186gb", 189471 * MIB, 2500 * TERA, 2500 * TERA, 80 * TERA, 8000 * GB, 900 * GB,
                         225 * GB, gemm_efficiency=H100_GEMM_EFFICIENCY, attention_efficiency=H100_ATTENTION_EFFICIENCY,
-                        fp8_flops_per_s=4780 * TERA, mxfp8=True),
+                        fp8_flops_per_s=5000 * TERA, mxfp8=True, power_sustained=2250 * 1.2 ** (1 / 3) / 2500),
     # The Blackwell Ultra GPU of a GB300 superchip (1,400 W): GB300 NVL72 page, 72 GPUs: FP16/BF16 360 PFLOPS and
     # FP8/FP6 720 PFLOPS (sparse), FP32 6 PFLOPS, up to 576 TB/s HBM3e, NVLink 130 TB/s -> per GPU 2,500 / 5,000
     # dense, 83 TFLOPS FP32, 8 TB/s, 1.8 TB/s NVLink; 288 GB (Blackwell Ultra datasheet); nvidia-smi ("NVIDIA
@@ -454,7 +470,8 @@ def resolve_hardware(job: Job, nvlink_island_gpus: Optional[int] = None) -> Hard
                       # plain FP32 at 1/16 of the 16-bit tensor peak: the A100's ratio (312 / 19.5, datasheet)
                       fp32_flops_per_s=gpu.fp32_flops_per_s or peak / 16, nvlink_bytes_per_s=spec.nvlink_gbps * GB,
                       fp8_flops_per_s=spec.fp8_peak_tflops * TERA if spec.fp8_peak_tflops is not None
-                      else gpu.fp8_flops_per_s, mxfp8=gpu.mxfp8 if spec.mxfp8 is None else spec.mxfp8)
+                      else gpu.fp8_flops_per_s, mxfp8=gpu.mxfp8 if spec.mxfp8 is None else spec.mxfp8,
+                      power_sustained=1.0)  # the user's peak is taken as it is sustained
     profile = _lookup(NODES, cluster.node) if cluster.node else None
     fabric = _lookup(FABRICS, cluster.fabric)
     if nvlink_island_gpus is None:

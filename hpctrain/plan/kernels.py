@@ -167,10 +167,10 @@ def routed_fp8_delta_s(model: Any, hw: Hardware, tp: int, tokens: float, compile
     fp8_linears_s's (mxfp8's per block), and every local expert's three weights once per micro-batch."""
     from hpctrain.config.moe import expert_width
 
-    fp8_rate = hw.gpu.fp8_flops_per_s * hw.gpu.gemm_efficiency * FP8_GEMM_EFFICIENCY_RATIO
+    fp8_rate = hw.gpu.fp8_rate_flops_per_s * hw.gpu.gemm_efficiency * FP8_GEMM_EFFICIENCY_RATIO
     if fp8_rate <= 0:
         return 0.0
-    bf16_rate = hw.gpu.peak_flops_per_s("bf16") * hw.gpu.gemm_efficiency
+    bf16_rate = hw.gpu.rate_flops_per_s("bf16") * hw.gpu.gemm_efficiency
     f16, b16 = routed_gemm_times(model, tp, tokens, bf16_rate, ep, imbalance)
     f8, b8 = routed_gemm_times(model, tp, tokens, fp8_rate, ep, imbalance)
     moe, h = model.moe, float(model.hidden)
@@ -194,8 +194,8 @@ def fp8_linears_s(model: Any, hw: Hardware, tp: int, tokens: float, min_width: i
     the mean layer."""
     from hpctrain.plan.model_stats import moe_layer_count
 
-    bf16_rate = hw.gpu.peak_flops_per_s("bf16") * hw.gpu.gemm_efficiency
-    fp8_rate = hw.gpu.fp8_flops_per_s * hw.gpu.gemm_efficiency * FP8_GEMM_EFFICIENCY_RATIO
+    bf16_rate = hw.gpu.rate_flops_per_s("bf16") * hw.gpu.gemm_efficiency
+    fp8_rate = hw.gpu.fp8_rate_flops_per_s * hw.gpu.gemm_efficiency * FP8_GEMM_EFFICIENCY_RATIO
     if fp8_rate <= 0:
         return 0.0
     hbm = hw.gpu.hbm_bytes_per_s * HBM_EFFICIENCY
