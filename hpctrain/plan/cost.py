@@ -514,8 +514,8 @@ def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int,
         share = c.head_rank_layers / c.max_rank_layers
         head_mb = tokens_mb * head_s
         if share * (compute_mb + tp_mb + a2a_mb + host_mb) + head_mb > compute_mb + tp_mb + a2a_mb + host_mb:
-            compute_mb, tp_mb, cp_mb, a2a_mb = share * compute_mb + head_mb, share * tp_mb, share * cp_mb, share * a2a_mb
-            host_mb *= share
+            compute_mb, tp_mb, cp_mb, a2a_mb, host_mb = (share * compute_mb + head_mb, share * tp_mb, share * cp_mb,
+                                                         share * a2a_mb, share * host_mb)
     slot_s = compute_mb + tp_mb + pp_mb + a2a_mb + host_mb + (embedding_transfer_s(model, hw, tokens_mb, act_bytes)
                                                      if c.embedding_on_cpu else 0.0)
     # Bubble: (p-1)/v micro-batch slots for GPipe, 1F1B and interleaved 1F1B alike (Narayanan et

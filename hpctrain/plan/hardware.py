@@ -169,9 +169,9 @@ GPUS: dict[str, Gpu] = {
     "h200-141gb": Gpu("h200-141gb", 143771 * MIB, 989 * TERA, 989 * TERA, 67 * TERA, 4800 * GB, 450 * GB, 64 * GB,
                        gemm_efficiency=H100_GEMM_EFFICIENCY, attention_efficiency=H100_ATTENTION_EFFICIENCY,
                        fp8_flops_per_s=1979 * TERA),
-    # Blackwell (compute capability 10.x), two dies as one GPU. Peaks are the vendors' sparse figures halved,
-    # capped by the power rule below where one GPU ships at several power limits
-    # (NVIDIA's footnote on each table: "dense is one-half sparse"); FP8 runs at twice bf16, and MX block-scaled
+    # Blackwell (compute capability 10.x), two dies as one GPU. Peaks are the vendors' sparse figures halved
+    # (NVIDIA's footnote on each table: "dense is one-half sparse"; GB200 computes at the power rule's share of them,
+    # its note below); FP8 runs at twice bf16, and MX block-scaled
     # FP8 (mxfp8) at the FP8 rate (Blackwell architecture technical brief: block scaling in the tensor core).
     # NVLink 5: 18 links, 1.8 TB/s per GPU bidirectional, 900 GB/s per direction (DGX B200 datasheet: "14.4 TB/s
     # aggregate" over 8 GPUs; GB200 NVL72 page: 130 TB/s over 72). SM count 148 (device query in torchao PR #4002
