@@ -76,6 +76,20 @@ MEGATRON_TE_GEMM_EFFICIENCY: dict[str, float] = {"h100-80gb": 0.83}
 # kept for MFU, the rule's share of them in `Gpu.power_sustained`); the GPU's own note gives the figures.
 POWER_SCALED_FROM = {"h100-96gb-500w": ("h100-80gb", 700, 500), "gb200-186gb": ("b200-180gb", 1000, 1200)}
 
+# FP8 GEMMs measured side by side: the Azure AI-benchmarking-guide runs one cuBLASLt FP8 GEMM benchmark (random
+# inputs, "best representation of real-life workloads", 10,000 warm-up iterations) on each of its VM types. On the
+# four large shapes (M x N x K = 8192^3, 16384^3, 32768^3, 6144 x 12288 x 12288) ND GB200 v6 (CUDA 12.8;
+# Azure_Results/ND_GB200_v6_results.md, stored version 2a370be6) reached 2,876.6 / 2,906.9 / 2,825.6 / 2,895.6
+# TFLOPS and ND H100 v5 (CUDA 12.6; ND_H100_v5_results.md) 1,290.1 / 1,377.3 / 1,382.2 / 1,351.4: GB200 runs FP8
+# GEMMs at 2.230 / 2.111 / 2.044 / 2.143, on average 2.132 x H100's, where the page's peaks say 2.53 and the power
+# rule 2.42. (H100's own figure, 0.68-0.70 of its 1,979, is what the cost model's fitted GEMM efficiency and
+# FP8 ratio already give it: 0.83 x 0.80 = 0.66 with Megatron-Core/TE.) So GB200's FP8 rate is that multiple of
+# H100's, 0.844 of its page's 5,000 (`Gpu.fp8_sustained`), and B200's, the same silicon at 1,000 W, is GB200's
+# under the power rule, (1,000 / 1,200)^(1/3) of it: 0.882 of its 4,500. bf16 has no such measurement and keeps
+# the power rule. B300 / GB300 (Blackwell Ultra, other silicon) have none either.
+FP8_MEASURED_OVER_H100 = {"gb200-186gb": (2876.6 / 1290.1 + 2906.9 / 1377.3 + 2825.6 / 1382.2 + 2895.6 / 1351.4) / 4}
+GB200_FP8_SUSTAINED_TFLOPS = FP8_MEASURED_OVER_H100["gb200-186gb"] * 1979  # x H100's page FP8: 4,219
+
 # L40S (Ada, sm_89) has Ampere-style tensor cores driven by mma.sync; Hopper's wgmma and TMA, which
 # the H100 figures reflect, are sm_90 only (PTX ISA, wgmma: "requires sm_90a"). No L40S training run
 # is in the corpus, so it takes the A100 figures (FlashAttention-2 supports Ampere, Ada and Hopper,
@@ -84,10 +98,11 @@ POWER_SCALED_FROM = {"h100-96gb-500w": ("h100-80gb", 700, 500), "gb200-186gb": (
 # does not run on Volta (flash-attention README) and SDPA falls back to memory-efficient kernels.
 # Blackwell (B200, B300, GB200, GB300) has no training run in the corpus either, so nothing can fit its
 # figures: it takes H100's fitted GEMM figure and FlashAttention-3's H100 attention figure, an assumption.
-# What is known points no lower: torchao's roofline table (torchao/testing/training/roofline_utils.py, 0.18)
-# measured 82 % of the dense peak on large GEMMs of a B300 against the 78 % it measured on an H100, so the
-# kernels reach as much of Blackwell's peak; what the fitted figure stands for beyond the kernels (launch gaps,
-# SMs shared with collectives, clocks) is not known for Blackwell. Re-fit once a Blackwell run is in the corpus.
+# torchao's roofline table (torchao/testing/training/roofline_utils.py, 0.18) measured 82 % of the dense peak on
+# large GEMMs of a B300 against the 78 % it measured on an H100, so the kernels reach as much of Blackwell Ultra's
+# peak; GB200's FP8 GEMMs measured lower beside H100's (FP8_MEASURED_OVER_H100) and are priced at that measurement
+# (`Gpu.fp8_sustained`). What the fitted figure stands for beyond the kernels (launch gaps, SMs shared with
+# collectives, clocks) is not known for Blackwell. Re-fit once a Blackwell run is in the corpus.
 
 
 @dataclass(frozen=True)
@@ -114,6 +129,9 @@ class Gpu:
     # power rule (POWER_SCALED_FROM) puts it below the datasheet: the cost model's compute runs at `rate_flops_per_s`;
     # MFU stays quoted against the datasheet's `peak_flops_per_s`, as publishers quote it.
     power_sustained: float = 1.0
+    # The share of `fp8_flops_per_s` that FP8 GEMMs sustain, where a side-by-side measurement fixes it
+    # (FP8_MEASURED_OVER_H100); 0: `power_sustained`, as the other tensor rates.
+    fp8_sustained: float = 0.0
 
     def rate_flops_per_s(self, precision: str) -> float:
         """The dense peak the cost model computes at: `peak_flops_per_s` under the power limit (`power_sustained`, for
@@ -123,7 +141,7 @@ class Gpu:
     @property
     def fp8_rate_flops_per_s(self) -> float:
         """`fp8_flops_per_s` under the power limit (`power_sustained`)."""
-        return self.fp8_flops_per_s * self.power_sustained
+        return self.fp8_flops_per_s * (self.fp8_sustained or self.power_sustained)
 
     def peak_flops_per_s(self, precision: str) -> float:
         """Dense peak for the job's compute precision.
@@ -181,10 +199,12 @@ GPUS: dict[str, Gpu] = {
     # Memory 180 GB (DGX B200 datasheet: 1,440 GB over 8); nvidia-smi: 183359 MiB. HBM: the datasheet's 8 TB/s
     # assumes an 8,192-bit bus, the CUDA 13 driver reports 7,680 bits at 3,996 MHz: 7.672 TB/s (torchao
     # roofline_utils.py, PR #4002), taken here. Host link PCIe Gen5 x16 (MLPerf Inference v6.0 system
-    # descriptions of B200 nodes: "accelerator_host_interconnect: PCIe Gen5 x16").
+    # descriptions of B200 nodes: "accelerator_host_interconnect: PCIe Gen5 x16"). FP8 GEMMs sustain GB200's measured
+    # rate under the power rule, 3,970 TFLOPS (FP8_MEASURED_OVER_H100).
     "b200-180gb": Gpu("b200-180gb", 183359 * MIB, 2250 * TERA, 2250 * TERA, 75 * TERA, 7672 * GB, 900 * GB, 64 * GB,
                        gemm_efficiency=H100_GEMM_EFFICIENCY, attention_efficiency=H100_ATTENTION_EFFICIENCY,
-                       fp8_flops_per_s=4500 * TERA, mxfp8=True),
+                       fp8_flops_per_s=4500 * TERA, mxfp8=True,
+                       fp8_sustained=GB200_FP8_SUSTAINED_TFLOPS * (1000 / 1200) ** (1 / 3) / 4500),
     # B300 (Blackwell Ultra) in DGX/HGX B300: the Blackwell Ultra datasheet's 2,250 TFLOPS bf16 and 4,500 FP8
     # dense per GPU (torchao roofline_utils.py quotes it; the DGX B300 datasheet's "72 PFLOPS FP8 training" is the
     # sparse figure over 8), 288 GB HBM3e at 8 TB/s; nvidia-smi ("NVIDIA B300 SXM6 AC"): 275040 MiB. FP32: no
@@ -203,10 +223,12 @@ GPUS: dict[str, Gpu] = {
     # "B200 TGP 1000W"): 2,250 x (1,200 / 1,000)^(1/3) = 2,391 TFLOPS bf16 and 4,782 FP8, 0.9563 of the page's
     # 2,500 / 5,000 (`power_sustained`; MFU stays quoted against the page). Those would take (5,000 / 4,500)^3 x 1,000 W
     # = 1,372 W under the rule: a clock the 1,200 W limit does not sustain through dense GEMMs. The page's plain FP32
-    # already sits on the rule (75 x 1.063 = 79.7 against its 80) and is kept.
+    # already sits on the rule (75 x 1.063 = 79.7 against its 80) and is kept. FP8 GEMMs: measured lower still,
+    # 2.13 x H100's, 4,219 TFLOPS (FP8_MEASURED_OVER_H100, `fp8_sustained`).
     "gb200-186gb": Gpu("gb200-186gb", 189471 * MIB, 2500 * TERA, 2500 * TERA, 80 * TERA, 8000 * GB, 900 * GB,
                         225 * GB, gemm_efficiency=H100_GEMM_EFFICIENCY, attention_efficiency=H100_ATTENTION_EFFICIENCY,
-                        fp8_flops_per_s=5000 * TERA, mxfp8=True, power_sustained=2250 * 1.2 ** (1 / 3) / 2500),
+                        fp8_flops_per_s=5000 * TERA, mxfp8=True, power_sustained=2250 * 1.2 ** (1 / 3) / 2500,
+                        fp8_sustained=GB200_FP8_SUSTAINED_TFLOPS / 5000),
     # The Blackwell Ultra GPU of a GB300 superchip (1,400 W): GB300 NVL72 page, 72 GPUs: FP16/BF16 360 PFLOPS and
     # FP8/FP6 720 PFLOPS (sparse), FP32 6 PFLOPS, up to 576 TB/s HBM3e, NVLink 130 TB/s -> per GPU 2,500 / 5,000
     # dense, 83 TFLOPS FP32, 8 TB/s, 1.8 TB/s NVLink; 288 GB (Blackwell Ultra datasheet); nvidia-smi ("NVIDIA

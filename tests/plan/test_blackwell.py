@@ -56,6 +56,20 @@ def test_a_gpu_at_another_power_limit_takes_the_cube_root_of_the_power_ratio(nam
     assert gpu.fp8_rate_flops_per_s == pytest.approx(ref.fp8_rate_flops_per_s * scale, rel=2e-3)
 
 
+def test_blackwell_fp8_gemms_run_at_the_rate_measured_beside_h100():
+    # hardware.FP8_MEASURED_OVER_H100: one cuBLASLt FP8 benchmark on both (Azure AI-benchmarking-guide), four large
+    # shapes, GB200 / H100 = 2.230, 2.111, 2.044, 2.143
+    gb200, b200, h100 = GPUS["gb200-186gb"], GPUS["b200-180gb"], GPUS["h100-80gb"]
+    assert gb200.fp8_rate_flops_per_s / h100.fp8_rate_flops_per_s == pytest.approx(2.132, abs=1e-3)
+    assert gb200.fp8_rate_flops_per_s == pytest.approx(4219e12, rel=1e-3)
+    # below the power rule's 4,782 (bf16 keeps the rule: no measurement), B200 at GB200's rate under the rule
+    assert gb200.fp8_rate_flops_per_s < 2 * gb200.rate_flops_per_s("bf16")
+    assert gb200.rate_flops_per_s("bf16") == pytest.approx(2391e12, rel=1e-3)
+    assert b200.fp8_rate_flops_per_s == pytest.approx(3970e12, rel=1e-3) and b200.rate_flops_per_s("bf16") == 2250e12
+    # Blackwell Ultra (other silicon) has no measurement: its page's peak
+    assert GPUS["gb300-288gb"].fp8_rate_flops_per_s == GPUS["gb300-288gb"].fp8_flops_per_s == 5000e12
+
+
 def test_gb200_computes_at_what_its_power_sustains_and_quotes_mfu_against_its_datasheet():
     gb200, b200 = GPUS["gb200-186gb"], GPUS["b200-180gb"]
     # under the NVL72 page's 2,500 TFLOPS bf16 (5,000 FP8), over B200's 2,250
