@@ -89,6 +89,7 @@ POWER_SCALED_FROM = {"h100-96gb-500w": ("h100-80gb", 700, 500), "gb200-186gb": (
 # the power rule. B300 / GB300 (Blackwell Ultra, other silicon) have none either.
 FP8_MEASURED_OVER_H100 = {"gb200-186gb": (2876.6 / 1290.1 + 2906.9 / 1377.3 + 2825.6 / 1382.2 + 2895.6 / 1351.4) / 4}
 GB200_FP8_SUSTAINED_TFLOPS = FP8_MEASURED_OVER_H100["gb200-186gb"] * 1979  # x H100's page FP8: 4,219
+_, _B200_WATTS, _GB200_WATTS = POWER_SCALED_FROM["gb200-186gb"]
 
 # L40S (Ada, sm_89) has Ampere-style tensor cores driven by mma.sync; Hopper's wgmma and TMA, which
 # the H100 figures reflect, are sm_90 only (PTX ISA, wgmma: "requires sm_90a"). No L40S training run
@@ -140,7 +141,8 @@ class Gpu:
 
     @property
     def fp8_rate_flops_per_s(self) -> float:
-        """`fp8_flops_per_s` under the power limit (`power_sustained`)."""
+        """`fp8_flops_per_s` at what FP8 GEMMs sustain: the measured share (`fp8_sustained`) where there is one, else
+        the power limit's (`power_sustained`)."""
         return self.fp8_flops_per_s * (self.fp8_sustained or self.power_sustained)
 
     def peak_flops_per_s(self, precision: str) -> float:
@@ -204,7 +206,7 @@ GPUS: dict[str, Gpu] = {
     "b200-180gb": Gpu("b200-180gb", 183359 * MIB, 2250 * TERA, 2250 * TERA, 75 * TERA, 7672 * GB, 900 * GB, 64 * GB,
                        gemm_efficiency=H100_GEMM_EFFICIENCY, attention_efficiency=H100_ATTENTION_EFFICIENCY,
                        fp8_flops_per_s=4500 * TERA, mxfp8=True,
-                       fp8_sustained=GB200_FP8_SUSTAINED_TFLOPS * (1000 / 1200) ** (1 / 3) / 4500),
+                       fp8_sustained=GB200_FP8_SUSTAINED_TFLOPS * (_B200_WATTS / _GB200_WATTS) ** (1 / 3) / 4500),
     # B300 (Blackwell Ultra) in DGX/HGX B300: the Blackwell Ultra datasheet's 2,250 TFLOPS bf16 and 4,500 FP8
     # dense per GPU (torchao roofline_utils.py quotes it; the DGX B300 datasheet's "72 PFLOPS FP8 training" is the
     # sparse figure over 8), 288 GB HBM3e at 8 TB/s; nvidia-smi ("NVIDIA B300 SXM6 AC"): 275040 MiB. FP32: no
