@@ -29,7 +29,9 @@ all-to-alls beside another micro-batch's compute: Megatron-Core's moe_a2a_overla
 context_parallel around a model that repeats K/V to the query heads before SDPA: torchtitan's Llama), `cp_rotate`
 (allgather, the default, or ring: Megatron-Core / Transformer Engine's point-to-point context parallelism, K/V chunks
 passed around the cp ring beside the attention blocks; parallel.cp_rotate, plan/context.py), `stack` (torch,
-the default, or megatron-te: Megatron-Core with Transformer Engine; hardware.STACKS) and `dispatcher` (alltoall,
+the default, or megatron-te: Megatron-Core with Transformer Engine; hardware.STACKS) with `te_attention` (fused:
+cuDNN's attention, the default; flash: flash-attn's FlashAttention-2, where the run set NVTE_FUSED_ATTN=0;
+hardware.TE_ATTENTION_BACKENDS) and `dispatcher` (alltoall,
 deepep, hybridep; cost.CostSetup), `token_drop` (capacity-factor dropping with expert inputs padded to capacity)
 and `cuda_graph` (full_iteration: the whole step replayed from a CUDA graph, the MoE blocks sync-free): with
 either, a MoE block never waits for its routing sizes on the host, else Megatron-Core's dropless MoE always does
@@ -37,8 +39,9 @@ either, a MoE block never waits for its routing sizes on the host, else Megatron
 the whole MoE block's forward, all-to-alls included, replayed in the backward). The publisher's FLOP formulas (`metric.flops`): megatron_hfu,
 megatron_mfu, palm, megatron (Megatron-LM's of 2025, for GQA and MoE: causal halving of the scores) and megatron_2024
 (the same function as Megatron-LM had it from 2024-04 to 2025-03: the full s x s score matrix counted). `--fit` fits
-the GEMM efficiency per (GPU, stack) on the calibration set only (hardware.py cites the result) and reports both sets
-with the fitted values. Torch-free.
+the GEMM efficiency per (GPU, stack) on the calibration set only (hardware.py cites the result; a stack fitted on FP8
+runs no faster than cuBLASLt alone measures, hardware.FP8_GEMM_MEASURED_TFLOPS) and reports both sets with the
+fitted values. Torch-free.
 """
 
 from __future__ import annotations
@@ -150,7 +153,21 @@ def _hardware(job: Any, gemm_efficiency: Optional[dict[tuple[str, str], float]],
 
     hw = resolve_hardware(job)
     stack = _stack(run)
-    return with_stack(hw, stack, (gemm_efficiency or {}).get((hw.gpu.name, stack)))
+    return with_stack(hw, stack, (gemm_efficiency or {}).get((hw.gpu.name, stack)), _te_attention(run))
+
+
+def _te_attention(run: Optional[dict[str, Any]]) -> str:
+    """Transformer Engine's attention backend in the publisher's run (corpus field `te_attention`, default fused:
+    cuDNN's; flash where the run set NVTE_FUSED_ATTN=0; hardware.TE_ATTENTION_BACKENDS). Only megatron-te rows."""
+    from hpctrain.plan.hardware import TE_ATTENTION_BACKENDS
+
+    backend = (run or {}).get("te_attention", "fused")
+    if backend not in TE_ATTENTION_BACKENDS:
+        raise SystemExit(f"run {(run or {}).get('name')!r}: te_attention must be one of "
+                         f"{', '.join(TE_ATTENTION_BACKENDS)} (got {backend!r})")
+    if "te_attention" in (run or {}) and _stack(run) != "megatron-te":
+        raise SystemExit(f"run {(run or {}).get('name')!r}: te_attention applies to stack megatron-te only")
+    return str(backend)
 
 
 def _search(job: Any, hw: Any, budget_bytes: Optional[float] = None, run: Optional[dict[str, Any]] = None
@@ -496,17 +513,25 @@ def fit_gemm_efficiency(runs: list[dict[str, Any]]) -> dict[tuple[str, str], flo
     over the CALIBRATION runs on that GPU with that stack (validation runs are never looked at)."""
     import math
 
+    from hpctrain.plan.hardware import FP8_GEMM_MEASURED_TFLOPS, GPUS
+    from hpctrain.plan.kernels import FP8_GEMM_EFFICIENCY_RATIO
+
     calibration = [r for r in runs if r["set"] == "calibration"]
     fitted: dict[tuple[str, str], float] = {}
     for key in sorted({(r["hardware"]["gpu"], _stack(r)) for r in calibration}):
         mine = [r for r in calibration if (r["hardware"]["gpu"], _stack(r)) == key]
+        grid = GEMM_GRID
+        measured = FP8_GEMM_MEASURED_TFLOPS.get(key[0])
+        if measured and all(r.get("precision") == "fp8" for r in mine):  # no faster than cuBLASLt alone (hardware.py)
+            ceiling = measured * 1e12 / (GPUS[key[0]].fp8_rate_flops_per_s * FP8_GEMM_EFFICIENCY_RATIO)
+            grid = [g for g in GEMM_GRID if g <= ceiling]
 
         def loss(value: float) -> float:
             errs = [abs(math.log(evaluate(r, {key: value}, rank=False).predicted / r["metric"]["value"]))
                     for r in mine]
             return statistics.median(errs)
 
-        fitted[key] = min(GEMM_GRID, key=loss)
+        fitted[key] = min(grid, key=loss)
     return fitted
 
 

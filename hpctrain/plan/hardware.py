@@ -55,6 +55,16 @@ H100_ATTENTION_EFFICIENCY = 0.35
 # a GPU without a fitted figure keeps its own.
 STACKS = ("torch", "megatron-te")
 FA3_CLASS_ATTENTION_SPEEDUP = 1.6
+# Transformer Engine's attention backend (its DotProductAttention picks one): "fused", cuDNN's fused attention, the
+# FlashAttention-3 class above; "flash", the flash-attn package's FlashAttention-2 kernels, the GPU's own (FA2)
+# figures. TE prefers "fused" on sm90 (transformer_engine/pytorch/attention.py from v1.4's "Select FusedAttention on
+# sm90"); a run that sets NVTE_FUSED_ATTN=0 gets "flash". NeMo's launcher set it for every training job from 24.01
+# through the 24.07 release ("Disable cudnn FA until we've tested it more": NVIDIA/NeMo-Framework-Launcher
+# launcher_scripts/conf/config.yaml, 562dcb45 2024-02-13, in tags 24.01-24.07; removed by 04b8d098, 2024-08-29).
+# Kernel figures that bear it out on Hopper (NVIDIA/cudnn-frontend benchmark/benchmark_results.csv at b740542,
+# 2024-05-07, cuDNN 9.1, H200 at locked clocks, causal, head dim 128, 16K-64K tokens): cuDNN 520 TFLOP/s forward
+# + backward, 0.53 of the 989 peak (the FA3 class: 0.35 x 1.6 = 0.56); PyTorch's FlashAttention-2 325, 0.33.
+TE_ATTENTION_BACKENDS = ("fused", "flash")
 HOPPER_GPUS = ("h100-80gb", "h100-96gb-500w", "h200-141gb")
 # Blackwell takes H100's figures (the note below the catalog's efficiencies): for this stack too, its fitted GEMM
 # figure and its attention class, the same assumption, until a Blackwell calibration run exists.
@@ -62,10 +72,13 @@ BLACKWELL_GPUS = ("b200-180gb", "b300-288gb", "gb200-186gb", "gb300-288gb")
 # Fitted 2026-12-06 on the calibration set's megatron-te rows (NeMo 24.07's FP8 pre-training table, 12 rows on
 # DGX-H100, each with its software: fused kernels, FP8, TE's TP overlap where its launcher set it, Megatron-Core's
 # distributed optimizer): 0.81 (`--fit`; calibration FP8 7/12 within +-15 %, median 8.0 %); re-fitted the same day
-# once the head's pipeline rank paces the step when slower (cost.CostSetup.head_rank_layers): 0.83. It prices TE's
-# GEMMs with everything else that stack's runs lose and the cost model has no term for, as the other fitted
-# figures do.
-MEGATRON_TE_GEMM_EFFICIENCY: dict[str, float] = {"h100-80gb": 0.83}
+# once the head's pipeline rank paces the step when slower (cost.CostSetup.head_rank_layers): 0.83. Re-fitted
+# 2026-12-07 once those rows run the attention their launcher set (TE_ATTENTION_BACKENDS: FlashAttention-2 for ten
+# rows, cuDNN's for GPT-3 175B's two): the fit then falls as far as the grid goes (0.95, calibration FP8 median
+# 5.9 %), past what cuBLASLt alone runs FP8 GEMMs at, so it stops at that ceiling (FP8_GEMM_MEASURED_TFLOPS): 0.87
+# (calibration FP8 9/12 within +-15 %, median 7.8 %). It prices TE's GEMMs with everything else that stack's runs
+# lose and the cost model has no term for, as the other fitted figures do.
+MEGATRON_TE_GEMM_EFFICIENCY: dict[str, float] = {"h100-80gb": 0.87}
 
 # The power rule: one GPU's sustained tensor throughput at another power limit. Dense GEMMs run a GPU at its power
 # limit; dynamic power goes as f x V^2 with the voltage tracking the clock, so the sustained clock scales as the cube
@@ -83,10 +96,15 @@ POWER_SCALED_FROM = {"h100-96gb-500w": ("h100-80gb", 700, 500), "gb200-186gb": (
 # TFLOPS and ND H100 v5 (CUDA 12.6; ND_H100_v5_results.md) 1,290.1 / 1,377.3 / 1,382.2 / 1,351.4: GB200 runs FP8
 # GEMMs at 2.230 / 2.111 / 2.044 / 2.143, on average 2.132 x H100's, where the page's peaks say 2.53 and the power
 # rule 2.42. (H100's own figure, 0.68-0.70 of its 1,979, is what the cost model's fitted GEMM efficiency and
-# FP8 ratio already give it: 0.83 x 0.80 = 0.66 with Megatron-Core/TE.) So GB200's FP8 rate is that multiple of
+# FP8 ratio already give it: 0.87 x 0.80 = 0.70 with Megatron-Core/TE.) So GB200's FP8 rate is that multiple of
 # H100's, 0.844 of its page's 5,000 (`Gpu.fp8_sustained`), and B200's, the same silicon at 1,000 W, is GB200's
 # under the power rule, (1,000 / 1,200)^(1/3) of it: 0.882 of its 4,500. bf16 has no such measurement and keeps
 # the power rule. B300 / GB300 (Blackwell Ultra, other silicon) have none either.
+# The same measurement bounds the calibration fit (bench/planner_accuracy.py --fit): a fitted GEMM efficiency prices
+# the GEMMs with everything the cost model has no term for, so it may not make the GEMMs themselves faster than
+# cuBLASLt alone runs them. The best of H100's large FP8 shapes, 1,382.2 TFLOPS (32768^3), caps the fit of a stack
+# whose calibration runs are all FP8 at 1,382.2 / (1,979 x kernels.FP8_GEMM_EFFICIENCY_RATIO) = 0.873.
+FP8_GEMM_MEASURED_TFLOPS = {"h100-80gb": 1382.2}
 FP8_MEASURED_OVER_H100 = {"gb200-186gb": (2876.6 / 1290.1 + 2906.9 / 1377.3 + 2825.6 / 1382.2 + 2895.6 / 1351.4) / 4}
 GB200_FP8_SUSTAINED_TFLOPS = FP8_MEASURED_OVER_H100["gb200-186gb"] * 1979  # x H100's page FP8: 4,219
 _, _B200_WATTS, _GB200_WATTS = POWER_SCALED_FROM["gb200-186gb"]
@@ -396,16 +414,22 @@ class Hardware:
         return self.gpu.nvlink_bytes_per_s or self.gpu.pcie_bytes_per_s
 
 
-def with_stack(hw: Hardware, stack: str, gemm_efficiency: Optional[float] = None) -> Hardware:
-    """The hardware as a software stack (STACKS) runs it: megatron-te's attention and fitted GEMM efficiency on the
-    GPUs they are known for; `gemm_efficiency` overrides the GEMM figure (the calibration fit)."""
+def with_stack(hw: Hardware, stack: str, gemm_efficiency: Optional[float] = None,
+               te_attention: str = "fused") -> Hardware:
+    """The hardware as a software stack (STACKS) runs it: megatron-te's attention (`te_attention`, one of
+    TE_ATTENTION_BACKENDS) and fitted GEMM efficiency on the GPUs they are known for; `gemm_efficiency` overrides the
+    GEMM figure (the calibration fit)."""
     if stack not in STACKS:
         raise ValueError(f"unknown software stack {stack!r}; known: {', '.join(STACKS)}")
+    if te_attention not in TE_ATTENTION_BACKENDS:
+        raise ValueError(f"unknown Transformer Engine attention backend {te_attention!r}; "
+                         f"known: {', '.join(TE_ATTENTION_BACKENDS)}")
     gpu = hw.gpu
     if stack == "megatron-te" and gpu.name in HOPPER_GPUS + BLACKWELL_GPUS:
         fitted = MEGATRON_TE_GEMM_EFFICIENCY.get(
             gpu.name, MEGATRON_TE_GEMM_EFFICIENCY.get("h100-80gb") if gpu.name in BLACKWELL_GPUS else None)
-        gpu = replace(gpu, attention_efficiency=gpu.attention_efficiency * FA3_CLASS_ATTENTION_SPEEDUP,
+        speedup = FA3_CLASS_ATTENTION_SPEEDUP if te_attention == "fused" else 1.0
+        gpu = replace(gpu, attention_efficiency=gpu.attention_efficiency * speedup,
                       gemm_efficiency=fitted if fitted is not None else gpu.gemm_efficiency)
     if gemm_efficiency is not None:
         gpu = replace(gpu, gemm_efficiency=gemm_efficiency)

@@ -140,6 +140,18 @@ def test_megatron_te_stack_runs_attention_at_the_fa3_class_on_hopper_only():
         with_stack(hw, "jax")
 
 
+def test_te_flash_attention_backend_keeps_the_gpus_own_fa2_figure():
+    """A Transformer Engine run that disabled cuDNN's fused attention (NVTE_FUSED_ATTN=0, NeMo's launcher of 2024)
+    runs flash-attn's FlashAttention-2: the GPU's own attention figure, with the stack's fitted GEMM figure kept."""
+    hw = _hw()
+    fused, flash = with_stack(hw, "megatron-te"), with_stack(hw, "megatron-te", te_attention="flash")
+    assert flash.gpu.attention_efficiency == hw.gpu.attention_efficiency
+    assert fused.gpu.attention_efficiency == pytest.approx(1.6 * flash.gpu.attention_efficiency)
+    assert flash.gpu.gemm_efficiency == fused.gpu.gemm_efficiency != hw.gpu.gemm_efficiency
+    with pytest.raises(ValueError, match="unknown Transformer Engine attention backend"):
+        with_stack(hw, "megatron-te", te_attention="cudnn")
+
+
 def test_nvlink_collectives_inside_an_nvswitch_gen3_node_run_over_nvls():
     """H100-class nodes reduce in the switch (NCCL's NVLS): an in-node collective sees 476 GB/s of bus bandwidth
     (the NCCL maintainer's figure for H100), an A100 node its ring over 0.70 of the line rate."""

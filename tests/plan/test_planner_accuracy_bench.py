@@ -95,6 +95,39 @@ def test_fit_reads_only_the_calibration_set(corpus: list[dict], monkeypatch: pyt
     assert set(both_stacks) == {key, ("a100-80gb", "megatron-te")}
 
 
+def test_the_fit_stays_under_what_cublaslt_alone_measures(corpus: list[dict], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stack fitted on FP8 runs may not price its GEMMs faster than cuBLASLt alone ran them on that GPU
+    (hardware.FP8_GEMM_MEASURED_TFLOPS): on H100, 1,382.2 / (1,979 x 0.80) = 0.873, so a grid value above it is never
+    chosen even where the calibration error would still fall."""
+    from hpctrain.plan.hardware import FP8_GEMM_MEASURED_TFLOPS
+
+    runs = {run["name"]: run for run in corpus}
+    llama = runs["nemo2407-llama2-7b"]
+    assert llama["precision"] == "fp8" and FP8_GEMM_MEASURED_TFLOPS["h100-80gb"] == 1382.2
+    too_slow = {**llama, "metric": {**llama["metric"], "value": llama["metric"]["value"] * 3}}  # wants the fastest
+    monkeypatch.setattr(bench, "GEMM_GRID", [0.80, 0.87, 0.88, 0.95])
+    key = ("h100-80gb", "megatron-te")
+    assert bench.fit_gemm_efficiency([too_slow])[key] == 0.87
+    bf16 = {**too_slow, "precision": "bf16"}  # no measurement bounds a 16-bit fit here
+    assert bench.fit_gemm_efficiency([bf16])[key] == 0.95
+
+
+def test_te_attention_names_transformer_engines_backend(corpus: list[dict]) -> None:
+    """NeMo's launcher runs of 2024 (NVTE_FUSED_ATTN=0) carry `te_attention: flash`: FlashAttention-2's figure, so
+    their long-sequence rows are slower than with cuDNN's kernels; the field is checked and megatron-te only."""
+    runs = {run["name"]: run for run in corpus}
+    run = runs["nemo2403ls-llama2-7b-128k"]
+    assert run["te_attention"] == "flash" and runs["nemo2407-gpt3-175b-128"].get("te_attention") is None
+    fused = {k: v for k, v in run.items() if k != "te_attention"}
+    _, flash_layout, _ = bench.predict(run)
+    _, fused_layout, _ = bench.predict(fused)
+    assert flash_layout.cost.tokens_per_s < 0.8 * fused_layout.cost.tokens_per_s  # attention is most of 128K tokens
+    with pytest.raises(SystemExit, match="te_attention must be one of fused, flash"):
+        bench._te_attention({**run, "te_attention": "cudnn"})
+    with pytest.raises(SystemExit, match="te_attention applies to stack megatron-te only"):
+        bench._te_attention({**fused, "stack": "torch", "te_attention": "flash"})
+
+
 def test_the_stack_and_dispatcher_fields_reach_the_cost(corpus: list[dict]) -> None:
     """`stack: megatron-te` runs attention at the FA3 class on Hopper and the routed experts in FP8 under fp8;
     `dispatcher: deepep` deduplicates the fabric copies; unknown values stop the bench with one line."""
