@@ -22,7 +22,9 @@ counts in each category it has, e.g. a CP run in FP8 in both; dense = none of th
 table (corpus field `table`) with >= 3 layouts of one model on one cluster, Kendall's tau between the
 published and the predicted order and whether the published best is in the planner's top 3 of the table.
 Per run, what the publisher's software did is in its fields: `precision` (fp8 with `fp8_recipe`), `fused`
-(element-wise work fused: torch.compile, or Transformer Engine's fused kernels; under TP too), and
+(element-wise work fused: torch.compile, or Transformer Engine's fused kernels; under TP too), `one_nic_collectives`
+(the publisher's cross-node collectives ran at one NIC per member, not spread over its members' NICs in a node as
+NCCL's channels do: comm.group_link), and
 `expert_load_imbalance` (1.0 where the publisher forced balanced routing), `selective_mm_recompute` (the share
 of forward matmuls the publisher's selective policy replays; cost.CostSetup) and `a2a_overlap` (expert
 all-to-alls beside another micro-batch's compute: Megatron-Core's moe_a2a_overlap) and `cp_repeated_kv` (torch's
@@ -152,6 +154,8 @@ def _hardware(job: Any, gemm_efficiency: Optional[dict[tuple[str, str], float]],
     from hpctrain.plan.hardware import resolve_hardware, with_stack
 
     hw = resolve_hardware(job)
+    if (run or {}).get("one_nic_collectives"):  # the publisher's collectives ran at one NIC per member (comm.py)
+        hw = replace(hw, nic_aggregation=False)
     stack = _stack(run)
     return with_stack(hw, stack, (gemm_efficiency or {}).get((hw.gpu.name, stack)), _te_attention(run))
 

@@ -8,8 +8,8 @@ hop, so the latency term grows with the ring size; bandwidth = bus bandwidth of 
 
 Hierarchy: a group inside one node rides NVLink, and so does a group inside one multi-node NVLink domain
 (GB200 / GB300 NVL72: 72 GPUs over 18 nodes, `Hardware.nvlink_domain_gpus`); a group that leaves them is bounded
-by the fabric, one NIC's worth per member (see `group_link` for why), with its ring steps between nodes (or
-domains) paying the network's hop latency.
+by the fabric: a collective by the NICs of the members it has in a node, a point-to-point transfer by its own
+(see `group_link` for why), with its ring steps between nodes (or domains) paying the network's hop latency.
 
 FSDP / ZeRO (`fsdp_exposed_s`): parameters are all-gathered and gradients reduce-scattered once
 per FSDP unit (a transformer block) per (micro-)step. The gather of unit i+1 is prefetched while
@@ -71,26 +71,25 @@ class Link:
     nodes: int  # the NVLink domains the group spans: nodes, or multi-node NVLink domains (1 = all on NVLink)
 
 
-def group_link(hw: Hardware, span_slots: int, ranks: int) -> Link:
+def group_link(hw: Hardware, span_slots: int, ranks: int, collective: bool = True) -> Link:
     """The link of a group whose members sit `span_slots` apart in the placement (tp innermost, then
-    pp, then dp): NVLink inside a node; across nodes, one NIC's worth per member.
+    pp, then dp): NVLink inside a node (or NVLink domain); across them, the fabric.
 
-    Why one NIC and not the node's eight: when a node holds one member of the group (tp x pp >=
-    gpus_per_node, every record run's data-parallel group) its traffic has its own rail NIC and
-    nothing more. When it holds several (FSDP without model parallelism), NCCL's ring could in
-    principle spread one collective over all the node's NICs (one channel per NIC, nccl-tests
-    busbw: 3 nodes x 4 HDR NICs reach 85-96 of 100 GB/s all-reduce busbw, NVIDIA/nccl-tests issue
-    #119), but the measured collectives of sharded data parallelism at scale do not get there:
-    ZeRO-3 on DGX A100 (Narayanan et al. 2021, table 2) runs the same step time, 65 s, on 768 and on
-    1536 GPUs at a fixed global batch, i.e. its ~1 TB per GPU of gathers and reduce-scatters moved
-    at ~16 GB/s per GPU, two thirds of one HDR NIC, not 8x that. So a member that crosses the
-    fabric is bounded by its own NIC: the node's achievable fabric bandwidth / gpus_per_node.
-    Known tension: torchtitan's FSDP2 on 8 DGX A100 nodes (bench/planner_accuracy.py) beats this
-    bound. Its Llama 2 13B row (2162 tokens/s, 104 GB of fp32 reduce-scatters and bf16 gathers per
-    GPU and step) needs at least 27 GB/s per GPU, its Llama 2 70B local-batch-1 row (355 tokens/s)
-    at least 49 GB/s: more than one HDR NIC's 25 GB/s line rate, closer to the nccl-tests
-    aggregate. With the aggregate (members per node x one NIC) those rows fit and the six ZeRO-3
-    rows come out 1.3-4x too fast; no single bandwidth fits both publishers' collectives.
+    A collective (`collective`: all-gather, reduce-scatter, all-reduce) over members that leave the node sees as
+    many NICs as the group has members in a node. NCCL runs a collective over several channels, each its own ring
+    through every member, and gives each channel's hop between nodes another rail NIC (NCCL user guide,
+    NCCL_MIN_NCHANNELS / NCCL_CROSS_NIC; nccl-tests busbw: 3 nodes x 4 HDR NICs reach 85-96 of 100 GB/s all-reduce
+    busbw, NVIDIA/nccl-tests issue #119), so a node that holds k members of the group moves its share over k NICs:
+    k x one NIC per member, NVLink's at most. A point-to-point transfer (`collective=False`: pipeline activations,
+    the CP ring's K/V) leaves through its sender's own NIC: one NIC.
+    The calibration set bears the aggregate out (bench/planner_accuracy.py): llm-foundry's FSDP runs of MPT-70B on
+    8-GPU nodes (A100 and H100) and NeMo 24.07's GPT-3 20B (DP 32 over 8 nodes, 4 members each) run at the published
+    throughput with it and 13-23 % too slow with one NIC per member, the published MPT-70B layouts ranked 8th and
+    12th instead of 1st; so do torchtitan's FSDP2 rows on DGX A100 (Llama 2 13B: 2,162 tokens/s needs >= 27 GB/s per
+    GPU of collectives, more than one HDR NIC's 25). One publication's software did not get there: DeepSpeed's ZeRO-3
+    in Narayanan et al. 2021, table 2, runs the same step time, 65 s, on 768 and on 1536 DGX A100 GPUs at a fixed
+    global batch, its ~1 TB per GPU of gathers and reduce-scatters at ~16 GB/s per GPU, two thirds of one NIC; those
+    rows say so (corpus field `one_nic_collectives`, `Hardware.nic_aggregation` False: one NIC per member).
     """
     if ranks <= 1:
         return Link(float("inf"), ranks, 1)
@@ -104,7 +103,8 @@ def group_link(hw: Hardware, span_slots: int, ranks: int) -> Link:
     members_per_node = max(1, hw.nvlink_domain_gpus // span_slots)
     nodes = max(2, -(-ranks // members_per_node))
     per_gpu_nic = hw.node_fabric_bytes_per_s / hw.gpus_per_node
-    return Link(min(nvlink, per_gpu_nic), ranks, nodes)
+    nics = min(members_per_node, ranks) if collective and hw.nic_aggregation else 1
+    return Link(min(nvlink, nics * per_gpu_nic), ranks, nodes)
 
 
 def domain_share(hw: Hardware, extent: int) -> int:

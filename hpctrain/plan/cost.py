@@ -4,8 +4,8 @@ Physics, not a fit: compute time is FLOPs over an achievable fraction of the GPU
 (each linear's forward, input-gradient and weight-gradient GEMM slowed by its own reduction width,
 attention separately, hardware.py) plus element-wise memory traffic over HBM bandwidth (and, for
 a kernel that materialises the attention scores, their traffic); communication is alpha-beta over
-hierarchical rings (comm.py: NCCL's latency per ring step, NVLink inside a node, one NIC per GPU
-across); TP collectives sit on the critical path, PP sends once per micro-batch and stage, FSDP's
+hierarchical rings (comm.py: NCCL's latency per ring step, NVLink inside a node, across nodes the NICs of
+a collective's members in a node, one NIC for a point-to-point transfer); TP collectives sit on the critical path, PP sends once per micro-batch and stage, FSDP's
 gathers and reduce-scatters hide per unit behind that unit's compute only, slowing it while they
 run (comm.fsdp_exposed_s); the pipeline bubble is (p-1)/v micro-batch slots (Narayanan et al.
 2021, section 2.2). Every term is a named field of `StepCost`.
@@ -470,7 +470,7 @@ def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int,
     # point-to-point between neighbouring stages (one network latency when they sit on two nodes).
     pp_mb = 0.0
     if c.pp > 1:
-        pp_link = _link(hw, comm.pp_span(c.tp, c.dp, c.ep), c.pp, memo)
+        pp_link = _link(hw, comm.pp_span(c.tp, c.dp, c.ep), c.pp, memo, collective=False)
         message = tokens_mb * model.hidden * act_bytes / c.tp  # scatter-gather optimisation
         hop = comm.NET_STEP_LATENCY_S if pp_link.nodes > 1 else comm.NVLINK_STEP_LATENCY_S
         pp_mb = 2.0 * c.virtual_stages * (message / pp_link.bandwidth_bytes_per_s + comm.RING_BASE_LATENCY_S + hop)
@@ -484,7 +484,7 @@ def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int,
 
         # cp peers sit as far apart as dp peers: the placement walks dp x cp as one dimension, cp inside dp
         # (plan/placement.py), so tp x pp slots apart for dense layouts, tp with experts (comm.dp_span)
-        cp_link = _link(hw, comm.dp_span(c.tp, c.pp, c.ep), c.cp, memo)
+        cp_link = _link(hw, comm.dp_span(c.tp, c.pp, c.ep), c.cp, memo, collective=c.cp_rotate != "ring")
         message = cp_kv_message_bytes(model, c.micro_batch, c.cp, c.tp, act_bytes)
         if c.cp_rotate == "ring":
             # Point-to-point to the next cp rank, beside one rotation's blocks: a rank's causal attention
@@ -565,9 +565,10 @@ def _memoised(memo: dict[Any, Any] | None, key: tuple[Any, ...], compute: Any) -
     return value
 
 
-def _link(hw: Hardware, span: int, ranks: int, memo: dict[Any, Any] | None) -> comm.Link:
+def _link(hw: Hardware, span: int, ranks: int, memo: dict[Any, Any] | None, collective: bool = True) -> comm.Link:
     """comm.group_link, memoised."""
-    link: comm.Link = _memoised(memo, ("link", span, ranks), lambda: group_link(hw, span, ranks))
+    link: comm.Link = _memoised(memo, ("link", span, ranks, collective),
+                                lambda: group_link(hw, span, ranks, collective))
     return link
 
 

@@ -74,11 +74,12 @@ BLACKWELL_GPUS = ("b200-180gb", "b300-288gb", "gb200-186gb", "gb300-288gb")
 # distributed optimizer): 0.81 (`--fit`; calibration FP8 7/12 within +-15 %, median 8.0 %); re-fitted the same day
 # once the head's pipeline rank paces the step when slower (cost.CostSetup.head_rank_layers): 0.83. Re-fitted
 # 2026-12-07 once those rows run the attention their launcher set (TE_ATTENTION_BACKENDS: FlashAttention-2 for ten
-# rows, cuDNN's for GPT-3 175B's two): the fit then falls as far as the grid goes (0.95, calibration FP8 median
-# 5.9 %), past what cuBLASLt alone runs FP8 GEMMs at, so it stops at that ceiling (FP8_GEMM_MEASURED_TFLOPS): 0.87
-# (calibration FP8 9/12 within +-15 %, median 7.8 %). It prices TE's GEMMs with everything else that stack's runs
-# lose and the cost model has no term for, as the other fitted figures do.
-MEGATRON_TE_GEMM_EFFICIENCY: dict[str, float] = {"h100-80gb": 0.87}
+# rows, cuDNN's for GPT-3 175B's two): the fit then ran to the grid's end (0.95), past what cuBLASLt alone runs FP8
+# GEMMs at, and stopped at that ceiling (FP8_GEMM_MEASURED_TFLOPS): 0.87; re-fitted the same day once a collective
+# across nodes spreads over its members' NICs in a node (comm.group_link; GPT-3 20B's DP over 4 members per node
+# was 23 % too slow without): 0.80 (calibration FP8 9/12 within +-15 %, median 7.9 %). It prices TE's GEMMs with
+# everything else that stack's runs lose and the cost model has no term for, as the other fitted figures do.
+MEGATRON_TE_GEMM_EFFICIENCY: dict[str, float] = {"h100-80gb": 0.80}
 
 # The power rule: one GPU's sustained tensor throughput at another power limit. Dense GEMMs run a GPU at its power
 # limit; dynamic power goes as f x V^2 with the voltage tracking the clock, so the sustained clock scales as the cube
@@ -95,8 +96,8 @@ POWER_SCALED_FROM = {"h100-96gb-500w": ("h100-80gb", 700, 500), "gb200-186gb": (
 # Azure_Results/ND_GB200_v6_results.md, stored version 2a370be6) reached 2,876.6 / 2,906.9 / 2,825.6 / 2,895.6
 # TFLOPS and ND H100 v5 (CUDA 12.6; ND_H100_v5_results.md) 1,290.1 / 1,377.3 / 1,382.2 / 1,351.4: GB200 runs FP8
 # GEMMs at 2.230 / 2.111 / 2.044 / 2.143, on average 2.132 x H100's, where the page's peaks say 2.53 and the power
-# rule 2.42. (H100's own figure, 0.68-0.70 of its 1,979, is what the cost model's fitted GEMM efficiency and
-# FP8 ratio already give it: 0.87 x 0.80 = 0.70 with Megatron-Core/TE.) So GB200's FP8 rate is that multiple of
+# rule 2.42. (H100's own figure, 0.68-0.70 of its 1,979, is near what the cost model's fitted GEMM efficiency and
+# FP8 ratio give it: 0.80 x 0.80 = 0.64 with Megatron-Core/TE.) So GB200's FP8 rate is that multiple of
 # H100's, 0.844 of its page's 5,000 (`Gpu.fp8_sustained`), and B200's, the same silicon at 1,000 W, is GB200's
 # under the power rule, (1,000 / 1,200)^(1/3) of it: 0.882 of its 4,500. bf16 has no such measurement and keeps
 # the power rule. B300 / GB300 (Blackwell Ultra, other silicon) have none either.
@@ -389,6 +390,9 @@ class Hardware:
     # NVLink; 0 = one node's (every profile but the NVL72 racks). Groups inside one domain ride NVLink whether or not
     # they span nodes (comm.group_link, comm.ep_placement).
     nvlink_domain_gpus: int = 0
+    # A collective that crosses nodes spreads its channels over the NICs of the members it has in a node (NCCL;
+    # comm.group_link); False: one NIC per member, as a published run's software measured (bench only).
+    nic_aggregation: bool = True
 
     def __post_init__(self) -> None:
         if not self.nvlink_domain_gpus:

@@ -133,13 +133,16 @@ def test_a_dp_group_of_16_across_four_trays_rides_nvlink_on_nvl72_and_the_fabric
     assert collective_s(message, on_nvl72, all_reduce=False) == pytest.approx(
         15 / 16 * message / 630e9 + comm.RING_BASE_LATENCY_S + 15 * comm.NVLINK_STEP_LATENCY_S)
     on_dgx = group_link(dgx_b200(8), 4, 16)
-    assert (on_dgx.bandwidth_bytes_per_s, on_dgx.nodes) == (8 * 50e9 * 0.90 / 8, 8)  # one NDR NIC per GPU
+    # two members per DGX B200: the collective spreads over their two NDR NICs (comm.group_link)
+    assert (on_dgx.bandwidth_bytes_per_s, on_dgx.nodes) == (2 * 8 * 50e9 * 0.90 / 8, 8)
     assert collective_s(message, on_dgx, all_reduce=False) == pytest.approx(
-        15 / 16 * message / 45e9 + comm.RING_BASE_LATENCY_S + 8 * comm.NVLINK_STEP_LATENCY_S
+        15 / 16 * message / 90e9 + comm.RING_BASE_LATENCY_S + 8 * comm.NVLINK_STEP_LATENCY_S
         + 7 * comm.NET_STEP_LATENCY_S)
-    # past the rack the same group leaves NVLink: dp 32 over 128 GPUs spans two racks
+    # past the rack the same group leaves NVLink: dp 32 over 128 GPUs spans two racks, 16 members in each, whose
+    # 16 NICs (45 GB/s each) would carry more than NVLink does: NVLink bounds it; one NIC for a point-to-point
     two_racks = group_link(nvl72(32, nvlink_domain_gpus=64), 4, 32)
-    assert (two_racks.bandwidth_bytes_per_s, two_racks.nodes) == (45e9, 2)
+    assert (two_racks.bandwidth_bytes_per_s, two_racks.nodes) == (900e9 * comm.NVLINK_EFFICIENCY, 2)
+    assert group_link(nvl72(32, nvlink_domain_gpus=64), 4, 32, collective=False).bandwidth_bytes_per_s == 45e9
 
 
 def test_an_ep_group_of_64_rides_nvlink_inside_a_domain():

@@ -3,6 +3,8 @@ overlap, hierarchical links, and ZeRO-3 against a published scaling series."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from hpctrain.config import job_from_dict
@@ -21,6 +23,9 @@ def dgx_a100(nodes: int) -> dict:
     return {"nodes": nodes, "gpus_per_node": 8, "gpu": "a100-80gb", "node": "dgx-a100", "fabric": "ib-hdr200"}
 
 
+TWO_NIC_NODES = {"nodes": 192, "gpus_per_node": 8, "gpu": "a100-80gb", "fabric": "roce"}
+
+
 @pytest.mark.parametrize("gpus, micro_batch, published", [(384, 4, 144), (768, 2, 88), (1536, 1, 44)])
 def test_zero3_without_model_parallelism_slows_down_with_scale(gpus, micro_batch, published):
     # Narayanan et al. 2021 (SC'21), table 2: GPT-3 175B, global batch 1536, ZeRO-3 without model
@@ -30,20 +35,26 @@ def test_zero3_without_model_parallelism_slows_down_with_scale(gpus, micro_batch
     # compute that hides one unit's collectives shrinks until the step is the collectives' time.
     # The run is costed with its own attention kernel: 2021's DeepSpeed/Megatron GPT materialises
     # the score matrix (cost.py, "materialized"); hpctrain's own flash kernels are faster.
+    # Its software (DeepSpeed's ZeRO-3 of 2021) moved its collectives at one NIC per GPU, not over the eight NICs
+    # of a node's members as NCCL's channels do (comm.group_link; the corpus marks these rows
+    # one_nic_collectives): costed so, it lands near the published figures; hpctrain's own collectives spread.
     job = job_from_dict({"name": "zero3", "model": GPT3_175B,
                          "train": {"global_batch": 1536, "micro_batch": micro_batch,
                                    "activation_checkpointing": "full"},
                          "parallel": {"tp": 1, "pp": 1, "zero": 3}, "cluster": dgx_a100(gpus // 8)})
-    best = _best(job, attention="materialized")
+    one_nic = replace(resolve_hardware(job), nic_aggregation=False)
+    best = _best(job, attention="materialized", hw=one_nic)
     assert (best.tp, best.pp, best.dp) == (1, 1, gpus)
     assert best.cost.tflops_per_gpu == pytest.approx(published, rel=0.25)
-    flash = _best(job, attention="flash")
+    flash = _best(job, attention="flash", hw=one_nic)
     assert flash.cost.step_time_s < best.cost.step_time_s
-    assert plan_job(job).best.cost.step_time_s == pytest.approx(flash.cost.step_time_s)  # the planner's own
+    spread = _best(job, attention="flash")
+    assert spread.cost.dp_comm_total_s < flash.cost.dp_comm_total_s / 4  # 8 NICs per node, not one per GPU
+    assert plan_job(job).best.cost.step_time_s == pytest.approx(spread.cost.step_time_s)  # the planner's own
 
 
-def _best(job, attention: str):
-    hw = resolve_hardware(job)
+def _best(job, attention: str, hw=None):
+    hw = hw or resolve_hardware(job)
     settings = SearchSettings(global_batch=job.train.global_batch, precision=job.train.precision,
                               optimizer=optimizer_kind(job), budget_bytes=float(hw.gpu.memory_bytes),
                               overhead_bytes=DEFAULT_RUNTIME_OVERHEAD_BYTES, attention=attention)
@@ -61,13 +72,20 @@ def test_ring_latency_grows_with_the_ring_and_the_nodes_it_crosses():
     assert collective_s(1.0, all_nodes, all_reduce=False) > 1e-3
 
 
-def test_hierarchical_links_nvlink_inside_a_node_one_nic_across():
+def test_hierarchical_links_nvlink_inside_a_node_the_members_nics_across():
     hw = resolve_hardware(job_from_dict({"name": "t", "model": {"preset": "tiny"}, "cluster": dgx_a100(16)}))
     nvlink, across = group_link(hw, 1, 8), group_link(hw, 8, 16)
     assert nvlink.bandwidth_bytes_per_s > 200e9  # 300 GB/s NVLink at NCCL's efficiency
-    # one HDR 200 Gb/s NIC per GPU at the fabric's efficiency, also for a flat ring over all GPUs
-    assert across.bandwidth_bytes_per_s == pytest.approx(25e9 * hw.fabric.efficiency)
-    assert group_link(hw, 1, 128).bandwidth_bytes_per_s == across.bandwidth_bytes_per_s
+    # one member per node: its own HDR 200 Gb/s NIC at the fabric's efficiency
+    nic = 25e9 * hw.fabric.efficiency
+    assert across.bandwidth_bytes_per_s == pytest.approx(nic)
+    # a collective over k members per node spreads over their k NICs (NCCL's channels), NVLink's at most
+    assert group_link(hw, 4, 32).bandwidth_bytes_per_s == pytest.approx(2 * nic)
+    assert group_link(hw, 1, 128).bandwidth_bytes_per_s == pytest.approx(8 * nic)
+    # a point-to-point transfer leaves through its own NIC; so does every collective of a run that measured so
+    assert group_link(hw, 1, 128, collective=False).bandwidth_bytes_per_s == pytest.approx(nic)
+    one_nic = replace(hw, nic_aggregation=False)
+    assert group_link(one_nic, 1, 128).bandwidth_bytes_per_s == pytest.approx(nic)
 
 
 def step(**overrides) -> FsdpStep:
@@ -98,13 +116,15 @@ def test_deferred_reduction_overlaps_only_the_last_backward():
 
 
 def test_plan_reports_a_communication_bound_layout():
+    # ZeRO-3 of GPT-3 175B, one sequence per GPU, on nodes of 8 A100s with two 200 Gb/s NICs each (fabric roce):
+    # the whole model gathered twice and reduced once per step through a quarter of a DGX's NICs
     job = job_from_dict({"name": "z3", "model": GPT3_175B,
                          "train": {"global_batch": 1536, "micro_batch": 1, "activation_checkpointing": "full"},
-                         "parallel": {"tp": 1, "pp": 1, "zero": 3}, "cluster": dgx_a100(192)})
+                         "parallel": {"tp": 1, "pp": 1, "zero": 3}, "cluster": TWO_NIC_NODES})
     cost = plan_job(job).best.cost
-    assert cost.comm_bound and cost.comm_to_compute > 3
+    assert cost.comm_bound and cost.comm_to_compute > 2
     tp8 = job_from_dict({"name": "ptdp", "model": GPT3_175B, "train": {"global_batch": 1536},
-                         "parallel": {"tp": 8, "pp": 8}, "cluster": dgx_a100(192)})
+                         "parallel": {"tp": 8, "pp": 8}, "cluster": TWO_NIC_NODES})
     assert not plan_job(tp8).best.cost.comm_bound
 
 
@@ -117,7 +137,7 @@ def test_plan_cli_says_communication_bound(tmp_path, capsys):
     path.write_text(yaml.safe_dump({"name": "z3", "model": GPT3_175B,
                                     "train": {"global_batch": 1536, "micro_batch": 1,
                                               "activation_checkpointing": "full"},
-                                    "parallel": {"tp": 1, "pp": 1, "zero": 3}, "cluster": dgx_a100(192)}))
+                                    "parallel": {"tp": 1, "pp": 1, "zero": 3}, "cluster": TWO_NIC_NODES}))
     code = cli.main(["plan", str(path), "--top", "1"])
     out, err = capsys.readouterr()
     assert code == 0, err

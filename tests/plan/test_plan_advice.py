@@ -22,7 +22,19 @@ def result():
     return plan_job(job)
 
 
-def test_the_bound_is_the_largest_share_of_the_step(result):
+@pytest.fixture(scope="module")
+def ep8():
+    """The same job with expert parallelism fixed at 8 (one node per expert group)."""
+    job = job_from_dict({
+        "name": "qwen3-235b-256-ep8", "model": {"preset": "qwen3-235b-a22b", "seq_len": 4096},
+        "train": {"global_batch": 1024, "micro_batch": "auto", "activation_checkpointing": "auto"},
+        "parallel": {"tp": "auto", "pp": "auto", "dp": "auto", "ep": 8, "schedule": "auto",
+                     "virtual_stages": "auto", "zero": "auto", "sequence_parallel": True},
+        "cluster": {"nodes": 32, "gpus_per_node": 8, "gpu": "h100-80gb", "node": "dgx-h100", "fabric": "ib-ndr400"}})
+    return plan_job(job)
+
+
+def test_the_bound_is_the_largest_share_of_the_step(result, ep8):
     advice = result.to_json(top=5)["advice"]
     best = result.best
     shares = step_shares(best)
@@ -34,7 +46,11 @@ def test_the_bound_is_the_largest_share_of_the_step(result):
     assert advice["bound"] == ("memory" if memory_share >= MEMORY_BOUND_SHARE else advice["time_bound"])
     # the shares are parts of the step: they sum to about one (the embedding's host transfer aside)
     assert sum(shares.values()) == pytest.approx(1.0, abs=0.02)
-    assert best.ep > 1 and advice["shares"]["all-to-all"] > 0  # the MoE layout has its all-to-all costed
+    # an expert-parallel layout has its all-to-all costed; one without experts split has none
+    assert ep8.best.ep == 8 and step_shares(ep8.best)["all-to-all"] > 0
+    assert ep8.to_json(top=1)["advice"]["shares"]["all-to-all"] == pytest.approx(step_shares(ep8.best)["all-to-all"],
+                                                                                abs=1e-4)
+    assert best.ep > 1 or advice["shares"]["all-to-all"] == 0
 
 
 def test_the_alternative_has_another_shape_and_a_consistent_delta(result):
@@ -51,15 +67,15 @@ def test_the_alternative_has_another_shape_and_a_consistent_delta(result):
     assert all(lay.cost.step_time_s >= alt["step_time_s"] - 1e-6 for lay in faster)
 
 
-def test_the_report_prints_both(result):
+def test_the_report_prints_both(result, ep8):
     text = render_text(result, 5)
     alt = result.to_json(top=5)["advice"]["alternative"]
     assert f"{alt['step_time_delta']:+.0%}" in text
     assert alt["label"] in text
-    # the best layout runs ep > 1 on hpctrain's runtime: each MoE block's host sync is costed and shown
-    c = result.best.cost
-    assert c.host_s > 0 and result.to_json(top=1)["layouts"][0]["time_s"]["moe_host_sync"] == round(c.host_s, 6)
-    assert f"MoE host syncs {c.host_s / c.step_time_s:.1%} ({c.host_s:.3f} s" in text
+    # with ep > 1 on hpctrain's runtime each MoE block's host sync is costed and shown
+    c = ep8.best.cost
+    assert c.host_s > 0 and ep8.to_json(top=1)["layouts"][0]["time_s"]["moe_host_sync"] == round(c.host_s, 6)
+    assert f"MoE host syncs {c.host_s / c.step_time_s:.1%} ({c.host_s:.3f} s" in render_text(ep8, 5)
 
 
 def test_the_placement_of_an_expert_parallel_layout_keeps_its_ep_groups_inside_nodes(result):
