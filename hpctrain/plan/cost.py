@@ -5,10 +5,10 @@ Physics, not a fit: compute time is FLOPs over an achievable fraction of the GPU
 attention separately, hardware.py) plus element-wise memory traffic over HBM bandwidth (and, for
 a kernel that materialises the attention scores, their traffic); communication is alpha-beta over
 hierarchical rings (comm.py: NCCL's latency per ring step, NVLink inside a node, across nodes the NICs of
-a collective's members in a node, one NIC for a point-to-point transfer); TP collectives sit on the critical path, PP sends once per micro-batch and stage, FSDP's
-gathers and reduce-scatters hide per unit behind that unit's compute only, slowing it while they
-run (comm.fsdp_exposed_s); the pipeline bubble is (p-1)/v micro-batch slots (Narayanan et al.
-2021, section 2.2). Every term is a named field of `StepCost`.
+a collective's members in a node, one NIC for a point-to-point transfer); TP collectives sit on the
+critical path, PP sends once per micro-batch and stage, FSDP's gathers and reduce-scatters hide per unit
+behind that unit's compute only, slowing it while they run (comm.fsdp_exposed_s); the pipeline bubble is
+(p-1)/v micro-batch slots (Narayanan et al. 2021, section 2.2). Every term is a named field of `StepCost`.
 """
 
 from __future__ import annotations
