@@ -165,12 +165,13 @@ def _te_attention(run: Optional[dict[str, Any]]) -> str:
     cuDNN's; flash where the run set NVTE_FUSED_ATTN=0; hardware.TE_ATTENTION_BACKENDS). Only megatron-te rows."""
     from hpctrain.plan.hardware import TE_ATTENTION_BACKENDS
 
-    backend = (run or {}).get("te_attention", "fused")
+    run = run or {}
+    backend = run.get("te_attention", "fused")
     if backend not in TE_ATTENTION_BACKENDS:
-        raise SystemExit(f"run {(run or {}).get('name')!r}: te_attention must be one of "
+        raise SystemExit(f"run {run.get('name')!r}: te_attention must be one of "
                          f"{', '.join(TE_ATTENTION_BACKENDS)} (got {backend!r})")
-    if "te_attention" in (run or {}) and _stack(run) != "megatron-te":
-        raise SystemExit(f"run {(run or {}).get('name')!r}: te_attention applies to stack megatron-te only")
+    if "te_attention" in run and _stack(run) != "megatron-te":
+        raise SystemExit(f"run {run.get('name')!r}: te_attention applies to stack megatron-te only")
     return str(backend)
 
 

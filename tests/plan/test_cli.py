@@ -165,7 +165,6 @@ def test_plan_explains_the_runner_up_and_labels_what_it_counts(capsys, tmp_path)
     assert float(why.group(5)) == pytest.approx(second["memory_gib"]["total"], abs=0.06)
     assert float(why.group(6)) == pytest.approx(layouts[0]["memory_gib"]["total"], abs=0.06)
     assert "TFLOP/s/GPU counts the FLOPs the GPUs run, activation recomputation (ac) included" in out
-    assert "TFLOP/s/GPU counts the FLOPs the GPUs run, activation recomputation (ac) included" in out
     deep = tmp_path / "gpt3-175b-pp16.yaml"  # a many-stage layout: pipeline fixed at 16 stages
     deep.write_text((ROOT / "examples" / "gpt3-175b.yaml").read_text().replace("  pp: auto", "  pp: 16"))
     code, out, err = run(["plan", str(deep), "--json"], capsys)

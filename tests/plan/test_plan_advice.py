@@ -11,27 +11,25 @@ from hpctrain.plan import plan_job
 from hpctrain.plan.report import BOUND_PARTS, MEMORY_BOUND_SHARE, render_text, shape, step_shares
 
 
-@pytest.fixture(scope="module")
-def result():
-    job = job_from_dict({
+def _plan(ep):
+    """The issue's case, with `ep` auto or fixed."""
+    return plan_job(job_from_dict({
         "name": "qwen3-235b-256", "model": {"preset": "qwen3-235b-a22b", "seq_len": 4096},
         "train": {"global_batch": 1024, "micro_batch": "auto", "activation_checkpointing": "auto"},
-        "parallel": {"tp": "auto", "pp": "auto", "dp": "auto", "ep": "auto", "schedule": "auto",
+        "parallel": {"tp": "auto", "pp": "auto", "dp": "auto", "ep": ep, "schedule": "auto",
                      "virtual_stages": "auto", "zero": "auto", "sequence_parallel": True},
-        "cluster": {"nodes": 32, "gpus_per_node": 8, "gpu": "h100-80gb", "node": "dgx-h100", "fabric": "ib-ndr400"}})
-    return plan_job(job)
+        "cluster": {"nodes": 32, "gpus_per_node": 8, "gpu": "h100-80gb", "node": "dgx-h100", "fabric": "ib-ndr400"}}))
+
+
+@pytest.fixture(scope="module")
+def result():
+    return _plan("auto")
 
 
 @pytest.fixture(scope="module")
 def ep8():
     """The same job with expert parallelism fixed at 8 (one node per expert group)."""
-    job = job_from_dict({
-        "name": "qwen3-235b-256-ep8", "model": {"preset": "qwen3-235b-a22b", "seq_len": 4096},
-        "train": {"global_batch": 1024, "micro_batch": "auto", "activation_checkpointing": "auto"},
-        "parallel": {"tp": "auto", "pp": "auto", "dp": "auto", "ep": 8, "schedule": "auto",
-                     "virtual_stages": "auto", "zero": "auto", "sequence_parallel": True},
-        "cluster": {"nodes": 32, "gpus_per_node": 8, "gpu": "h100-80gb", "node": "dgx-h100", "fabric": "ib-ndr400"}})
-    return plan_job(job)
+    return _plan(8)
 
 
 def test_the_bound_is_the_largest_share_of_the_step(result, ep8):
