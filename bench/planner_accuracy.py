@@ -37,7 +37,9 @@ hardware.TE_ATTENTION_BACKENDS) and `dispatcher` (alltoall,
 deepep, hybridep; cost.CostSetup), `token_drop` (capacity-factor dropping with expert inputs padded to capacity)
 and `cuda_graph` (full_iteration: the whole step replayed from a CUDA graph, the MoE blocks sync-free): with
 either, a MoE block never waits for its routing sizes on the host, else Megatron-Core's dropless MoE always does
-(cost.MOE_SYNC_HOST_S; `moe_sync`), and `moe_recompute` (Megatron-Core's "moe" recompute module beside ac selective:
+(cost.MOE_SYNC_HOST_S; `moe_sync`); `cuda_graph: layers` (Transformer Engine's per-layer graphs of a block's dense
+parts, Megatron-Core's cuda_graph_impl transformer_engine with any cuda_graph_scope of attn, moe_router and
+moe_preprocess) spares an FP8 run's MoE blocks the eager launches after each sync (cost.MOE_EAGER_HOST_S), and `moe_recompute` (Megatron-Core's "moe" recompute module beside ac selective:
 the whole MoE block's forward, all-to-alls included, replayed in the backward). The publisher's FLOP formulas (`metric.flops`): megatron_hfu,
 megatron_mfu, palm, megatron (Megatron-LM's of 2025, for GQA and MoE: causal halving of the scores) and megatron_2024
 (the same function as Megatron-LM had it from 2024-04 to 2025-03: the full s x s score matrix counted). `--fit` fits
@@ -203,6 +205,7 @@ def _search(job: Any, hw: Any, budget_bytes: Optional[float] = None, run: Option
                               dp_once_per_step=bool(run and _stack(run) == "megatron-te"),
                               moe_sync=_moe_sync(run) if run else "ep",
                               moe_recompute=bool(run.get("moe_recompute", False)) if run else False,
+                              layer_graphs=_cuda_graph(run) == "layers" if run else False,
                               # Transformer Engine's grouped linear runs the routed experts in FP8 too
                               fp8_experts=bool(run and _stack(run) == "megatron-te" and job.train.precision == "fp8"))
     choices = Choices.from_job(job)
@@ -309,16 +312,23 @@ def _dispatcher(run: dict[str, Any]) -> str:
     return str(dispatcher)
 
 
-CUDA_GRAPHS = ("none", "full_iteration")
+CUDA_GRAPHS = ("none", "layers", "full_iteration")
+
+
+def _cuda_graph(run: dict[str, Any]) -> str:
+    """The publisher's CUDA graphs (corpus field `cuda_graph`, CUDA_GRAPHS): none (the default), layers (Transformer
+    Engine's per-layer graphs of a block's dense parts: cost.CostSetup.layer_graphs) or full_iteration."""
+    graph = run.get("cuda_graph", "none")
+    if graph not in CUDA_GRAPHS:
+        raise SystemExit(f"run {run['name']!r}: cuda_graph must be one of {', '.join(CUDA_GRAPHS)} (got {graph!r})")
+    return str(graph)
 
 
 def _moe_sync(run: dict[str, Any]) -> str:
     """When the publisher's MoE blocks wait for their routing sizes on the host (cost.MOE_SYNCS): never with token
     dropping padded to capacity (`token_drop`) or under a full-iteration CUDA graph (`cuda_graph`, whose MoE is
     sync-free); always with Megatron-Core's dropless MoE (the tokens per expert); else as hpctrain's runtime (ep > 1)."""
-    graph = run.get("cuda_graph", "none")
-    if graph not in CUDA_GRAPHS:
-        raise SystemExit(f"run {run['name']!r}: cuda_graph must be one of {', '.join(CUDA_GRAPHS)} (got {graph!r})")
+    graph = _cuda_graph(run)
     if run.get("token_drop") or graph == "full_iteration":
         return "none"
     return "always" if _stack(run) == "megatron-te" else "ep"

@@ -109,6 +109,20 @@ CPU_OPTIMIZER_BYTES_PER_S = 20e9
 # a sync-free MoE under a full-iteration CUDA graph: a published run's software) has none (MOE_SYNCS "none").
 MOE_SYNC_HOST_S = 1.7e-3
 MOE_SYNCS = ("ep", "always", "none")  # when a MoE block syncs: under ep > 1 (hpctrain's runtime), always, never
+# MOE_SYNC_HOST_S is the exposed host time of a block whose dense parts replay from CUDA graphs, as the guide's runs
+# did (Transformer Engine's per-layer graphs of attention, router and token preprocessing: Megatron-Core's
+# cuda_graph_impl transformer_engine, cuda_graph_scope attn moe_router moe_preprocess). Launched eagerly, those parts
+# add their launches to what the host must issue after each sync: the same guide's section 3 table measures turning
+# the graphs on at 610.71 -> 663.27 TFLOP/s per GPU, 14.01 -> 12.90 s of its 2048 x 4096-token step (2.19e18 FLOP
+# over 256 GPUs), 1.11 s over 64 micro-batches x 59 / 8 MoE blocks per rank: MOE_EAGER_HOST_S, 2.35 ms more per MoE
+# block and micro-batch without them (CostSetup.layer_graphs False: hpctrain's runtime, which captures no graphs, and
+# a published run without them). That run trained in MXFP8, whose every linear adds quantisation kernels and their
+# host-side allocations, which is why the guide calls CPU overhead "a major performance issue in FP8 training"
+# (section 2.4; section 2, "FP8 training and fine-grained MoE models introduce more quantization, router, and other
+# kernels"): the extra is charged to FP8 runs only; a 16-bit run's dense parts are taken to launch few enough kernels
+# to stay ahead of the GPU (an assumption, as is taking Grace's figure for every host; the guide measured it before
+# its NUMA binding, section 2.4, so it is an upper figure for a bound host).
+MOE_EAGER_HOST_S = 2.35e-3
 
 
 @dataclass(frozen=True)
@@ -187,6 +201,9 @@ class CostSetup:
     # (router, dispatch, experts, combine: megatron/core/transformer/moe/moe_layer.py checkpoints its custom_forward)
     # replays in the backward, its all-to-alls included; hpctrain's selective saves the matmul outputs (bench only).
     moe_recompute: bool = False
+    # The dense parts of each layer replayed from CUDA graphs (MOE_EAGER_HOST_S): a published run's software (bench only;
+    # hpctrain's runtime launches every kernel from the host).
+    layer_graphs: bool = False
 
 
 class StepCost(NamedTuple):
@@ -430,10 +447,11 @@ def rank_moe_blocks(model: Any, c: CostSetup) -> float:
 
 
 def moe_sync_host_per_micro_batch_s(model: Any, c: CostSetup) -> float:
-    """The busiest rank's MoE blocks' host syncs in one micro-batch, forward and backward (MOE_SYNC_HOST_S)."""
+    """The busiest rank's MoE blocks' host syncs in one micro-batch, forward and backward (MOE_SYNC_HOST_S, and
+    MOE_EAGER_HOST_S more per block whose dense parts the host launches itself)."""
     if c.moe_sync == "none" or (c.moe_sync == "ep" and c.ep <= 1) or getattr(model, "moe", None) is None:
         return 0.0
-    return rank_moe_blocks(model, c) * MOE_SYNC_HOST_S
+    return rank_moe_blocks(model, c) * (MOE_SYNC_HOST_S + (MOE_EAGER_HOST_S if c.fp8 and not c.layer_graphs else 0.0))
 
 
 def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int,

@@ -109,6 +109,7 @@ class SearchSettings:
     dp_once_per_step: bool = False  # cost.CostSetup's: Megatron-Core's distributed optimizer (bench only)
     moe_sync: str = "ep"  # cost.CostSetup's: when a MoE block syncs with the host (cost.MOE_SYNCS; others bench only)
     moe_recompute: bool = False  # cost.CostSetup's: Megatron-Core's "moe" recompute module under selective (bench only)
+    layer_graphs: bool = False  # cost.CostSetup's: a published run's per-layer CUDA graphs (bench only)
     # stages.STAGE_SPLITS: a published run's pipeline split (bench only; it ran it, so no balance rule applies)
     stage_split: str = "balanced"
 
@@ -370,7 +371,7 @@ def _search_family(model: Any, hw: Hardware, choices: Choices, settings: SearchS
             selective_mm_recompute=settings.selective_mm_recompute, a2a_overlap=settings.a2a_overlap,
             cp_repeated_kv=settings.cp_repeated_kv, dispatcher=settings.dispatcher, fp8_experts=settings.fp8_experts,
             tp_overlap=settings.tp_overlap, dp_once_per_step=settings.dp_once_per_step, moe_sync=settings.moe_sync,
-            moe_recompute=settings.moe_recompute)
+            moe_recompute=settings.moe_recompute, layer_graphs=settings.layer_graphs)
         # (ac, zero, offload) whose first micro-batches' loss on rank 0 already put a smaller micro-batch over the
         # budget and past the family's closest miss: that floor does not fall as the micro-batch grows
         # (MemoryProbe.first_loss_floor), so each larger one is a miss that changes nothing but the count.

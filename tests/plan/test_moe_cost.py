@@ -10,6 +10,7 @@ from hpctrain.plan import comm
 from hpctrain.plan.cost import (
     A2A_BACKWARD,
     A2A_FORWARD,
+    MOE_EAGER_HOST_S,
     MOE_SYNC_HOST_S,
     CostSetup,
     moe_ffn_gemm_times,
@@ -33,13 +34,15 @@ def _qwen(**moe):
                                                  "moe": {**base, **moe}}}).model
 
 
-def _cost(model, hw, tp=1, pp=1, dp=32, ep=8, ac="selective", imbalance=1.1, moe_sync="ep", micro_batches=4):
+def _cost(model, hw, tp=1, pp=1, dp=32, ep=8, ac="selective", imbalance=1.1, moe_sync="ep", micro_batches=4,
+          fp8=False, layer_graphs=False):
     split = balanced_stage_split(model, pp, 1)
     layers, head, params = busiest_rank(model, split, pp, tp, ep)
     return step_cost(model, hw, CostSetup(
         tp=tp, pp=pp, dp=dp, micro_batch=1, micro_batches=micro_batches, virtual_stages=1, ac=ac, zero=1,
         offload_optimizer=False, precision="bf16", max_rank_layers=layers, max_rank_has_head=head,
-        rank_params=params, sequence_parallel=tp > 1, ep=ep, expert_load_imbalance=imbalance, moe_sync=moe_sync),
+        rank_params=params, sequence_parallel=tp > 1, ep=ep, expert_load_imbalance=imbalance, moe_sync=moe_sync,
+        fp8=fp8, layer_graphs=layer_graphs),
         global_batch=micro_batches * dp)
 
 
@@ -175,6 +178,21 @@ def test_each_moe_block_waits_for_its_routing_sizes_on_the_host():
     assert _cost(mixed, hw).host_s == pytest.approx(4 * 90 * MOE_SYNC_HOST_S, rel=1e-12)
     # twice the micro-batches per step: twice the syncs
     assert _cost(model, hw, micro_batches=8).host_s == pytest.approx(2 * _cost(model, hw).host_s, rel=1e-12)
+
+
+def test_an_fp8_block_without_layer_graphs_also_waits_for_its_eager_launches():
+    """cost.MOE_EAGER_HOST_S: after each sync the host launches an FP8 block's dense parts itself (hpctrain's runtime,
+    a published run without Transformer Engine's per-layer graphs); with those graphs (layer_graphs) only
+    MOE_SYNC_HOST_S is left. A 16-bit block pays the sync alone either way, and a sync-free run nothing."""
+    hw = _hw()
+    model = _qwen()
+    eager = _cost(model, hw, fp8=True)
+    graphed = _cost(model, hw, fp8=True, layer_graphs=True)
+    assert eager.host_s == pytest.approx(4 * 94 * (MOE_SYNC_HOST_S + MOE_EAGER_HOST_S), rel=1e-12)
+    assert graphed.host_s == pytest.approx(4 * 94 * MOE_SYNC_HOST_S, rel=1e-12)
+    assert eager.step_time_s - graphed.step_time_s == pytest.approx(4 * 94 * MOE_EAGER_HOST_S, rel=1e-6)
+    assert _cost(model, hw).host_s == _cost(model, hw, layer_graphs=True).host_s == graphed.host_s
+    assert _cost(model, hw, fp8=True, moe_sync="none").host_s == 0.0
 
 
 def test_a_dense_model_has_no_host_sync():

@@ -5,6 +5,7 @@ accuracy targets themselves are the bench's output, not asserted here."""
 from __future__ import annotations
 
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -12,6 +13,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import planner_accuracy as bench  # noqa: E402
+
+from hpctrain.plan import cost  # noqa: E402
 
 REQUIRED = {"name", "source", "verified", "set", "layout_case", "model", "hardware", "global_batch", "layout", "metric"}
 
@@ -383,18 +386,36 @@ def test_token_drop_and_full_iteration_graphs_take_the_moe_host_sync_away(corpus
     runs = {run["name"]: run for run in corpus}
     graphed = runs["mb2606-gb200-qwen3-30b-mxfp8"]
     assert graphed["cuda_graph"] == "full_iteration" and "cuda_graph_impl full_iteration" in graphed["verified"]
-    assert "cuda_graph" not in runs["mb2604-gb200-qwen3-30b-mxfp8"]  # 26.04's recipe: no graph
+    # 26.04's recipe: Transformer Engine's per-layer graphs (router, preprocess), no full iteration: the sync stays
+    layers = runs["mb2604-gb200-qwen3-30b-mxfp8"]
+    assert layers["cuda_graph"] == "layers" and "cuda_graph_impl transformer_engine" in layers["verified"]
+    assert bench._moe_sync(layers) == "always"
     assert bench._moe_sync(graphed) == "none"
     assert bench._moe_sync(runs["mb2509-qwen3-30b-fp8-tokendrop"]) == "none"
     assert bench._moe_sync(runs["mb2604-qwen3-30b-fp8"]) == "always"
     assert bench._moe_sync({"name": "t", "stack": "torch"}) == "ep"
-    with pytest.raises(SystemExit, match="cuda_graph must be one of none, full_iteration"):
+    with pytest.raises(SystemExit, match="cuda_graph must be one of none, layers, full_iteration"):
         bench._moe_sync({**graphed, "cuda_graph": "partial"})
     # the same row without its graph: slower by its syncs, on the same layout
     _, with_graph, _ = bench.predict(graphed)
     _, without, _ = bench.predict({k: v for k, v in graphed.items() if k != "cuda_graph"})
     assert with_graph.label() == without.label() and with_graph.cost.host_s == 0.0
     assert without.cost.host_s > 0 and without.cost.step_time_s > with_graph.cost.step_time_s
+
+
+def test_layer_graphs_spare_an_fp8_run_its_eager_launches(corpus: list[dict]) -> None:
+    """`cuda_graph: layers` (Transformer Engine's per-layer graphs, cost.MOE_EAGER_HOST_S) is on exactly the MoE rows
+    whose recipe or command names cuda_graph_impl transformer_engine; taking it off an FP8 row adds the eager launches
+    to each block's sync, on the same layout."""
+    named = {r["name"] for r in corpus if r["model"].get("moe") and not r.get("token_drop")
+             and re.search(r"cuda_graph_impl transformer_engine|--cuda-graph-impl transformer_engine", r["verified"])}
+    assert named and named == {r["name"] for r in corpus if r.get("cuda_graph") == "layers"}
+    run = next(r for r in corpus if r["name"] == "mb2604-gb200-qwen3-30b-mxfp8")
+    _, graphed, _ = bench.predict(run)
+    _, eager, _ = bench.predict({k: v for k, v in run.items() if k != "cuda_graph"})
+    assert graphed.label() == eager.label()
+    assert eager.cost.host_s == pytest.approx(graphed.cost.host_s * (cost.MOE_SYNC_HOST_S + cost.MOE_EAGER_HOST_S)
+                                              / cost.MOE_SYNC_HOST_S, rel=1e-9)
 
 
 def test_the_moe_recompute_field_reaches_the_cost(corpus: list[dict]) -> None:
