@@ -120,8 +120,9 @@ MOE_SYNCS = ("ep", "always", "none")  # when a MoE block syncs: under ep > 1 (hp
 # host-side allocations, which is why the guide calls CPU overhead "a major performance issue in FP8 training"
 # (section 2.4; section 2, "FP8 training and fine-grained MoE models introduce more quantization, router, and other
 # kernels"): the extra is charged to FP8 runs only; a 16-bit run's dense parts are taken to launch few enough kernels
-# to stay ahead of the GPU (an assumption, as is taking Grace's figure for every host; the guide measured it before
-# its NUMA binding, section 2.4, so it is an upper figure for a bound host).
+# to stay ahead of the GPU (an assumption, as is taking Grace's figure for every host, and charging compiled blocks
+# alike, whose fused casts launch fewer kernels; the guide measured it before its NUMA binding, section 2.4, so it is
+# an upper figure for a bound host).
 MOE_EAGER_HOST_S = 2.35e-3
 
 
