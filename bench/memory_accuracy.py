@@ -375,6 +375,7 @@ def _counting_expert_rows(rows: list[int]) -> Iterator[None]:
 
 
 def _with_fake_group(world: int, fn: Any) -> Any:
+    import torch
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -385,6 +386,11 @@ def _with_fake_group(world: int, fn: Any) -> Any:
         return fn()
     finally:
         dist.destroy_process_group()
+        # DTensor's sharding-propagation cache (C++) outlives the group: it compares meshes by layout, ranks and dim
+        # names, not by their process groups, so a later configuration's tp mesh hit a destroyed group's entry and its
+        # embedding weight came out on the old mesh ("Could not resolve the process group registered under the name
+        # 7": tp2 dp2 zero2, then cp2 tp2 sp in the same process). Emptied here, configurations can share a process.
+        torch._C._clear_DTensor_sharding_propagator_cache()
 
 
 def _gloo_worker(rank: int, world: int, port: int, configs: list[Config], results: Any) -> None:
@@ -469,21 +475,11 @@ def measure_all(configs: list[Config]) -> list[dict[str, float]]:
     local = [i for i, cfg in enumerate(configs) if cfg.kind in ("fake", "real")]
     if local:
         workers = max(1, min(len(local), os.cpu_count() or 1))
-        # Context-parallel configurations get a fresh process each: their fake process group and meshes
-        # outlive a measurement in torch's registries, and the next configuration in the same process
-        # failed to resolve its groups ("Could not resolve the process group registered under the name 7").
-        # The rest share long-lived workers (a spawned process pays torch's import, seconds, per start).
-        # (multiprocessing's Pool: concurrent.futures' max_tasks_per_child breaks its pool on Python 3.11.)
-        ctx = mp.get_context("spawn")
-        shared = [i for i in local if configs[i].job().parallel.cp == 1]
-        alone = [i for i in local if configs[i].job().parallel.cp > 1]
-        for indices, per_child in ((shared, None), (alone, 1)):
-            if not indices:
-                continue
-            with ctx.Pool(min(workers, len(indices)), maxtasksperchild=per_child) as pool:
-                for index, value in zip(indices, pool.map(_measure_in_process, [configs[i] for i in indices],
-                                                          chunksize=1)):
-                    out[index] = value
+        # Long-lived workers (a spawned process pays torch's import, seconds, per start), the context-parallel
+        # configurations included (_with_fake_group empties what a measurement leaves in torch's caches).
+        with mp.get_context("spawn").Pool(workers) as pool:
+            for index, value in zip(local, pool.map(_measure_in_process, [configs[i] for i in local], chunksize=1)):
+                out[index] = value
     gloo = [i for i, cfg in enumerate(configs) if cfg.kind == "gloo"]
     for world in sorted({_world(configs[i]) for i in gloo}):  # one group per world size, one after the other
         group = [i for i in gloo if _world(configs[i]) == world]
