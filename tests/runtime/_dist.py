@@ -143,7 +143,18 @@ def run_distributed(
                 failures.append(f"--- rank {rank} ---\n{value}")
                 break  # the other ranks are probably stuck in a collective
         if failures:
-            raise RuntimeError("distributed worker failed:\n" + "\n".join(failures))
+            # The first report is often a peer's "connection closed" after the rank at fault died or raised: collect
+            # what the others report within a few seconds, and every exit code, so the cause shows too.
+            grace = time.monotonic() + 3.0
+            while len(collected) + len(failures) < world_size and time.monotonic() < grace:
+                try:
+                    rank, ok, value = results.get(timeout=0.2)
+                except queue.Empty:
+                    continue
+                if not ok:
+                    failures.append(f"--- rank {rank} ---\n{value}")
+            codes = {i: p.exitcode for i, p in enumerate(procs)}
+            raise RuntimeError(f"distributed worker failed (exit codes so far {codes}):\n" + "\n".join(failures))
     finally:
         for proc in procs:
             proc.join(timeout=0 if failures else 5)
