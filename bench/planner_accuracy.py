@@ -39,8 +39,9 @@ and `cuda_graph` (full_iteration: the whole step replayed from a CUDA graph, the
 either, a MoE block never waits for its routing sizes on the host, else Megatron-Core's dropless MoE always does
 (cost.MOE_SYNC_HOST_S; `moe_sync`); `cuda_graph: layers` (Transformer Engine's per-layer graphs of a block's dense
 parts, Megatron-Core's cuda_graph_impl transformer_engine with any cuda_graph_scope of attn, moe_router and
-moe_preprocess) spares an FP8 run's MoE blocks the eager launches after each sync (cost.MOE_EAGER_HOST_S), and `moe_recompute` (Megatron-Core's "moe" recompute module beside ac selective:
-the whole MoE block's forward, all-to-alls included, replayed in the backward). The publisher's FLOP formulas (`metric.flops`): megatron_hfu,
+moe_preprocess) spares an FP8 run's MoE blocks the eager launches after each sync (cost.MOE_EAGER_HOST_S), and
+`moe_recompute` (Megatron-Core's "moe" recompute module beside ac selective: the whole MoE block's forward,
+all-to-alls included, replayed in the backward). The publisher's FLOP formulas (`metric.flops`): megatron_hfu,
 megatron_mfu, palm, megatron (Megatron-LM's of 2025, for GQA and MoE: causal halving of the scores) and megatron_2024
 (the same function as Megatron-LM had it from 2024-04 to 2025-03: the full s x s score matrix counted). `--fit` fits
 the GEMM efficiency per (GPU, stack) on the calibration set only (hardware.py cites the result; a stack fitted on FP8

@@ -202,8 +202,8 @@ class CostSetup:
     # (router, dispatch, experts, combine: megatron/core/transformer/moe/moe_layer.py checkpoints its custom_forward)
     # replays in the backward, its all-to-alls included; hpctrain's selective saves the matmul outputs (bench only).
     moe_recompute: bool = False
-    # The dense parts of each layer replayed from CUDA graphs (MOE_EAGER_HOST_S): a published run's software (bench only;
-    # hpctrain's runtime launches every kernel from the host).
+    # The dense parts of each layer replayed from CUDA graphs (MOE_EAGER_HOST_S): a published run's software (bench
+    # only; hpctrain's runtime launches every kernel from the host).
     layer_graphs: bool = False
 
 
