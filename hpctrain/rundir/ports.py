@@ -9,6 +9,9 @@ tests/rundir/test_ports.py runs the template's shell arithmetic and checks it eq
 
 from __future__ import annotations
 
+import random
+import socket
+
 PORT_BASE = 20000
 PORT_SPAN = 12000  # ports PORT_BASE .. PORT_BASE + PORT_SPAN - 1 = 20000..31999
 ATTEMPTS_APART = 16  # attempts of one job that get distinct ports before they wrap
@@ -23,3 +26,24 @@ def master_port(job_id: str | int, attempt: int = 0) -> int:
 # The same formula in the batch script's shell arithmetic (job.sbatch.j2 renders this text).
 SHELL_FORMULA = (f"$(({PORT_BASE} + (SLURM_JOB_ID * {ATTEMPTS_APART} + ATTEMPT % {ATTEMPTS_APART}) "
                  f"% {PORT_SPAN}))")
+
+
+def free_port(host: str = "127.0.0.1", tries: int = 64) -> int:
+    """A port in the formula's range (below the ephemeral ports) that `host` can bind now, for a launcher
+    that picks rank 0's rendezvous port itself (local processes, Ray).
+
+    bind(port 0) would answer with an ephemeral port, which the kernel may hand to any client socket
+    (the ranks' own gloo/NCCL connections among them) between this probe and rank 0's bind: CI saw
+    rank 0 fail with EADDRINUSE so. A port below that range is taken only by an explicit bind.
+    """
+    chooser = random.SystemRandom()
+    for _ in range(tries):
+        port = PORT_BASE + chooser.randrange(PORT_SPAN)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise OSError(f"no free TCP port in {PORT_BASE}..{PORT_BASE + PORT_SPAN - 1} on {host or 'any address'} "
+                  f"after {tries} tries")

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,17 +27,12 @@ from hpctrain.render.vcjob import vcjob_manifest
 from hpctrain.rundir.checkpoints import scan
 from hpctrain.rundir.events import read_events
 from hpctrain.rundir.metrics import read_metrics
+from hpctrain.rundir.ports import free_port
 from hpctrain.rundir.volcano import HOSTS_DIR_ENV, PodRendezvous, pod_attempt, pod_rendezvous
 from hpctrain.runtime.distributed import detect_env
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 8
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.mark.parametrize("environ,files,want", [

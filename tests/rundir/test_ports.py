@@ -3,12 +3,17 @@ shell arithmetic is the same function (it is rendered, extracted and run in bash
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import socket
 import subprocess
+
+import pytest
 
 from hpctrain.config import job_from_dict
 from hpctrain.render import render_script
-from hpctrain.rundir.ports import master_port
+from hpctrain.rundir import ports as ports_module
+from hpctrain.rundir.ports import free_port, master_port
 from hpctrain.runtime.distributed import detect_env, port_for_job
 
 from tests.render.hostile import BASE_JOB
@@ -41,3 +46,27 @@ def test_ports_stay_below_the_ephemeral_range() -> None:
     assert min(ports) >= 20000 and max(ports) < EPHEMERAL_LOW
     assert master_port(4242, 0) != master_port(4242, 1) != master_port(4243, 1)
     assert master_port("4242_7", 0) == master_port(42427, 0)  # array ids: their digits
+
+
+
+def test_a_launcher_picks_a_bindable_port_below_the_ephemeral_range(monkeypatch: pytest.MonkeyPatch) -> None:
+    ports = {free_port() for _ in range(20)}
+    assert all(20000 <= port < EPHEMERAL_LOW for port in ports) and len(ports) > 1
+    base = free_port()
+    with contextlib.ExitStack() as stack:
+        held = []
+        for port in range(base - 3, base + 1):  # four consecutive ports; three held, the fourth free
+            sock = stack.enter_context(socket.socket())
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                pytest.skip(f"port {port} is in use by another process")
+            held.append(sock)
+        held.pop().close()
+        monkeypatch.setattr(ports_module, "PORT_BASE", base - 3)
+        monkeypatch.setattr(ports_module, "PORT_SPAN", 4)
+        assert {free_port() for _ in range(20)} == {base}  # a port in use is never the answer
+        with socket.socket() as last:
+            last.bind(("127.0.0.1", base))
+            with pytest.raises(OSError, match=rf"no free TCP port in {base - 3}..{base} on 127.0.0.1 after 64 tries"):
+                free_port()

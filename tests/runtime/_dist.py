@@ -21,21 +21,15 @@ import multiprocessing as mp
 import os
 import pickle
 import queue
-import socket
 import time
 import traceback
 from collections.abc import Callable
 from typing import Any
 
+from hpctrain.rundir.ports import free_port
+
 PRELOAD = ["torch", "torch.distributed", "torch.distributed.pipelining", "torch.distributed.fsdp"]
 _context: Any = None
-
-
-def free_port() -> int:
-    """A TCP port that was free a moment ago on 127.0.0.1."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _get_context() -> Any:

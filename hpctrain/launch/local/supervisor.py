@@ -29,15 +29,10 @@ from hpctrain.rundir.layout import LOGS_DIR
 from hpctrain.rundir.local_state import local_state_path
 from hpctrain.rundir.lock import RunLock, RunLockedError, acquire, adopt
 from hpctrain.rundir.process import start_ticks
+from hpctrain.rundir.ports import free_port
 from hpctrain.rundir.ranks import global_rank, next_attempt, rank_order_of
 
 SPEC_FILE = "local-spec.json"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

@@ -44,6 +44,7 @@ from hpctrain.launch.stages import rank_argv
 from hpctrain.rundir.events import FAILED, NOT_REQUEUED, RAY_HEAD_GONE, REQUEUED, append_event
 from hpctrain.rundir.layout import BAD_INPUT_MARKER, REQUEUE_MARKER, RESOLVED_FILE
 from hpctrain.rundir.metrics import last_metrics
+from hpctrain.rundir.ports import free_port
 from hpctrain.rundir.ranks import next_attempt
 from hpctrain.rundir.restart import FINISHED, RANK_CRASHED, FailedStep, Markers, decide, read_marker, step_key
 from hpctrain.rundir.safe_files import append
@@ -139,10 +140,7 @@ class RankWorker:
 
     def address(self) -> tuple[str, int]:
         """(this node's address, a TCP port free on it now): rank 0's answer is the rendezvous."""
-        ip = ray.util.get_node_ip_address()
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind(("", 0))
-            return ip, int(sock.getsockname()[1])
+        return ray.util.get_node_ip_address(), free_port("")  # below the ephemeral range (rundir/ports.py)
 
     def start(self, argv: list[str], slot: int, place: RankPlace, extra: dict[str, str], log_dir: str,
               attempt: int, cwd: str, omp_threads: int) -> int:
