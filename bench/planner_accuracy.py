@@ -26,7 +26,7 @@ Per run, what the publisher's software did is in its fields: `precision` (fp8 wi
 (the publisher's cross-node collectives ran at one NIC per member, not spread over its members' NICs in a node as
 NCCL's channels do: comm.group_link), and
 `expert_load_imbalance` (1.0 where the publisher forced balanced routing), `selective_mm_recompute` (the share
-of forward matmuls the publisher's selective policy replays; cost.CostSetup) and `a2a_overlap` (expert
+of forward matmuls the publisher's selective policy replays; cost_setup.CostSetup) and `a2a_overlap` (expert
 all-to-alls beside another micro-batch's compute: Megatron-Core's moe_a2a_overlap) and `cp_repeated_kv` (torch's
 context_parallel around a model that repeats K/V to the query heads before SDPA: torchtitan's Llama), `cp_rotate`
 (allgather, the default, or ring: Megatron-Core / Transformer Engine's point-to-point context parallelism, K/V chunks
@@ -34,12 +34,12 @@ passed around the cp ring beside the attention blocks; parallel.cp_rotate, plan/
 the default, or megatron-te: Megatron-Core with Transformer Engine; hardware.STACKS) with `te_attention` (fused:
 cuDNN's attention, the default; flash: flash-attn's FlashAttention-2, where the run set NVTE_FUSED_ATTN=0;
 hardware.TE_ATTENTION_BACKENDS) and `dispatcher` (alltoall,
-deepep, hybridep; cost.CostSetup), `token_drop` (capacity-factor dropping with expert inputs padded to capacity)
+deepep, hybridep; cost_setup.CostSetup), `token_drop` (capacity-factor dropping with expert inputs padded to capacity)
 and `cuda_graph` (full_iteration: the whole step replayed from a CUDA graph, the MoE blocks sync-free): with
 either, a MoE block never waits for its routing sizes on the host, else Megatron-Core's dropless MoE always does
-(cost.MOE_SYNC_HOST_S; `moe_sync`); `cuda_graph: layers` (Transformer Engine's per-layer graphs of a block's dense
+(moe_cost.MOE_SYNC_HOST_S; `moe_sync`); `cuda_graph: layers` (Transformer Engine's per-layer graphs of a block's dense
 parts, Megatron-Core's cuda_graph_impl transformer_engine with any cuda_graph_scope of attn, moe_router and
-moe_preprocess) spares an FP8 run's MoE blocks the eager launches after each sync (cost.MOE_EAGER_HOST_S), and
+moe_preprocess) spares an FP8 run's MoE blocks the eager launches after each sync (moe_cost.MOE_EAGER_HOST_S), and
 `moe_recompute` (Megatron-Core's "moe" recompute module beside ac selective: the whole MoE block's forward,
 all-to-alls included, replayed in the backward). The publisher's FLOP formulas (`metric.flops`): megatron_hfu,
 megatron_mfu, palm, megatron (Megatron-LM's of 2025, for GQA and MoE: causal halving of the scores) and megatron_2024
@@ -303,7 +303,7 @@ def family_rank(layouts: list[Any], family: tuple[int, int]) -> Optional[int]:
 
 
 def _dispatcher(run: dict[str, Any]) -> str:
-    """The publisher's expert dispatcher (corpus field `dispatcher`, default alltoall; cost.CostSetup.dispatcher)."""
+    """The publisher's expert dispatcher (corpus field `dispatcher`, default alltoall; cost_setup.CostSetup.dispatcher)."""
     from hpctrain.plan.comm import DEDUP_DISPATCHERS
 
     known = ("alltoall", *DEDUP_DISPATCHERS)
@@ -318,7 +318,7 @@ CUDA_GRAPHS = ("none", "layers", "full_iteration")
 
 def _cuda_graph(run: dict[str, Any]) -> str:
     """The publisher's CUDA graphs (corpus field `cuda_graph`, CUDA_GRAPHS): none (the default), layers (Transformer
-    Engine's per-layer graphs of a block's dense parts: cost.CostSetup.layer_graphs) or full_iteration."""
+    Engine's per-layer graphs of a block's dense parts: cost_setup.CostSetup.layer_graphs) or full_iteration."""
     graph = run.get("cuda_graph", "none")
     if graph not in CUDA_GRAPHS:
         raise SystemExit(f"run {run['name']!r}: cuda_graph must be one of {', '.join(CUDA_GRAPHS)} (got {graph!r})")
@@ -326,7 +326,7 @@ def _cuda_graph(run: dict[str, Any]) -> str:
 
 
 def _moe_sync(run: dict[str, Any]) -> str:
-    """When the publisher's MoE blocks wait for their routing sizes on the host (cost.MOE_SYNCS): never with token
+    """When the publisher's MoE blocks wait for their routing sizes on the host (moe_cost.MOE_SYNCS): never with token
     dropping padded to capacity (`token_drop`) or under a full-iteration CUDA graph (`cuda_graph`, whose MoE is
     sync-free); always with Megatron-Core's dropless MoE (the tokens per expert); else as hpctrain's runtime (ep > 1)."""
     graph = _cuda_graph(run)

@@ -190,7 +190,7 @@ def moe_block_saved_bytes_per_token_no_ac(model: Any, tp: int, sp: bool, mode: s
 
 def moe_attention_side_saved_bytes_per_token(model: Any, tp: int, sp: bool, mode: str) -> float:
     """Of `_block_saved_no_ac`, the attention side of a block (its RMSNorm, the attention's input and SDPA's
-    tensors), the part before a MoE block's dispatch (plan/cost.py's BlockParts)."""
+    tensors), the part before a MoE block's dispatch (plan/moe_cost.py's BlockParts)."""
     d = dtypes(mode)
     hidden, q_width, repeated, _, _ = _widths(model, tp)
     seq_split = tp if sp else 1

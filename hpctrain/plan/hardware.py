@@ -33,8 +33,8 @@ GIB = 2**30
 # when the cost model changes (A100: 0.66 before the pre-FlashAttention runs' score traffic had a
 # term of its own, cost.SCORE_BYTES_*; 0.70 with it; 0.69 once each GEMM's reduction width sets
 # its efficiency, kernels.linear_gemm_times; 0.70 again once a flash backward costs 2.5x its forward,
-# cost.FLASH_BACKWARD_WORK; 0.71 once the pipeline rank holding the head paces the step when it is the slower one,
-# cost.CostSetup.head_rank_layers). H200 has no run in the corpus: it shares H100's SMs, clocks and 700 W limit
+# kernels.FLASH_BACKWARD_WORK; 0.71 once the pipeline rank holding the head paces the step when it is the slower one,
+# cost_setup.CostSetup.head_rank_layers). H200 has no run in the corpus: it shares H100's SMs, clocks and 700 W limit
 # (H200 datasheet) and takes H100's figure.
 A100_GEMM_EFFICIENCY = 0.71
 H100_GEMM_EFFICIENCY = 0.57
@@ -49,7 +49,7 @@ H100_ATTENTION_EFFICIENCY = 0.35
 # with Transformer Engine. Its attention is cuDNN's fused attention, which on Hopper runs in FlashAttention-3's
 # class: FlashAttention-3 is "1.5-2.0x faster than FlashAttention-2" forward and 1.5-1.75x backward, and cuDNN's
 # kernels sit beside it in the same benchmarks (Shah et al. 2024, arXiv 2407.08608, abstract and figures 5-6);
-# the backward is 2.5 of every 3.5 units of attention work (cost.FLASH_BACKWARD_WORK), so 1.6x the FA2 figure,
+# the backward is 2.5 of every 3.5 units of attention work (kernels.FLASH_BACKWARD_WORK), so 1.6x the FA2 figure,
 # on Hopper only (wgmma/TMA are sm_90, hardware.py's L40S note). Its GEMM efficiency is FITTED like the others,
 # on the calibration set's megatron-te rows only (`python bench/planner_accuracy.py --fit`), and kept per GPU;
 # a GPU without a fitted figure keeps its own.
@@ -72,7 +72,7 @@ BLACKWELL_GPUS = ("b200-180gb", "b300-288gb", "gb200-186gb", "gb300-288gb")
 # Fitted 2026-12-06 on the calibration set's megatron-te rows (NeMo 24.07's FP8 pre-training table, 12 rows on
 # DGX-H100, each with its software: fused kernels, FP8, TE's TP overlap where its launcher set it, Megatron-Core's
 # distributed optimizer): 0.81 (`--fit`; calibration FP8 7/12 within +-15 %, median 8.0 %); re-fitted the same day
-# once the head's pipeline rank paces the step when slower (cost.CostSetup.head_rank_layers): 0.83. Re-fitted
+# once the head's pipeline rank paces the step when slower (cost_setup.CostSetup.head_rank_layers): 0.83. Re-fitted
 # 2026-12-07 once those rows run the attention their launcher set (TE_ATTENTION_BACKENDS: FlashAttention-2 for ten
 # rows, cuDNN's for GPT-3 175B's two): the fit then ran to the grid's end (0.95), past what cuBLASLt alone runs FP8
 # GEMMs at, and stopped at that ceiling (FP8_GEMM_MEASURED_TFLOPS): 0.87; re-fitted the same day once a collective

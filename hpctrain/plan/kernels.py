@@ -1,8 +1,9 @@
 """Time of the kernels a layer's linears run: each GEMM (forward, input gradient, weight gradient) at an
 achievable fraction of the GPU's peak, slowed by its own reduction width; the routed experts' grouped GEMMs,
 slowed by the expert width too; under FP8 the eligible linears' GEMMs at the FP8 peak plus their casts, which are
-streaming kernels over HBM. plan/cost.py adds these up with attention, element-wise work and communication into a
-step.
+streaming kernels over HBM; and the work constants of the kernels between them (eager and compiled element-wise
+passes, a causal flash kernel's forward and backward work). plan/cost.py adds these up with attention and
+communication into a step.
 """
 
 from __future__ import annotations
@@ -27,6 +28,32 @@ HBM_EFFICIENCY = 0.80  # achievable fraction of HBM bandwidth for streaming kern
 # gradient (K = the micro-batch's tokens), so under TP the sharded widths are K in only some of
 # them. K0 = 128 is chosen, not fitted.
 GEMM_SIZE_KNEE = 128.0
+# (The work constants below were plan/cost.py's until 2026-12-07; it imports them from here.)
+# Element-wise traffic in eager PyTorch: each RMSNorm, RoPE, activation and residual add is several
+# unfused kernels (RMSNorm alone: upcast, pow, mean, rsqrt, two muls, downcast), each reading and
+# writing its tensors, about twice as much again in backward. Counted as passes over the bytes a
+# layer saves: ~2.5 passes forward and ~5.5 backward (counted from the runtime model's ops). A count,
+# not a fit: the corpus's runs use fused kernels (Megatron, MPT, torchtitan), not hpctrain's eager
+# runtime, so none of them can calibrate it.
+ELEMENTWISE_PASSES = 8.0
+ELEMENTWISE_FORWARD_PASSES = 2.5  # what a recomputed forward re-streams
+# Causal attention: flash kernels skip the masked upper triangle, so they execute half of the
+# full-matrix FLOPs that flops_per_token counts (the PaLM/Megatron convention); FlashAttention-2
+# skips the blocks above the diagonal, about half of them (Dao 2023, arXiv 2307.08691, section 3.1).
+CAUSAL_ATTENTION_WORK = 0.5
+# A flash kernel's backward recomputes the scores S = QK^T and the probabilities from the saved log-sum-exp
+# and then runs four more GEMMs (dV = P^T dO, dP = dO V^T, dQ = dS K, dK = dS^T Q): five GEMMs of the
+# forward's two, so 2.5x the forward's work at the same utilisation (Dao 2023, arXiv 2307.08691, algorithm 2;
+# Dao et al. 2022, arXiv 2205.14135, appendix B.4), where the FLOP convention counts backward as 2x.
+FLASH_BACKWARD_WORK = 2.5
+# torch.compile (train.compile; the runtime compiles each block with inductor when tp == 1,
+# runtime/parallel/compile.py): inductor fuses each chain of element-wise ops between GEMMs (RMSNorm's upcast,
+# pow, mean, rsqrt and muls; RoPE; SiLU x gate; residual adds) into one kernel that reads its inputs and writes
+# its outputs once, so the ~2.5 forward and ~5.5 backward passes of ELEMENTWISE_PASSES (counted from the eager
+# ops) become ~1 forward and ~2 backward (one read + one write per fused region each way; backward reads the
+# saved inputs and the gradient and writes the input gradient): a stated saving on the element-wise share.
+COMPILED_ELEMENTWISE_PASSES = 3.0
+COMPILED_ELEMENTWISE_FORWARD_PASSES = 1.0
 # Expert parallelism and MoE compute (model.moe; the runtime: runtime/model/moe.py, runtime/parallel/expert.py).
 # Grouped GEMM of narrow experts: one torch._grouped_mm over the local experts, each expert's rows a tile
 # group of its own, so an expert width w (the N of gate/up, the K of down) of a few tiles wastes the

@@ -141,7 +141,7 @@ def runner_up(result: PlanResult) -> list[str]:
 
 # What can bound a layout's step (issue 26 item 4): each a share of the step time. "dense collectives" are
 # TP's and PP's on the critical path and FSDP's exposed part; CP's K/V exchanges and EP's all-to-alls apart; "MoE host
-# syncs" the GPU's waits while the host launches each MoE block after reading its routing sizes (cost.MOE_SYNC_HOST_S).
+# syncs" the GPU's waits while the host launches each MoE block after reading its routing sizes (moe_cost.MOE_SYNC_HOST_S).
 BOUND_PARTS = ("compute", "dense collectives", "all-to-all", "CP ring/gather", "pipeline bubble", "optimizer step",
                "MoE host syncs")
 MEMORY_BOUND_SHARE = 0.90  # a best layout at >= 90 % of the budget is said to be memory-bound: its faster twins miss

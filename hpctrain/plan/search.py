@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from hpctrain.config.plugins_off import collector_paused
 from hpctrain.plan.activations import DEFAULT_EXPERT_LOAD_IMBALANCE
-from hpctrain.plan.cost import CostSetup, StepCost, step_cost
+from hpctrain.plan.cost import step_cost
+from hpctrain.plan.cost_setup import CostSetup, StepCost
 from hpctrain.plan.hardware import Hardware
 from hpctrain.plan.kernels import DEFAULT_EXPERT_STEP_IMBALANCE
 from hpctrain.plan.lora import LoraShape
@@ -100,16 +101,16 @@ class SearchSettings:
     # A run's measured load per ep ((ep, busiest rank / mean), plan/expert_load.py): prices the step and the busiest
     # rank's memory of each layout at its own ep; an ep it lacks falls back as above.
     expert_load_by_ep: tuple[tuple[int, float], ...] = ()
-    selective_mm_recompute: float = 0.0  # cost.CostSetup's: a published run's selective policy (bench only)
-    a2a_overlap: bool = False  # cost.CostSetup's: a published run's overlapped expert all-to-alls (bench only)
-    cp_repeated_kv: bool = False  # cost.CostSetup's: a published run's CP gathers K/V repeated to the query heads
-    dispatcher: str = "alltoall"  # cost.CostSetup's: a published run's expert dispatcher (bench only)
-    fp8_experts: bool = False  # cost.CostSetup's: a published run's FP8 routed experts (bench only)
-    tp_overlap: bool = False  # cost.CostSetup's: a published run's TP collectives overlapped with GEMMs (bench only)
-    dp_once_per_step: bool = False  # cost.CostSetup's: Megatron-Core's distributed optimizer (bench only)
-    moe_sync: str = "ep"  # cost.CostSetup's: when a MoE block syncs with the host (cost.MOE_SYNCS; others bench only)
-    moe_recompute: bool = False  # cost.CostSetup's: Megatron-Core's "moe" recompute module under selective (bench only)
-    layer_graphs: bool = False  # cost.CostSetup's: a published run's per-layer CUDA graphs (bench only)
+    selective_mm_recompute: float = 0.0  # cost_setup.CostSetup's: a published run's selective policy (bench only)
+    a2a_overlap: bool = False  # cost_setup.CostSetup's: a published run's overlapped expert all-to-alls (bench only)
+    cp_repeated_kv: bool = False  # cost_setup.CostSetup's: a published run's CP gathers K/V repeated to the query heads
+    dispatcher: str = "alltoall"  # cost_setup.CostSetup's: a published run's expert dispatcher (bench only)
+    fp8_experts: bool = False  # cost_setup.CostSetup's: a published run's FP8 routed experts (bench only)
+    tp_overlap: bool = False  # cost_setup.CostSetup's: a published run's TP collectives overlapped with GEMMs (bench only)
+    dp_once_per_step: bool = False  # cost_setup.CostSetup's: Megatron-Core's distributed optimizer (bench only)
+    moe_sync: str = "ep"  # cost_setup.CostSetup's: when a MoE block syncs with the host (moe_cost.MOE_SYNCS; others bench only)
+    moe_recompute: bool = False  # cost_setup.CostSetup's: Megatron-Core's "moe" recompute module under selective (bench only)
+    layer_graphs: bool = False  # cost_setup.CostSetup's: a published run's per-layer CUDA graphs (bench only)
     # stages.STAGE_SPLITS: a published run's pipeline split (bench only; it ran it, so no balance rule applies)
     stage_split: str = "balanced"
 

@@ -22,7 +22,7 @@ import sys
 import threading
 from typing import Any
 
-from hpctrain.plan.cost import StepCost
+from hpctrain.plan.cost_setup import StepCost
 from hpctrain.plan.hardware import Hardware
 from hpctrain.plan.memory import MemoryProbe, RankSetup
 from hpctrain.config.plugins_off import collector_paused

@@ -181,7 +181,8 @@ def test_the_placement_keeps_ep_groups_where_the_cost_model_puts_them(domain, ep
 
 
 def test_moe_all_to_all_on_nvl72_against_dgx_b200():
-    from hpctrain.plan.cost import CostSetup, step_cost
+    from hpctrain.plan.cost import step_cost
+    from hpctrain.plan.cost_setup import CostSetup
     from hpctrain.plan.search import busiest_rank
     from hpctrain.plan.stages import balanced_stage_split
 

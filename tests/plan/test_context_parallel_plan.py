@@ -132,7 +132,7 @@ def test_plan_at_128k_with_the_ring_fits_and_exposes_less_cp_communication() -> 
 
 
 def test_repeated_kv_gathers_carry_the_query_heads_and_fp32_gradients() -> None:
-    """cost.CostSetup.cp_repeated_kv (a published run's software: torch's context_parallel around a model that
+    """cost_setup.CostSetup.cp_repeated_kv (a published run's software: torch's context_parallel around a model that
     repeats K/V before SDPA): each all-gather moves heads / kv_heads times the bytes, the gradients' reduce-scatter
     fp32; without recomputation that is (1 + 2) x collective_s(4 M) against (1 + 1) x collective_s(M) per layer and
     micro-batch."""
@@ -140,7 +140,8 @@ def test_repeated_kv_gathers_carry_the_query_heads_and_fp32_gradients() -> None:
 
     from hpctrain.plan.comm import collective_s, group_link
     from hpctrain.plan.context import cp_kv_message_bytes
-    from hpctrain.plan.cost import CostSetup, step_cost
+    from hpctrain.plan.cost import step_cost
+    from hpctrain.plan.cost_setup import CostSetup
     from hpctrain.plan.hardware import resolve_hardware
 
     job = job_from_dict({"name": "cp", "model": {"preset": "llama3-8b", "seq_len": 65536},
@@ -168,7 +169,8 @@ def test_cp_peers_of_a_pipelined_dense_layout_sit_tp_x_pp_slots_apart() -> None:
     exchange rides the fabric (it was priced as tp apart, inside the node)."""
     from hpctrain.plan.comm import collective_s, group_link
     from hpctrain.plan.context import cp_kv_message_bytes
-    from hpctrain.plan.cost import CostSetup, step_cost
+    from hpctrain.plan.cost import step_cost
+    from hpctrain.plan.cost_setup import CostSetup
     from hpctrain.plan.hardware import resolve_hardware
 
     job = job_from_dict({"name": "cp", "model": {"preset": "llama3-8b", "seq_len": 65536},

@@ -8,7 +8,8 @@ from hpctrain.config import job_from_dict
 from hpctrain.plan import plan_job
 from hpctrain.plan import kernels
 from hpctrain.plan.comm import Link, collective_s, ring_latency_s
-from hpctrain.plan.cost import CostSetup, step_cost
+from hpctrain.plan.cost import step_cost
+from hpctrain.plan.cost_setup import CostSetup
 from hpctrain.plan.hardware import resolve_hardware
 from hpctrain.plan.search import busiest_rank
 from hpctrain.plan.stages import balanced_stage_split
@@ -92,7 +93,7 @@ def test_a_materialising_attention_kernel_streams_the_score_matrix(tp, ac):
     passes = 3 + replays
     scores = model.heads / tp * model.seq_len * (13 + 19 + 13 * replays) / (hw.gpu.hbm_bytes_per_s * kernels.HBM_EFFICIENCY)
     expected = (passes * core / gemm_rate + scores
-                - (1 + cost.FLASH_BACKWARD_WORK + (1 if ac == "full" else 0)) * cost.CAUSAL_ATTENTION_WORK * core
+                - (1 + kernels.FLASH_BACKWARD_WORK + (1 if ac == "full" else 0)) * kernels.CAUSAL_ATTENTION_WORK * core
                 / (peak * hw.gpu.attention_efficiency))
     assert materialized - flash == pytest.approx(expected, rel=1e-9)
     assert materialized > flash

@@ -9,7 +9,9 @@ import pytest
 from hpctrain.config import job_from_dict
 from hpctrain.plan import plan_job, resolve_job
 from hpctrain.plan.comm import ep_placement, pipeline_outermost
-from hpctrain.plan.cost import CostSetup, moe_a2a_per_micro_batch_s, step_cost
+from hpctrain.plan.cost import step_cost
+from hpctrain.plan.cost_setup import CostSetup
+from hpctrain.plan.moe_cost import moe_a2a_per_micro_batch_s
 from hpctrain.plan.hardware import resolve_hardware
 from hpctrain.plan.memory import RankSetup, rank_memory
 from hpctrain.plan.model_stats import stage_param_count, stage_routed_expert_params

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from hpctrain.cli import main
-from hpctrain.plan.cost import CostSetup, embedding_transfer_s, step_cost
+from hpctrain.plan.cost import embedding_transfer_s, step_cost
+from hpctrain.plan.cost_setup import CostSetup
 from hpctrain.plan.hardware import GPUS, TERA
 from hpctrain.plan.memory import RankSetup, peak_rank_memory
 from hpctrain.plan.model_stats import embedding_param_count

@@ -7,15 +7,9 @@ import pytest
 
 from hpctrain.config import job_from_dict
 from hpctrain.plan import comm
-from hpctrain.plan.cost import (
-    A2A_BACKWARD,
-    A2A_FORWARD,
-    MOE_EAGER_HOST_S,
-    MOE_SYNC_HOST_S,
-    CostSetup,
-    moe_ffn_gemm_times,
-    step_cost,
-)
+from hpctrain.plan.cost import moe_ffn_gemm_times, step_cost
+from hpctrain.plan.cost_setup import CostSetup
+from hpctrain.plan.moe_cost import A2A_BACKWARD, A2A_FORWARD, MOE_EAGER_HOST_S, MOE_SYNC_HOST_S
 from hpctrain.plan.hardware import resolve_hardware
 from hpctrain.plan.search import busiest_rank
 from hpctrain.plan.stages import balanced_stage_split
@@ -153,7 +147,7 @@ def test_dense_models_have_no_all_to_all():
 
 
 def test_each_moe_block_waits_for_its_routing_sizes_on_the_host():
-    """cost.MOE_SYNC_HOST_S per MoE block and micro-batch on the busiest rank, on the critical path: hpctrain's
+    """moe_cost.MOE_SYNC_HOST_S per MoE block and micro-batch on the busiest rank, on the critical path: hpctrain's
     runtime syncs under ep > 1 only (the all-to-all's split sizes); Megatron-Core's dropless MoE always; a sync-free
     run never. Dense blocks (moe.dense_layers) do not."""
     hw = _hw()
@@ -181,7 +175,7 @@ def test_each_moe_block_waits_for_its_routing_sizes_on_the_host():
 
 
 def test_an_fp8_block_without_layer_graphs_also_waits_for_its_eager_launches():
-    """cost.MOE_EAGER_HOST_S: after each sync the host launches an FP8 block's dense parts itself (hpctrain's runtime,
+    """moe_cost.MOE_EAGER_HOST_S: after each sync the host launches an FP8 block's dense parts itself (hpctrain's runtime,
     a published run without Transformer Engine's per-layer graphs); with those graphs (layer_graphs) only
     MOE_SYNC_HOST_S is left. A 16-bit block pays the sync alone either way, and a sync-free run nothing."""
     hw = _hw()

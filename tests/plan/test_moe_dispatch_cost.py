@@ -11,18 +11,16 @@ import pytest
 
 from hpctrain.config import job_from_dict
 from hpctrain.plan import comm
-from hpctrain.plan.cost import (
+from hpctrain.plan.cost import layer_time_per_token_s, routed_fp8_delta_s, step_cost
+from hpctrain.plan.cost_setup import CostSetup
+from hpctrain.plan.moe_cost import (
     A2A_BACKWARD,
     A2A_FORWARD,
     BlockParts,
-    CostSetup,
-    layer_time_per_token_s,
     moe_a2a_per_micro_batch_s,
     moe_block_parts,
     one_a2a_s,
     overlapped_a2a_per_block_s,
-    routed_fp8_delta_s,
-    step_cost,
 )
 from hpctrain.plan.hardware import FA3_CLASS_ATTENTION_SPEEDUP, resolve_hardware, with_stack
 from hpctrain.plan.search import busiest_rank

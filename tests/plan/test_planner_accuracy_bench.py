@@ -14,7 +14,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import planner_accuracy as bench  # noqa: E402
 
-from hpctrain.plan import cost  # noqa: E402
+from hpctrain.plan import moe_cost  # noqa: E402
 
 REQUIRED = {"name", "source", "verified", "set", "layout_case", "model", "hardware", "global_batch", "layout", "metric"}
 
@@ -381,7 +381,7 @@ def test_a_gb200_mxfp8_row_costs_with_its_recipe_and_its_nvlink_domain() -> None
 
 def test_token_drop_and_full_iteration_graphs_take_the_moe_host_sync_away(corpus: list[dict]) -> None:
     """A run's `token_drop` or `cuda_graph: full_iteration` means its MoE blocks never wait for routing sizes on the
-    host (cost.MOE_SYNC_HOST_S); Megatron-Core's dropless MoE always does; a torch run as hpctrain's runtime (ep > 1).
+    host (moe_cost.MOE_SYNC_HOST_S); Megatron-Core's dropless MoE always does; a torch run as hpctrain's runtime (ep > 1).
     The rows that name a full-iteration graph in their recipe carry the field."""
     runs = {run["name"]: run for run in corpus}
     graphed = runs["mb2606-gb200-qwen3-30b-mxfp8"]
@@ -404,7 +404,7 @@ def test_token_drop_and_full_iteration_graphs_take_the_moe_host_sync_away(corpus
 
 
 def test_layer_graphs_spare_an_fp8_run_its_eager_launches(corpus: list[dict]) -> None:
-    """`cuda_graph: layers` (Transformer Engine's per-layer graphs, cost.MOE_EAGER_HOST_S) is on exactly the MoE rows
+    """`cuda_graph: layers` (Transformer Engine's per-layer graphs, moe_cost.MOE_EAGER_HOST_S) is on exactly the MoE rows
     whose recipe or command names cuda_graph_impl transformer_engine; taking it off an FP8 row adds the eager launches
     to each block's sync, on the same layout."""
     named = {r["name"] for r in corpus if r["model"].get("moe") and not r.get("token_drop")
@@ -414,13 +414,13 @@ def test_layer_graphs_spare_an_fp8_run_its_eager_launches(corpus: list[dict]) ->
     _, graphed, _ = bench.predict(run)
     _, eager, _ = bench.predict({k: v for k, v in run.items() if k != "cuda_graph"})
     assert graphed.label() == eager.label()
-    assert eager.cost.host_s == pytest.approx(graphed.cost.host_s * (cost.MOE_SYNC_HOST_S + cost.MOE_EAGER_HOST_S)
-                                              / cost.MOE_SYNC_HOST_S, rel=1e-9)
+    assert eager.cost.host_s == pytest.approx(graphed.cost.host_s * (moe_cost.MOE_SYNC_HOST_S + moe_cost.MOE_EAGER_HOST_S)
+                                              / moe_cost.MOE_SYNC_HOST_S, rel=1e-9)
 
 
 def test_the_moe_recompute_field_reaches_the_cost(corpus: list[dict]) -> None:
     """The ModelZoo long-context rows ran --recompute-modules layernorm moe: ac selective with `moe_recompute`, which
-    replays the MoE blocks' forward (cost.CostSetup.moe_recompute); without the field the same layout is faster."""
+    replays the MoE blocks' forward (cost_setup.CostSetup.moe_recompute); without the field the same layout is faster."""
     run = next(r for r in corpus if r["name"] == "mz-lc-qwen3-235b-64k-dropless")
     assert run["moe_recompute"] is True and run["layout"]["ac"] == "selective"
     _, with_replay, _ = bench.predict(run)

@@ -187,7 +187,7 @@ def test_candidates_setups_are_whole_dataclasses_of_their_layout(name, monkeypat
     template's value), equal to the dataclass built anew, and the fields the loops vary those of the candidate."""
     from dataclasses import fields, replace
 
-    from hpctrain.plan.cost import CostSetup
+    from hpctrain.plan.cost_setup import CostSetup
 
     costed = []
     original = search_module.step_cost

@@ -1,6 +1,6 @@
 """The pipeline rank that paces the step, and a published run's own split (issue 26: the corpus prices what the
 publisher ran). The rank holding the head and loss paces the pipeline when its layers and the head take longer than
-the busiest rank's layers (cost.CostSetup.head_rank_layers); Megatron-Core's --account-for-embedding/loss split
+the busiest rank's layers (cost_setup.CostSetup.head_rank_layers); Megatron-Core's --account-for-embedding/loss split
 counts each as one layer (stages.megatron_unit_split), which leaves a large-vocabulary model's last rank the slowest.
 Torch-free."""
 
@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from hpctrain.config import job_from_dict
-from hpctrain.plan.cost import MOE_SYNC_HOST_S, CostSetup, head_time_per_token_s, step_cost
+from hpctrain.plan.cost import head_time_per_token_s, step_cost
+from hpctrain.plan.cost_setup import CostSetup
+from hpctrain.plan.moe_cost import MOE_SYNC_HOST_S
 from hpctrain.plan.hardware import resolve_hardware
 from hpctrain.plan.stages import balanced_stage_split, megatron_unit_split
 
@@ -50,7 +52,7 @@ def test_the_heads_rank_paces_the_pipeline_when_it_is_slower():
     job = job_from_dict(QWEN)
     hw = resolve_hardware(job)
     model = job.model
-    # without the MoE blocks' host syncs (cost.MOE_SYNC_HOST_S; their own test below)
+    # without the MoE blocks' host syncs (moe_cost.MOE_SYNC_HOST_S; their own test below)
     unknown = step_cost(model, hw, _setup(moe_sync="none"), 2048)
     lighter = step_cost(model, hw, _setup(head_rank_layers=0, moe_sync="none"), 2048)  # the head alone: lighter
     heavier = step_cost(model, hw, _setup(head_rank_layers=2, moe_sync="none"), 2048)  # 2 blocks + the head: heavier
