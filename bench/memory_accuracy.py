@@ -192,7 +192,8 @@ CONFIGS += FP8_CONFIGS
 def predict(cfg: Config) -> dict[str, float]:
     """The planner's bytes per MemTracker category for the configuration's rank."""
     from hpctrain.plan.lora import lora_shape
-    from hpctrain.plan.memory import RankSetup, rank_memory
+    from hpctrain.plan.memory import rank_memory
+    from hpctrain.plan.rank_setup import RankSetup
     from hpctrain.plan.stages import balanced_stage_split
 
     job = cfg.job()

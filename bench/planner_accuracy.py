@@ -180,7 +180,7 @@ def _te_attention(run: Optional[dict[str, Any]]) -> str:
 
 def _search(job: Any, hw: Any, budget_bytes: Optional[float] = None, run: Optional[dict[str, Any]] = None
             ) -> tuple[list[Any], Any]:
-    from hpctrain.plan.memory import DEFAULT_RUNTIME_OVERHEAD_BYTES
+    from hpctrain.plan.rank_setup import DEFAULT_RUNTIME_OVERHEAD_BYTES
     from hpctrain.plan.planner import planned_precision
     from hpctrain.plan.search import SearchSettings, optimizer_kind, search
     from hpctrain.plan.space import Choices

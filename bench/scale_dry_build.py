@@ -171,7 +171,8 @@ def planner_figures(layout: Layout, pp_rank: int) -> tuple[int, dict[str, float]
     """(parameters per TP rank of the stage, planner bytes per MemTracker category, layer range)."""
     import memory_accuracy as accuracy
 
-    from hpctrain.plan.memory import RankSetup, rank_memory
+    from hpctrain.plan.memory import rank_memory
+    from hpctrain.plan.rank_setup import RankSetup
     from hpctrain.plan.model_stats import stage_param_count
     from hpctrain.plan.stages import balanced_stage_split
 

@@ -8,26 +8,25 @@ master weights and fp32 gradients, sharded by FSDP2 (runtime/parallel/fsdp.py), 
 4 + 4 + 8 (AdamW moments) bytes, all sharded over dp whenever FSDP is on, plus a 16-bit unsharded
 copy for compute. `rank_memory` accounts for that runtime, phase by phase (end of forward, end of
 backward, optimizer step), and reports the components of the phase with the highest total — which
-is what a memory tracker or torch.cuda.max_memory_allocated sees.
+is what a memory tracker or torch.cuda.max_memory_allocated sees. The parameter-sized buffers it places are
+plan/states.py's; what it takes and gives (RankSetup, MemoryBreakdown) is plan/rank_setup.py's.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from hpctrain.plan.activations import (
-    DEFAULT_EXPERT_LOAD_IMBALANCE,
-    fp8_linear_params_per_layer,
-    FP32_BYTES,
     HALF_BYTES,
     backward_transient_bytes,
     dtypes,
-    ffn_output_input_bytes,
     embedding_backward_transient_bytes,
     embedding_saved_bytes,
     expert_routing,
+    ffn_output_input_bytes,
     ffn_saved_bytes_per_token,
+    fp8_linear_params_per_layer,
     head_activations,
     in_flight_micro_batches,
     layer_activations,
@@ -45,280 +44,17 @@ from hpctrain.plan.context import (
     cpu_causal_mask_bytes,
     tokens_per_rank,
 )
-from hpctrain.plan.lora import LoraShape, adapter_params, adapter_params_per_layer, lora_activations
-from hpctrain.plan.model_stats import (
-    attention_params as attention_param_count,
-    embedding_param_count,
-    final_norm_param_count,
-    head_param_count,
-    layer_norm_params,
-    layer_param_count,
-    moe_layer_count,
-    routed_expert_params,
-    stage_param_count,
-    stage_routed_expert_params,
+from hpctrain.plan.lora import lora_activations
+from hpctrain.plan.rank_setup import ITEM_COMPONENTS, MemoryBreakdown, RankSetup
+from hpctrain.plan.states import (
+    ModelCounts,
+    States,
+    model_counts,
+    rank_params,
+    rank_routed_params,
+    rank_states,
+    states_key,
 )
-
-GIB = 2**30
-# CUDA context + cuBLAS/cuDNN workspaces + NCCL buffers + allocator fragmentation, per GPU, when the
-# job does not set cluster.runtime_overhead_gib. None of it is in torch.cuda.memory_allocated: a CUDA
-# context with lazy module loading takes ~300 MB (pytorch issue #107667, a maintainer's figure) and
-# each NCCL communicator 544-688 MB on 4 A100s (NVIDIA/nccl issue #964); a rank of a tp x pp x dp
-# layout joins about three (its tp, pp and dp groups), ~2 GB in all; fragmentation adds a few percent.
-DEFAULT_RUNTIME_OVERHEAD_BYTES = 2 * GIB
-CPU_RUNTIME_OVERHEAD_BYTES = GIB // 4  # a local CPU process: the interpreter, torch and gloo buffers
-
-
-@dataclass(frozen=True)
-class MemoryBreakdown:
-    """Bytes per component at the peak phase; `items` explains every component (name, bytes)."""
-
-    weights: float
-    grads: float
-    optimizer: float
-    activations: float
-    other: float
-    phase: str
-    items: tuple[tuple[str, float], ...] = field(default=())
-
-    @property
-    def total(self) -> float:
-        return self.weights + self.grads + self.optimizer + self.activations + self.other
-
-    def gib(self) -> dict[str, float]:
-        """The `memory_gib` object of plan.json."""
-        parts = {"weights": self.weights, "grads": self.grads, "optimizer": self.optimizer,
-                 "activations": self.activations, "other": self.other, "total": self.total}
-        return {key: round(value / GIB, 3) for key, value in parts.items()}
-
-
-@dataclass(frozen=True)
-class RankSetup:
-    """Everything about one layout that memory depends on."""
-
-    tp: int
-    pp: int
-    dp: int
-    micro_batch: int
-    micro_batches: int  # per step per pipeline (global_batch / dp / micro_batch)
-    schedule: str  # "none" when pp == 1
-    virtual_stages: int
-    ac: str
-    zero: int
-    offload_optimizer: bool
-    sequence_parallel: bool
-    precision: str
-    optimizer: str  # "adamw" | "sgd" | "sgd-momentum"
-    # The runtime's AdamW runs torch's fused kernel (runtime/optim.py: no temporary) except over torchao's fp8
-    # weight wrappers (fp8 tensorwise under FSDP), where it runs the foreach kernels: a temporary the size of the
-    # rank's gradients (torch/optim/adamw.py _multi_tensor_adamw, its _foreach_sqrt of the second moments).
-    foreach: bool = False
-    overhead_bytes: float = DEFAULT_RUNTIME_OVERHEAD_BYTES
-    lora: LoraShape | None = None  # train.lora: only the adapters train (plan/lora.py)
-    attention: str = "flash"  # cost.ATTENTION_KERNELS; "materialized" keeps the score matrix
-    embedding_on_cpu: bool = False  # train.embedding_on_cpu: the first stage's table, grad, states in host memory
-    cp: int = 1  # parallel.cp: each rank holds seq_len / cp tokens; FSDP shards over dp x cp (plan/context.py)
-    cpu_attention: bool = False  # planning for `gpu: cpu`: SDPA materialises context parallelism's causal masks
-    cp_rank: int | None = None  # the context-parallel rank to account (None: the most loaded)
-    cp_rotate: str = "allgather"  # parallel.cp_rotate: allgather holds the whole sequence's K/V, ring a pair in flight
-
-    @property
-    def fsdp(self) -> bool:
-        """Whether the runtime shards with FSDP: over dp x cp ranks, or to offload the optimizer."""
-        return self.dp * self.cp > 1 or self.offload_optimizer
-    ep: int = 1  # parallel.ep: routed experts split over ep ranks, FSDP-sharded over efsdp (runtime/parallel/expert.py)
-    expert_load_imbalance: float = DEFAULT_EXPERT_LOAD_IMBALANCE  # received rows / mean under ep (activations.py)
-    # train.precision fp8 (emulated or not): the recipe and min_width that pick the converted linears
-    # (activations.fp8_linear_params_per_layer); None otherwise. `precision` is then fp8's high precision.
-    fp8_recipe: str | None = None
-    fp8_min_width: int = 1024
-
-    @property
-    def efsdp(self) -> int:
-        """The routed experts' FSDP degree: the dp x cp x tp ranks of a stage over ep (torchtitan's ParallelDims:
-        the sparse region efsdp x ep spans the dense region's dp x cp x tp ranks; runtime/parallel/dims.py)."""
-        return max(1, self.dp * self.cp * self.tp // self.ep)
-
-
-def optimizer_bytes_per_param(optimizer: str) -> int:
-    """AdamW: two fp32 moments (Loshchilov & Hutter 2019); SGD with momentum: one; plain SGD: none."""
-    return {"adamw": 8, "sgd-momentum": 4, "sgd": 0}[optimizer]
-
-
-def _rank_params(model: Any, stage_layers: list[tuple[int, int]], setup: RankSetup, pp_rank: int) -> tuple[int, int]:
-    """(parameters of this rank's stages on one TP rank, its layer count)."""
-    params, layers = 0, 0
-    last = len(stage_layers) - 1
-    for index in range(pp_rank, len(stage_layers), setup.pp):
-        first_layer, end_layer = stage_layers[index]
-        params += stage_param_count(model, first_layer, end_layer, has_embedding=index == 0,
-                                    has_head=index == last, tp=setup.tp, ep=setup.ep)
-        layers += end_layer - first_layer
-    return params, layers
-
-
-def _rank_routed_params(model: Any, stage_layers: list[tuple[int, int]], setup: RankSetup, pp_rank: int) -> int:
-    """The routed-expert parameters among `_rank_params`'s: E/ep experts per MoE block."""
-    return sum(stage_routed_expert_params(model, *stage_layers[index], ep=setup.ep)
-               for index in range(pp_rank, len(stage_layers), setup.pp))
-
-
-def rank_layer_params(model: Any, tp: int, ep: int = 1) -> float:
-    """One layer's parameters on a rank, the mean over the layers: everything by tp, but under expert
-    parallelism the routed experts by ep instead (whole experts, not tensor-parallel) and the router whole."""
-    per_layer = layer_param_count(model) / tp
-    if ep == 1 or not moe_layer_count(model):
-        return per_layer
-    norms = layer_norm_params(model)  # replicated under TP (the ep=1 figure above divides them too: a few KiB)
-    per_layer = (layer_param_count(model) - norms) / tp + norms
-    share = moe_layer_count(model) / int(model.layers)
-    routed, router = share * routed_expert_params(model), share * int(model.moe.experts) * int(model.hidden)
-    return per_layer - (routed + router) / tp + routed / ep + router  # the router is replicated
-
-
-# Item names of the breakdown, with the component each belongs to.
-ITEM_COMPONENTS: dict[str, str] = {
-    "fp32 master weights": "weights",
-    "unsharded compute weights (FSDP)": "weights",
-    "RoPE tables": "weights",
-    "gradients": "grads",
-    "unsharded fp32 gradient accumulation (FSDP, deferred reduce-scatter)": "grads",
-    "optimizer states": "optimizer",
-    "saved activations": "activations",
-    "autocast weight copies": "activations",
-    "pipeline stage buffers": "activations",
-    "recompute of one layer (activation checkpointing)": "activations",
-    "loss gradient buffers": "other",
-    "backward gradient buffers": "other",
-    "gradient reduce-scatter buffer (FSDP)": "other",
-    "foreach optimizer temporary": "other",
-    "runtime overhead (CUDA context, allocator)": "other",
-}
-
-
-@dataclass(frozen=True)
-class _States:
-    """Parameter-sized buffers of one rank (bytes)."""
-
-    master: float
-    rope: float
-    unsharded_forward: float
-    unsharded_backward: float
-    optimizer: float
-    grads_sharded: float
-    grads_held: float  # gradients present while a micro-batch runs (accumulated from earlier ones)
-    grads_fresh_at_end: float  # in the backward of the rank's last-processed layer, one micro-batch
-    grads_fresh_at_norm: float  # in that layer's FFN-norm backward (its FFN's gradients exist)
-    grads_fresh_at_embedding: float  # in the embedding's backward: every gradient but its own
-    accumulation: float
-    reduce_buffer: float
-
-
-@dataclass(frozen=True)
-class _ModelCounts:
-    """Parameter counts `_states` reads that depend on the model and (tp, ep) only."""
-
-    layer_params: float  # rank_layer_params
-    routed_experts: float  # routed_expert_params (one MoE block's)
-    head_unit: float  # head + final norm, per TP rank
-    embedding: float  # the whole table
-    attention: float  # one layer's attention projections
-
-
-def _model_counts(model: Any, tp: int, ep: int) -> _ModelCounts:
-    moe = getattr(model, "moe", None)
-    return _ModelCounts(rank_layer_params(model, tp, ep), float(routed_expert_params(model)) if moe else 0.0,
-                        (head_param_count(model) + final_norm_param_count(model)) / tp,
-                        float(embedding_param_count(model)), float(attention_param_count(model)))
-
-
-def _states(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, pp_rank: int, fsdp: bool, mode: str,
-            params: int, layers: int, counts: _ModelCounts, routed: float) -> _States:
-    """`routed`: the rank's routed-expert parameters under ep > 1 (`_rank_routed_params`), else 0."""
-    on_gpu = 0.0 if s.offload_optimizer else 1.0
-    layer_params = counts.layer_params
-    # Routed experts are an FSDP unit of their own over efsdp ranks (runtime/parallel/expert.py's
-    # shard_experts), the rest over dp: `sharded(total, experts)` is a parameter-sized buffer per rank
-    # whose `experts` part (in parameters) is sharded over efsdp (dp x cp x tp / ep). At ep=1 the experts
-    # are part of their block: one degree. With context parallelism the dense part is sharded over dp x cp.
-    dense_shard, expert_shard = (s.dp * s.cp, s.efsdp) if fsdp else (1, 1)
-
-    def sharded(total: float, experts: float) -> float:
-        return (total - experts) / dense_shard + experts / expert_shard
-
-    first_layer = stage_layers[pp_rank][0]
-    # The rank's last-processed layer (its first) still lacks its experts' gradients in its FFN backward.
-    first_routed = (counts.routed_experts / s.ep
-                    if routed and first_layer >= int(model.moe.dense_layers) else 0.0)
-    compute_bytes = HALF_BYTES if mode == "fsdp-mp" else FP32_BYTES
-    unsharded_fwd = unsharded_bwd = 0.0
-    fp8_saving = _fp8_gathered_saving(model, s, compute_bytes) if fsdp else 0.0  # per gathered layer
-    if fsdp and s.zero >= 3 and s.pp == 1 and model.tie_embeddings:
-        # The tied embedding, norm and head stay in the root unit (runtime/parallel/fsdp.py):
-        # after forward only the last block stays gathered; in backward the root and one block.
-        unsharded_fwd = compute_bytes * layer_params - fp8_saving
-        unsharded_bwd = compute_bytes * (params - (layers - 1) * layer_params) - fp8_saving
-    elif fsdp and s.zero >= 3 and s.pp == 1:
-        # FSDP units of their own (runtime/parallel/fsdp.py's table): after forward the last
-        # block and the norm + head unit stay gathered (the embedding was resharded); in the
-        # backward of the first layer that layer and the embedding are gathered (the head was
-        # resharded after its backward). Measured against MemTracker (bench/memory_accuracy.py).
-        unsharded_fwd = compute_bytes * (layer_params + counts.head_unit) - fp8_saving
-        unsharded_bwd = compute_bytes * (layer_params + counts.embedding / s.tp) - fp8_saving
-    elif fsdp:
-        unsharded_fwd = unsharded_bwd = compute_bytes * params - layers * fp8_saving
-    # train.embedding_on_cpu (runtime/parallel/host_embedding.py): the first stage's table is no FSDP unit and
-    # never on the device, nor its gradient or optimizer state (tp is 1: validate refuses more).
-    host_table = counts.embedding if s.embedding_on_cpu and pp_rank == 0 else 0.0
-    if host_table:
-        params = int(params - host_table)
-        if fsdp and s.zero >= 3 and s.pp == 1:
-            unsharded_bwd -= compute_bytes * host_table
-        elif fsdp:
-            unsharded_fwd = unsharded_bwd = compute_bytes * params - layers * fp8_saving
-    # Trained parameters (everything, or LoRA's adapters): gradients, optimizer states, FSDP's
-    # gradient buffers. Held parameters (fp32, FSDP-gathered) are the base plus the adapters.
-    w2_params = model.hidden * model.ffn_hidden / s.tp
-    embedding = counts.embedding / s.tp if pp_rank == 0 and not host_table else 0.0
-    trained, trained_layer = float(params), layer_params
-    trained_routed = routed
-    if s.lora is not None:
-        trained_routed = first_routed = 0.0  # LoRA adapts the attention projections only (config/job.py)
-        trained_layer = adapter_params_per_layer(model, s.lora, s.tp)
-        trained, params = layers * trained_layer, int(params + layers * trained_layer)
-        w2_params = adapter_params(model, s.lora, "w2", s.tp) if "w2" in s.lora.targets else 0.0
-        embedding = 0.0
-        if fsdp:
-            unsharded_fwd += compute_bytes * trained_layer * (1 if s.zero >= 3 and s.pp == 1 else layers)
-            unsharded_bwd += compute_bytes * trained_layer * (1 if s.zero >= 3 and s.pp == 1 else layers)
-    grads_sharded = FP32_BYTES * sharded(trained, trained_routed) * on_gpu
-    accumulating = s.micro_batches > 1 or s.pp > 1
-    deferred = fsdp and (s.zero <= 1 or s.pp > 1) and s.micro_batches > 1
-    # The backward peak of the last-processed layer (the rank's first) is in its FFN backward:
-    # every other gradient exists except the embedding's and that layer's, but for w2's.
-    fresh = FP32_BYTES * sharded(trained - embedding - trained_layer + w2_params,
-                                 trained_routed - first_routed) * on_gpu
-    # Later moments (memory.py's _late_backward_phases): the FFN norm's backward, where the
-    # first layer's attention gradients are still missing, and the embedding's backward.
-    attention_trained = (counts.attention + model.hidden) / s.tp
-    if s.lora is not None:
-        attention_trained = sum(adapter_params(model, s.lora, t, s.tp) for t in s.lora.targets
-                                if t in ("wq", "wk", "wv", "wo"))
-    fresh_norm = FP32_BYTES * sharded(trained - embedding - attention_trained, trained_routed) * on_gpu
-    fresh_embedding = FP32_BYTES * sharded(trained - embedding, trained_routed) * on_gpu
-    held = 0.0 if (not accumulating or deferred) else grads_sharded
-    return _States(
-        master=FP32_BYTES * sharded(params, routed) * on_gpu,
-        rope=2.0 * FP32_BYTES * model.seq_len * (model.hidden // model.heads) * stage_layers_on_rank(stage_layers, s.pp, pp_rank),
-        unsharded_forward=unsharded_fwd, unsharded_backward=unsharded_bwd,
-        optimizer=optimizer_bytes_per_param(s.optimizer) * sharded(trained, trained_routed) * on_gpu,
-        grads_sharded=grads_sharded, grads_held=held, grads_fresh_at_end=0.0 if deferred else fresh,
-        grads_fresh_at_norm=0.0 if deferred else fresh_norm,
-        grads_fresh_at_embedding=0.0 if deferred else fresh_embedding,
-        accumulation=FP32_BYTES * trained if deferred else 0.0,
-        # FSDP2 reduce-scatters each block's gradient from an fp32 copy of its unsharded gradient.
-        reduce_buffer=(FP32_BYTES + compute_bytes) * trained_layer if fsdp else 0.0,
-    )
 
 
 @dataclass(frozen=True)
@@ -345,14 +81,6 @@ def _activation_key(s: RankSetup, mode: str) -> tuple[Any, ...]:
             s.lora, s.cp_rotate, s.cpu_attention, s.cp_rank, s.fp8_recipe, s.fp8_min_width)
 
 
-def _states_key(s: RankSetup, mode: str, pp_rank: int) -> tuple[Any, ...]:
-    """Every field of `s` that `_states` reads (with the precision mode and the rank; the stage split is one per
-    (pp, virtual_stages) within a cache, `_phase_items`' contract): what a search's micro-batch, schedule and
-    recomputation choices leave alone, so their candidates share one computation."""
-    return ("states", mode, pp_rank, s.tp, s.pp, s.virtual_stages, s.dp, s.cp, s.ep, s.zero, s.offload_optimizer,
-            s.embedding_on_cpu, s.lora, s.optimizer, s.micro_batches > 1, s.fp8_recipe, s.fp8_min_width)
-
-
 def _weight_copies_per_layer(model: Any, s: RankSetup, mode: str) -> float:
     """autocast's cached 16-bit weight copies of one layer (activations.weight_copy_bytes_per_layer), less those of
     the fp8 linears: torchao's Float8Linear casts its weight to fp8 itself, with no autocast-cached copy (measured
@@ -361,15 +89,6 @@ def _weight_copies_per_layer(model: Any, s: RankSetup, mode: str) -> float:
     if s.fp8_recipe is not None and copies:
         copies -= HALF_BYTES * fp8_linear_params_per_layer(model, s.tp, s.fp8_min_width, s.fp8_recipe)
     return copies
-
-
-def _fp8_gathered_saving(model: Any, s: RankSetup, compute_bytes: float) -> float:
-    """Per layer: what FSDP2's fp8 all-gather (recipe tensorwise, runtime/parallel/float8.py's
-    enable_fsdp_float8_all_gather) saves on the unsharded weights: the fp8 linears arrive in one byte, not
-    `compute_bytes`."""
-    if s.fp8_recipe != "tensorwise":
-        return 0.0
-    return (compute_bytes - 1.0) * fp8_linear_params_per_layer(model, s.tp, s.fp8_min_width, s.fp8_recipe)
 
 
 def _activation_terms(model: Any, s: RankSetup, mode: str) -> _ActivationTerms:
@@ -415,7 +134,7 @@ def _memo(cache: dict[Any, Any], key: tuple[Any, ...], compute: Any) -> Any:
 class _RankParts:
     """What every phase of one pipeline rank's memory is built from (`_rank_parts`)."""
 
-    states: _States
+    states: States
     act: _ActivationTerms
     in_flight: float  # micro-batches in flight before the first backward (in_flight_micro_batches)
     copies: float  # autocast weight copies
@@ -439,18 +158,18 @@ def _rank_parts(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, p
     mode = precision_mode(s.precision, fsdp)
     if act is None:
         act = _activation_terms_of(model, s, mode, memo)
-    key = _states_key(s, mode, pp_rank)
-    st: _States | None = memo.get(key)
+    key = states_key(s, mode, pp_rank)
+    st: States | None = memo.get(key)
     params_key = ("params", s.pp, s.virtual_stages, pp_rank, s.tp, s.ep)
     counted = memo.get(params_key)
     if counted is None:
-        counted = memo[params_key] = _rank_params(model, stage_layers, s, pp_rank)
+        counted = memo[params_key] = rank_params(model, stage_layers, s, pp_rank)
     params, layers = counted
     if st is None:
-        counts: _ModelCounts = _memo(memo, ("counts", s.tp, s.ep), lambda: _model_counts(model, s.tp, s.ep))
-        routed = _memo(memo, ("routed", *params_key), lambda: float(_rank_routed_params(model, stage_layers, s, pp_rank))
+        counts: ModelCounts = _memo(memo, ("counts", s.tp, s.ep), lambda: model_counts(model, s.tp, s.ep))
+        routed = _memo(memo, ("routed", *params_key), lambda: float(rank_routed_params(model, stage_layers, s, pp_rank))
                        if s.ep > 1 else 0.0)
-        st = memo[key] = _states(model, stage_layers, s, pp_rank, fsdp, mode, params, layers, counts, routed)
+        st = memo[key] = rank_states(model, stage_layers, s, pp_rank, fsdp, mode, params, layers, counts, routed)
     first, last = pp_rank == 0, pp_rank == s.pp - 1
     in_flight = in_flight_micro_batches(s.schedule, s.pp, pp_rank, s.micro_batches, s.virtual_stages)
     copies = layers * act.copies_per_layer + (act.head.weight_copy_bytes if last else 0.0)
@@ -593,7 +312,7 @@ def _phase_items(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, 
 
 
 def _late_backward_phases(model: Any, s: RankSetup, label: str, backward: dict[str, float], saved_all: float,
-                          end_saved: float, grads: float, st: _States, act: _ActivationTerms,
+                          end_saved: float, grads: float, st: States, act: _ActivationTerms,
                           embedding_chunk_layers: int) -> dict[str, dict[str, float]]:
     """Two later moments of the rank's last-processed backward, where the peak falls when the
     gradients piling up outweigh the activations already freed (found with MemTracker's
@@ -664,11 +383,6 @@ def pipeline_buffer_bytes(model: Any, s: RankSetup, pp_rank: int, tokens: int, i
     cached = in_flight * ((chunks - 1) * hidden_bytes + logits_bytes) if pp_rank == s.pp - 1 else \
         in_flight * chunks * hidden_bytes
     return cached + 3 * hidden_bytes * (chunks - 1 if pp_rank == 0 else chunks)
-
-
-def stage_layers_on_rank(stage_layers: list[tuple[int, int]], pp: int, pp_rank: int) -> int:
-    """How many model parts (virtual stages) a pipeline rank holds: each has its own RoPE tables."""
-    return len(range(pp_rank, len(stage_layers), pp))
 
 
 def rank_memory(model: Any, stage_layers: list[tuple[int, int]], setup: RankSetup, pp_rank: int,

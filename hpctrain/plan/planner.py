@@ -11,7 +11,7 @@ from hpctrain.plan.comm import pipeline_outermost
 from hpctrain.plan.expert_load import ExpertLoad
 from hpctrain.plan.hardware import Hardware, check_catalog_names, precision_problems, resolve_hardware
 from hpctrain.plan.lora import fine_tune_notes, lora_shape
-from hpctrain.plan.memory import CPU_RUNTIME_OVERHEAD_BYTES, DEFAULT_RUNTIME_OVERHEAD_BYTES, GIB
+from hpctrain.plan.rank_setup import CPU_RUNTIME_OVERHEAD_BYTES, DEFAULT_RUNTIME_OVERHEAD_BYTES, GIB
 from hpctrain.plan.model_stats import flops_per_token, model_flops_per_token, param_count
 from hpctrain.plan.placement import PlacementPlan, local_gpu_order, rank_order, switches_request
 from hpctrain.plan.search import Layout, SearchSettings, optimizer_kind

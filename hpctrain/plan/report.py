@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from hpctrain.plan.memory import GIB
+from hpctrain.plan.rank_setup import GIB
 from hpctrain.plan.space import REASON_UNITS, REASONS
 
 if TYPE_CHECKING:

@@ -18,7 +18,8 @@ from hpctrain.plan.cost_setup import CostSetup, StepCost
 from hpctrain.plan.hardware import Hardware
 from hpctrain.plan.kernels import DEFAULT_EXPERT_STEP_IMBALANCE
 from hpctrain.plan.lora import LoraShape
-from hpctrain.plan.memory import MemoryBreakdown, MemoryProbe, RankSetup, activation_terms
+from hpctrain.plan.memory import MemoryProbe, activation_terms
+from hpctrain.plan.rank_setup import MemoryBreakdown, RankSetup
 from hpctrain.plan.model_stats import stage_param_count
 from hpctrain.plan.space import MAX_STAGE_IMBALANCE, Choices, Rejections, ep_layout_problem
 from hpctrain.plan.stages import balanced_stage_split, megatron_unit_split, stage_imbalance

@@ -24,7 +24,8 @@ from typing import Any
 
 from hpctrain.plan.cost_setup import StepCost
 from hpctrain.plan.hardware import Hardware
-from hpctrain.plan.memory import MemoryProbe, RankSetup
+from hpctrain.plan.memory import MemoryProbe
+from hpctrain.plan.rank_setup import RankSetup
 from hpctrain.config.plugins_off import collector_paused
 from hpctrain.plan.search import (
     FamilyOpen,

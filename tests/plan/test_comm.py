@@ -11,7 +11,7 @@ from hpctrain.config import job_from_dict
 from hpctrain.plan import plan_job
 from hpctrain.plan.comm import FsdpStep, collective_s, fsdp_exposed_s, group_link, ring_latency_s
 from hpctrain.plan.hardware import resolve_hardware
-from hpctrain.plan.memory import DEFAULT_RUNTIME_OVERHEAD_BYTES
+from hpctrain.plan.rank_setup import DEFAULT_RUNTIME_OVERHEAD_BYTES
 from hpctrain.plan.search import SearchSettings, optimizer_kind, search
 from hpctrain.plan.space import Choices
 

@@ -17,7 +17,8 @@ from hpctrain.plan.context import (
     cp_ring_exposed_s,
     cp_ring_saved_delta_bytes,
 )
-from hpctrain.plan.memory import GIB, RankSetup, rank_memory
+from hpctrain.plan.memory import rank_memory
+from hpctrain.plan.rank_setup import GIB, RankSetup
 from hpctrain.plan.planner import plan_job, resolve_job
 
 LLAMA3_405B = dict(preset=None, layers=126, hidden=16384, heads=128, kv_heads=8, ffn_hidden=53248, vocab=128256,

@@ -13,7 +13,8 @@ from hpctrain.plan.cost import step_cost
 from hpctrain.plan.cost_setup import CostSetup
 from hpctrain.plan.moe_cost import moe_a2a_per_micro_batch_s
 from hpctrain.plan.hardware import resolve_hardware
-from hpctrain.plan.memory import RankSetup, rank_memory
+from hpctrain.plan.memory import rank_memory
+from hpctrain.plan.rank_setup import RankSetup
 from hpctrain.plan.model_stats import stage_param_count, stage_routed_expert_params
 from hpctrain.plan.placement import rank_order
 from hpctrain.plan.space import ep_layout_problem

@@ -11,7 +11,8 @@ from hpctrain.config import job_from_dict
 from hpctrain.config.model import PRESETS
 from hpctrain.plan import resolve_job
 from hpctrain.plan.activations import expert_routing, layer_activations
-from hpctrain.plan.memory import RankSetup, rank_memory
+from hpctrain.plan.memory import rank_memory
+from hpctrain.plan.rank_setup import RankSetup
 from hpctrain.plan.model_stats import (
     attention_params,
     dense_ffn_params,
@@ -140,7 +141,7 @@ def test_qwen3_235b_per_stage_parameters_divide_experts_by_ep():
 
 def test_a_ranks_mean_layer_matches_its_stage_count():
     """rank_layer_params (the FSDP unit sizes) and stage_param_count agree on the layers' total."""
-    from hpctrain.plan.memory import rank_layer_params
+    from hpctrain.plan.states import rank_layer_params
 
     m = model(moe=dict(MOE["moe"], dense_layers=0))
     for tp, ep in ((1, 1), (1, 4), (2, 4)):

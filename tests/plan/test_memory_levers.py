@@ -13,7 +13,8 @@ from hpctrain.cli import main
 from hpctrain.plan.cost import embedding_transfer_s, step_cost
 from hpctrain.plan.cost_setup import CostSetup
 from hpctrain.plan.hardware import GPUS, TERA
-from hpctrain.plan.memory import RankSetup, peak_rank_memory
+from hpctrain.plan.memory import peak_rank_memory
+from hpctrain.plan.rank_setup import RankSetup
 from hpctrain.plan.model_stats import embedding_param_count
 from hpctrain.plan.stages import balanced_stage_split
 

@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from hpctrain.plan.activations import in_flight_micro_batches
-from hpctrain.plan.memory import GIB, RankSetup, peak_rank_memory
+from hpctrain.plan.memory import peak_rank_memory
+from hpctrain.plan.rank_setup import GIB, RankSetup
 from hpctrain.plan.stages import balanced_stage_split
 
 from .shapes import LLAMA3_8B

@@ -159,7 +159,7 @@ def test_totals_within_rounding_are_ordered_by_their_breakdowns():
     order them, and equal ones keep the search's order."""
     from dataclasses import replace
 
-    from hpctrain.plan.memory import MemoryBreakdown
+    from hpctrain.plan.rank_setup import MemoryBreakdown
 
     class Totals:  # a probe of given totals: the rank totals and the breakdowns' may differ in the last bits
         def __init__(self, rank_total, breakdown_total):
