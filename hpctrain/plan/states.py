@@ -84,6 +84,11 @@ class ModelCounts:
     """Parameter counts `rank_states` reads that depend on the model and (tp, ep) only."""
 
     layer_params: float  # rank_layer_params
+    # The first and the last block on a rank of a one-stage pipeline: FSDP keeps one of them gathered at the end of
+    # forward (the last) and at the end of backward (the first). A MoE model's leading dense_layers make those two
+    # blocks differ from the mean (layer_params); otherwise they are the mean.
+    first_block: float
+    last_block: float
     routed_experts: float  # routed_expert_params (one MoE block's)
     head_unit: float  # head + final norm, per TP rank
     embedding: float  # the whole table
@@ -92,9 +97,18 @@ class ModelCounts:
 
 def model_counts(model: Any, tp: int, ep: int) -> ModelCounts:
     moe = getattr(model, "moe", None)
-    return ModelCounts(rank_layer_params(model, tp, ep), float(routed_expert_params(model)) if moe else 0.0,
-                        (head_param_count(model) + final_norm_param_count(model)) / tp,
-                        float(embedding_param_count(model)), float(attention_param_count(model)))
+    mean = rank_layer_params(model, tp, ep)
+    first = last = mean
+    if moe is not None and int(moe.dense_layers) > 0:
+        layers = int(model.layers)
+
+        def block(index: int) -> float:
+            return float(stage_param_count(model, index, index + 1, has_embedding=False, has_head=False, tp=tp, ep=ep))
+
+        first, last = block(0), block(layers - 1)
+    return ModelCounts(mean, first, last, float(routed_expert_params(model)) if moe else 0.0,
+                       (head_param_count(model) + final_norm_param_count(model)) / tp,
+                       float(embedding_param_count(model)), float(attention_param_count(model)))
 
 
 def rank_states(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, pp_rank: int, fsdp: bool, mode: str,
@@ -121,15 +135,15 @@ def rank_states(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, p
     if fsdp and s.zero >= 3 and s.pp == 1 and model.tie_embeddings:
         # The tied embedding, norm and head stay in the root unit (runtime/parallel/fsdp.py):
         # after forward only the last block stays gathered; in backward the root and one block.
-        unsharded_fwd = compute_bytes * layer_params - fp8_saving
-        unsharded_bwd = compute_bytes * (params - (layers - 1) * layer_params) - fp8_saving
+        unsharded_fwd = compute_bytes * counts.last_block - fp8_saving
+        unsharded_bwd = compute_bytes * (params - layers * layer_params + counts.first_block) - fp8_saving
     elif fsdp and s.zero >= 3 and s.pp == 1:
         # FSDP units of their own (runtime/parallel/fsdp.py's table): after forward the last
         # block and the norm + head unit stay gathered (the embedding was resharded); in the
         # backward of the first layer that layer and the embedding are gathered (the head was
         # resharded after its backward). Measured against MemTracker (bench/memory_accuracy.py).
-        unsharded_fwd = compute_bytes * (layer_params + counts.head_unit) - fp8_saving
-        unsharded_bwd = compute_bytes * (layer_params + counts.embedding / s.tp) - fp8_saving
+        unsharded_fwd = compute_bytes * (counts.last_block + counts.head_unit) - fp8_saving
+        unsharded_bwd = compute_bytes * (counts.first_block + counts.embedding / s.tp) - fp8_saving
     elif fsdp:
         unsharded_fwd = unsharded_bwd = compute_bytes * params - layers * fp8_saving
     # train.embedding_on_cpu (runtime/parallel/host_embedding.py): the first stage's table is no FSDP unit and
