@@ -106,11 +106,10 @@ def worker(rank: int, world: int, port: int, folder: str, reps: int, out: Any) -
 
 def run(work: Path, reps: int, ranks: int = 2) -> dict[str, list[float]]:
     import multiprocessing as mp
-    import socket
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    from hpctrain.rundir.ports import free_port
+
+    port = free_port()  # below the ephemeral range (rundir/ports.py)
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     procs = [ctx.Process(target=worker, args=(r, ranks, port, str(work), reps, out)) for r in range(ranks)]

@@ -435,15 +435,13 @@ def _world(cfg: Config) -> int:
 
 def _measure_gloo(configs: list[Config]) -> list[dict[str, float]]:
     """Configurations of one world size in one gloo group (one process per rank)."""
-    import socket
+    from hpctrain.rundir.ports import free_port
 
     worlds = {_world(c) for c in configs}
     if len(worlds) != 1:
         raise ValueError("gloo configurations must share one world size")
     world = worlds.pop()
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()  # below the ephemeral range, where no client socket can take it first (rundir/ports.py)
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     procs = [ctx.Process(target=_gloo_worker, args=(r, world, port, configs, results)) for r in range(world)]

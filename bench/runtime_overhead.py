@@ -77,11 +77,10 @@ def rank_env(world: int, rank: int, port: int, always_dist: bool = False) -> dic
 
 
 def free_port() -> int:
-    import socket
+    """A rendezvous port below the ephemeral range (rundir/ports.py)."""
+    from hpctrain.rundir.ports import free_port as pick
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return pick()
 
 
 def run_runtime(job: dict[str, Any], workdir: str, warmup: int, timeout_s: float = 900) -> dict[str, Any] | None:
