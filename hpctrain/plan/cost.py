@@ -67,6 +67,8 @@ OPTIMIZER_BYTES_PER_PARAM = 32.0
 # per node (AMD EPYC 7742 datasheet, NVIDIA DGX A100 user guide), 51 GB/s per GPU; torch's unfused
 # CPU AdamW is taken to reach ~40 % of that share: an assumption, no offloaded run is in the corpus.
 CPU_OPTIMIZER_BYTES_PER_S = 20e9
+
+
 def layer_time_per_token_s(model: Any, hw: Hardware, tp: int, ac: str, precision: str, sp: bool = False,
                            attention: str = "flash", tokens: float | None = None, ep: int = 1,
                            imbalance: float = DEFAULT_EXPERT_STEP_IMBALANCE, fp8: bool = False,
@@ -263,7 +265,7 @@ def step_cost(model: Any, hw: Hardware, c: CostSetup, global_batch: int,
 def _link(hw: Hardware, span: int, ranks: int, memo: dict[Any, Any] | None, collective: bool = True) -> comm.Link:
     """comm.group_link, memoised."""
     link: comm.Link = memoised(memo, ("link", span, ranks, collective),
-                                lambda: group_link(hw, span, ranks, collective))
+                               lambda: group_link(hw, span, ranks, collective))
     return link
 
 

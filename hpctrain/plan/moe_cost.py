@@ -101,7 +101,7 @@ def one_a2a_s(model: Any, hw: Hardware, c: CostSetup, tokens_mb: float, act_byte
         return comm.all_to_all_s(message, hw, where)
 
     seconds: float = memoised(memo, ("a2a", c.tp, c.pp, c.ep, tokens_mb, act_bytes, c.expert_load_imbalance,
-                                      c.dispatcher), compute)
+                                     c.dispatcher), compute)
     return seconds
 
 

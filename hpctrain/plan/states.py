@@ -25,6 +25,7 @@ from hpctrain.plan.model_stats import (
 )
 from hpctrain.plan.rank_setup import RankSetup
 
+
 def optimizer_bytes_per_param(optimizer: str) -> int:
     """AdamW: two fp32 moments (Loshchilov & Hutter 2019); SGD with momentum: one; plain SGD: none."""
     return {"adamw": 8, "sgd-momentum": 4, "sgd": 0}[optimizer]
@@ -112,7 +113,7 @@ def model_counts(model: Any, tp: int, ep: int) -> ModelCounts:
 
 
 def rank_states(model: Any, stage_layers: list[tuple[int, int]], s: RankSetup, pp_rank: int, fsdp: bool, mode: str,
-            params: int, layers: int, counts: ModelCounts, routed: float) -> States:
+                params: int, layers: int, counts: ModelCounts, routed: float) -> States:
     """`routed`: the rank's routed-expert parameters under ep > 1 (`rank_routed_params`), else 0."""
     on_gpu = 0.0 if s.offload_optimizer else 1.0
     layer_params = counts.layer_params

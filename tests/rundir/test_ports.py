@@ -48,7 +48,6 @@ def test_ports_stay_below_the_ephemeral_range() -> None:
     assert master_port("4242_7", 0) == master_port(42427, 0)  # array ids: their digits
 
 
-
 def test_a_launcher_picks_a_bindable_port_below_the_ephemeral_range(monkeypatch: pytest.MonkeyPatch) -> None:
     ports = {free_port() for _ in range(20)}
     assert all(20000 <= port < EPHEMERAL_LOW for port in ports) and len(ports) > 1
